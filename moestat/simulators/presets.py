@@ -1,0 +1,133 @@
+r"""The true models of the founding papers.
+
+``sigmoid_vs_softmax`` builds the truths of nguyen2024 (§4 Table 2, App. C Tables 3
+and 4; notes §6): d = 32, k* = 8 ridge experts, noise variance
+:math:`\nu = 0.01`, inputs :math:`U[-1,1]^{32}`, and
+
+.. math::
+
+    \beta^*_{0i} \sim N(0, \nu_g),\quad \beta^*_{1i} \sim N(0_d, \nu_g I_d),\quad
+    a^*_i \sim N(0_d, \nu_e I_d),\quad b^*_i \sim N(0, \nu_e),
+
+with :math:`\nu_g = 0.01/d`, :math:`\nu_e = 1/d`, and the gate slopes of some
+atoms set to :math:`0_d`:
+
+* regime 1 (Table 3): atoms 7 and 8 (indices 6, 7) have zero slope;
+* regime 2 (Tables 2 and 4): atom 8 (index 7) has zero slope.
+
+The regime of an over-specified fit depends on *which* true atom gets the extra
+fitted expert (notes §8 B3): duplicating a zero-slope atom gives regime 1, a
+non-zero-slope atom regime 2.  The preset records the candidates for its regime
+in ``info["duplicate_candidates"]`` (0-based) and the default choice in
+``info["duplicate"]``.  The paper's draws are unknown; the seeds are moestat's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._validation import check_choice, check_int
+from ..model import MoE
+from ..params import Params
+
+
+class Truth(tuple):
+    """A ``(spec, params)`` pair with metadata; unpacks as ``spec, params = truth``.
+
+    Attributes
+    ----------
+    spec : MoE
+    params : Params
+    info : dict
+        Provenance: regime, zero-slope atoms, duplicate candidates, variances, seed, source.
+    """
+
+    def __new__(cls, spec: MoE, params: Params, info: dict[str, Any]) -> Truth:
+        self = super().__new__(cls, (spec, params))
+        self.info = info
+        return self
+
+    @property
+    def spec(self) -> MoE:
+        return self[0]
+
+    @property
+    def params(self) -> Params:
+        return self[1]
+
+
+def draw_truth(d: int, k: int, *, gate_var: float, expert_var: float, zero_slope: list[int],
+               rng: np.random.Generator) -> Params:
+    """Draw the Table 2-4 parameter distribution; ``zero_slope`` atoms get :math:`\\beta_1 = 0_d`."""
+    gate_bias = rng.normal(0.0, np.sqrt(gate_var), size=k)
+    gate_weight = rng.normal(0.0, np.sqrt(gate_var), size=(k, d))
+    expert_weight = rng.normal(0.0, np.sqrt(expert_var), size=(k, d))
+    expert_bias = rng.normal(0.0, np.sqrt(expert_var), size=k)
+    gate_weight[zero_slope] = 0.0
+    return Params(gate_bias, gate_weight, expert_weight, expert_bias)
+
+
+def sigmoid_vs_softmax(regime: int = 2, expert: str = "relu", *, truth_gate: str = "sigmoid",
+                       d: int = 32, k: int = 8, noise_var: float = 0.01,
+                       gate_var: float | None = None, expert_var: float | None = None,
+                       seed: int = 0) -> Truth:
+    r"""True model of nguyen2024's experiments.
+
+    Parameters
+    ----------
+    regime : {1, 2}
+        1: Table 3 (atoms 7, 8 with zero gate slope); 2: Tables 2/4 (atom 8 only).
+    expert : str
+        Expert family of the truth (the paper uses "relu" and "linear"; "gelu" is the clean case).
+    truth_gate : {"sigmoid", "softmax"}
+        Gate of the true model.  The paper's §4 prints a softmax truth for Figure 1 and
+        App. C a sigmoid truth (notes §8 B1); choose explicitly.
+    d, k : int
+        Input dimension (32) and number of true experts (8).
+    noise_var : float
+        Noise variance :math:`\nu` (0.01).
+    gate_var, expert_var : float, optional
+        :math:`\nu_g` (default 0.01/d) and :math:`\nu_e` (default 1/d).
+    seed : int
+        Seed of the parameter draw.
+
+    Returns
+    -------
+    Truth
+        Unpacks as ``spec, params``; ``.info`` records the regime and duplicate candidates.
+    """
+    if regime not in (1, 2):
+        raise ValueError(f"regime must be 1 or 2, got {regime!r}.")
+    check_choice("truth_gate", truth_gate, ("sigmoid", "softmax"))
+    d, k = check_int("d", d), check_int("k", k, minimum=2)
+    gate_var = 0.01 / d if gate_var is None else float(gate_var)
+    expert_var = 1.0 / d if expert_var is None else float(expert_var)
+    if gate_var < 0 or expert_var < 0 or noise_var < 0:
+        raise ValueError("gate_var, expert_var and noise_var must be non-negative.")
+    zero_slope = [k - 2, k - 1] if regime == 1 else [k - 1]
+    candidates = zero_slope if regime == 1 else [i for i in range(k) if i not in zero_slope]
+    params = draw_truth(d, k, gate_var=gate_var, expert_var=expert_var, zero_slope=zero_slope,
+                        rng=np.random.default_rng(seed))
+    spec = MoE(gate=truth_gate, expert=expert, k=k, d=d, noise_sd=float(np.sqrt(noise_var)))
+    info = {
+        "source": "nguyen2024 " + ("App. C Table 3" if regime == 1 else
+                                   ("§4 Table 2" if truth_gate == "softmax" else "App. C Table 4")),
+        "regime": regime,
+        "truth_gate": truth_gate,
+        "expert": expert,
+        "zero_slope_atoms": zero_slope,
+        "duplicate_candidates": candidates,
+        "duplicate": [candidates[0]],
+        "gate_var": gate_var,
+        "expert_var": expert_var,
+        "noise_var": noise_var,
+        "inputs": "uniform[-1,1]",
+        "seed": seed,
+    }
+    return Truth(spec, params, info)
+
+
+PRESETS = {"sigmoid_vs_softmax": sigmoid_vs_softmax}
+"""Registry of preset names to constructors."""
