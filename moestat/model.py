@@ -221,7 +221,7 @@ class MoE:
         return logw - 0.5 * z**2 - torch.log(sd) - 0.5 * math.log(2 * math.pi)
 
     def loglik(self, params: Params, X: Array, y: Array, *, reduce: str = "sum") -> Array:
-        r"""Gaussian MoE log-likelihood :math:`\sum_t \log \sum_i \tilde\pi_i(x_t) \mathcal N(y_t; h_i(x_t), \sigma_i^2)`.
+        r"""Gaussian MoE log-likelihood :math:`\sum_t \log \sum_i \tilde\pi_i(x_t) N(y_t; h_i(x_t), \sigma_i^2)`.
 
         Parameters
         ----------

@@ -1,0 +1,1 @@
+"""Estimators: least squares (lse), maximum likelihood (em, mle), tensor/Hermite moments (tensor)."""

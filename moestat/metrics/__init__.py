@@ -1,0 +1,1 @@
+"""Metrics that respect MoE symmetries: Voronoi losses, matching, distances, identifiability."""

@@ -1,0 +1,74 @@
+"""Provenance records: what produced a result (package versions, configuration, seeds, device)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.random.SeedSequence):
+        return {"entropy": value.entropy, "spawn_key": list(value.spawn_key)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+def provenance(config: dict[str, Any] | None = None, *, device: str | None = None) -> dict[str, Any]:
+    """A JSON-ready record of the software, machine and configuration behind a result."""
+    import pandas as pd
+    import scipy
+    import torch
+
+    from . import __version__
+
+    return {
+        "moestat": __version__,
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "pandas": pd.__version__,
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "device": device,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": _jsonable(config or {}),
+    }
+
+
+def write_json_atomic(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` as JSON to ``path`` atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(_jsonable(payload), fh, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def write_provenance(out: str | os.PathLike, config: dict[str, Any] | None = None, *,
+                     device: str | None = None, name: str = "provenance.json") -> Path:
+    """Write :func:`provenance` into ``out/provenance.json`` and return its path."""
+    return write_json_atomic(Path(out) / name, provenance(config, device=device))
