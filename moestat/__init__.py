@@ -7,12 +7,13 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates
+from . import deep, experts, gates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .gates import GATES
 from .model import MoE
 from .params import Params
 from .simulators import Dataset, presets, simulate
+from .simulators.clusters import ClusterData, simulate_clusters
 
 try:
     __version__ = version("moestat")
@@ -22,14 +23,17 @@ except PackageNotFoundError:  # running from a source tree without installation
 __all__ = [
     "EXPERTS",
     "GATES",
+    "ClusterData",
     "Dataset",
     "ExpertFamily",
     "MoE",
     "Params",
     "__version__",
+    "deep",
     "experts",
     "gates",
     "get_expert",
     "presets",
     "simulate",
+    "simulate_clusters",
 ]

@@ -1,1 +1,18 @@
 """Deep MoE experiments: MoE of CNN experts (chen2022) and patch-level routing (chowdhury2023)."""
+
+from . import metrics
+from .cluster_moe import ACTIVATIONS, ClusterMoEFit, expert_outputs, fit_cluster_moe, fit_single_cnn, moe_forward
+from .metrics import dispatch_counts, dispatch_entropy, dispatch_table
+
+__all__ = [
+    "ACTIVATIONS",
+    "ClusterMoEFit",
+    "dispatch_counts",
+    "dispatch_entropy",
+    "dispatch_table",
+    "expert_outputs",
+    "fit_cluster_moe",
+    "fit_single_cnn",
+    "metrics",
+    "moe_forward",
+]
