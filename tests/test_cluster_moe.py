@@ -193,3 +193,20 @@ def test_single_bad_input(small):
         fit_single_cnn(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="same replicates"):
         fit_cluster_moe(small[0], test=ms.simulate_clusters(setting=3, n=10, reps=1, seed=0))
+
+
+def test_initial_weights_and_groups():
+    data = ms.simulate_clusters(setting=1, n=20, reps=2, seed=0)
+    fit = fit_cluster_moe(data, T=1, eta=1e-9, seed=3, device="cpu")
+    W0 = cm.initial_expert_weights(3, 2, 8, 50, 16, 0.1)
+    torch.testing.assert_close(W0, fit.W, atol=1e-8, rtol=0)  # one step of size 1e-9 away
+    groups = mt.expert_groups_from_init(W0.numpy(), data.V)
+    assert groups.shape == (2, 8) and groups.min() >= 0 and groups.max() < 4
+    ip = np.einsum("md,dj->mj", data.V[0, groups[0, 0]][None], W0[0, 0].numpy()).max()
+    assert np.isclose(ip, np.einsum("kd,dj->kj", data.V[0], W0[0, 0].numpy()).max())
+    assert mt.all_groups_nonempty(np.array([[0, 1, 2, 3, 0], [0, 0, 1, 2, 2]]), 4).tolist() == [True, False]
+    # surjection count vs brute force over all 4^5 assignments
+    import itertools
+    brute = np.mean([len(set(a)) == 4 for a in itertools.product(range(4), repeat=5)])
+    assert np.isclose(mt.prob_all_groups_nonempty(4, 5), brute)
+    assert round(mt.prob_all_groups_nonempty(4, 8), 3) == 0.623  # notes §6 C3

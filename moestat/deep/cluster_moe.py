@@ -102,6 +102,16 @@ def _rand(gens: list[torch.Generator], shape: tuple[int, ...], **kw: Any) -> tor
     return torch.stack([torch.rand(shape, generator=g, **kw) for g in gens])
 
 
+def initial_expert_weights(seed: SeedLike, R: int, M: int, d: int, J: int, sigma0: float,
+                           device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
+                           ) -> torch.Tensor:
+    """:math:`W^{(0)}`, shape (R, M, d, J): exactly the initialisation :func:`fit_cluster_moe` uses for ``seed``."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    gens = _generators(replicate_seeds(seed, R), dev)
+    return sigma0 * _randn(gens, (M, d, J), device=dev, dtype=dt)
+
+
 def _tensors(data: ClusterData, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     X = torch.as_tensor(data.X, device=device, dtype=dtype)
     y = torch.as_tensor(data.y, device=device, dtype=dtype)

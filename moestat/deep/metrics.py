@@ -139,6 +139,31 @@ def alignment_frame(W: Any, Theta: Any | None, V: Any, C: Any, iteration: int) -
     return pd.concat(frames, ignore_index=True)
 
 
+def expert_groups_from_init(W0: Any, V: Any) -> np.ndarray:
+    """Initial owner cluster of each expert (chen2022 Def. D.3), shape (R, M).
+
+    :math:`(k^*_m, j^*_m) = \\arg\\max_{k,j}\\langle v_k, w^{(0)}_{m,j}\\rangle` (signed inner product);
+    :math:`\\mathcal M_k = \\{m : k^*_m = k\\}`.  ``W0`` is (R, M, d, J), ``V`` (R, K, d).
+    """
+    W0, V = _as_batched(W0, 4), _as_batched(V, 3)
+    ip = np.einsum("rmdj,rkd->rmkj", W0, V)
+    return ip.max(axis=-1).argmax(axis=-1)
+
+
+def all_groups_nonempty(groups: Any, K: int) -> np.ndarray:
+    """Whether every cluster owns at least one expert at initialisation (Lemma D.4 (iii)), shape (R,)."""
+    g = _as_batched(groups, 2)
+    return np.array([len(np.unique(row)) == K for row in g])
+
+
+def prob_all_groups_nonempty(K: int, M: int) -> float:
+    """:math:`P(\\text{all } \\mathcal M_k \\ne \\emptyset)` = surjections :math:`[M]\\to[K]` / :math:`K^M`
+    (each :math:`k^*_m` uniform on :math:`[K]`); 0.623 for K = 4, M = 8."""
+    from math import comb
+
+    return sum((-1) ** i * comb(K, i) * (K - i) ** M for i in range(K + 1)) / K ** M
+
+
 def patch_additive_ceiling(config: ClusterConfig) -> float | None:
     """0.875 when :math:`\\mathcal D_\\alpha = \\mathcal D_\\gamma` (Thm 4.1 applies), else ``None``
     (no proven bound)."""
