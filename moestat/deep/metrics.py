@@ -74,7 +74,7 @@ def dispatch_entropy(counts: Any) -> np.ndarray:
         q = np.where(n_m > 0, c / n_m, 0.0)
         plogp = np.where(q > 0, q * np.log(q), 0.0)
         h = -(n_m[..., 0, :] * plogp.sum(axis=-2)).sum(axis=-1) / n
-    return h
+    return h + 0.0  # turns -0.0 into 0.0
 
 
 def dispatch_table(counts: Any) -> pd.DataFrame:

@@ -1,6 +1,8 @@
-"""Simulators: regression/Gaussian-MoE data (``simulate``) and the papers' true models (``presets``)."""
+"""Simulators: regression/Gaussian-MoE data (``simulate``), the papers' true models (``presets``) and
+chen2022 clustered patches (``simulate_clusters``)."""
 
 from . import presets
+from .clusters import ClusterConfig, ClusterData, simulate_clusters
 from .regression import Dataset, replicate_seeds, simulate
 
-__all__ = ["Dataset", "presets", "replicate_seeds", "simulate"]
+__all__ = ["ClusterConfig", "ClusterData", "Dataset", "presets", "replicate_seeds", "simulate", "simulate_clusters"]
