@@ -57,6 +57,8 @@ SIZES = {
     # supplement: does the setting-1 gap to the paper shrink with more training data?
     "s1-n4000": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000, T_single=1000,
                      dtype="float32", models=("moe-cubic",)),
+    "s1-n4000-single": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000,
+                            T_single=1000, dtype="float32", models=("single-cubic", "single-linear")),
     "quick": dict(_COMMON, settings=(1, 3), runs=2, n_train=400, n_test=2_000, T_moe=300, T_single=150,
                   J_single=32, eval_every=100, dtype="float32"),
 }
