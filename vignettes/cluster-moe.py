@@ -224,9 +224,10 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
                 stat = g.groupby(["iteration", "cluster"])["value"].max().unstack()
                 for k in stat.columns:
                     ax.plot(stat.index, stat[k], ls=ls, color=f"C{k}", label=f"{sig}, cluster {k + 1}")
-            ax.set_title(f"{m}: {comp} (max over experts; solid v_k, dashed c_k)")
+            what = "max_m max_j |<w, .>|" if comp == "expert" else "max_m <theta_m, .>"
+            ax.set_title(f"{m} {comp}: {what}", fontsize=10)
         axes[1, col].set_xlabel("iteration")
-    axes[0, 0].legend(fontsize=7)
+    axes[0, 0].legend(fontsize=7, title="solid v_k, dashed c_k", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "alignment.png", dpi=110)
     plt.close(fig)
