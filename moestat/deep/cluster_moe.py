@@ -417,7 +417,13 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         Step size; default 0.01, or 0.003 for the linear activation (App. A.2).
     train_second_layer : bool, optional
         Train the output weights :math:`a_j` (initialised at 1); default: fixed for odd activations.
-    Other parameters as in :func:`fit_cluster_moe`.
+    weight_decay, sigma0, test, eval_every, seed, device, dtype
+        As in :func:`fit_cluster_moe` (``weight_decay`` is the L2 penalty of the optimizer).
+
+    Returns
+    -------
+    ClusterMoEFit
+        With ``kind="single"``, ``W`` of shape (R, 1, d, J) and the output weights in ``a``.
     """
     T, eval_every = _common_checks(train, test, T, eval_every)
     J = check_int("J", J)
