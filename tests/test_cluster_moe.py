@@ -210,3 +210,12 @@ def test_initial_weights_and_groups():
     brute = np.mean([len(set(a)) == 4 for a in itertools.product(range(4), repeat=5)])
     assert np.isclose(mt.prob_all_groups_nonempty(4, 5), brute)
     assert round(mt.prob_all_groups_nonempty(4, 8), 3) == 0.623  # notes §6 C3
+
+
+def test_predict_with_routing_noise(small):
+    tr, te = small
+    fit = fit_cluster_moe(tr, T=30, eta=0.01, eta_r=1.0, seed=2)
+    clean, noisy = fit.predict(te), fit.predict(te, noise=1.0, seed=0)
+    assert noisy["expert"].shape == clean["expert"].shape == (3, 300)
+    assert (noisy["expert"] != clean["expert"]).any()  # Unif[0,1] noise changes some routing decisions
+    np.testing.assert_array_equal(fit.predict(te, noise=1.0, seed=0)["expert"], noisy["expert"])  # seeded
