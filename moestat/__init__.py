@@ -7,12 +7,12 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates
+from . import deep, experts, gates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .gates import GATES
 from .model import MoE
 from .params import Params
-from .simulators import Dataset, presets, simulate
+from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
 
 try:
     __version__ = version("moestat")
@@ -26,10 +26,13 @@ __all__ = [
     "ExpertFamily",
     "MoE",
     "Params",
+    "PatchData",
     "__version__",
+    "deep",
     "experts",
     "gates",
     "get_expert",
     "presets",
     "simulate",
+    "simulate_patches",
 ]

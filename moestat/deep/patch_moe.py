@@ -56,6 +56,8 @@ import torch.nn.functional as F
 from .._torch import resolve_device, resolve_dtype, to_numpy
 from .._validation import check_choice, check_int
 
+SeedArg = int | np.random.SeedSequence | Sequence[np.random.SeedSequence] | None
+
 GATINGS = ("hard", "softmax_selected", "softmax_all")
 
 
@@ -268,8 +270,8 @@ class PatchFit:
         Stacked weights: pMoE ``router (L,k,d)``, ``W (L,k,m/k,d)``, ``a (L,k,m/k)``; CNN
         ``W (L,m,d)``, ``a (L,m)``.
     lanes : DataFrame
-        ``lane, rep, n_train`` (and ``seed_entropy``): which data replicate and how many of its
-        first samples each lane trained on.
+        ``lane, rep, n_train, seed``: which data replicate and how many of its first samples each
+        lane trained on, and the lane's SeedSequence (``entropy/spawn_key``).
     config : dict
         Every knob of the fit (recorded in :meth:`to_frame`).
     history : DataFrame
@@ -378,9 +380,14 @@ def _setup(data, y, sizes, seed, device, dtype):
     lanes = _lanes(R, N, sizes)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-    lane_seeds = root.spawn(len(lanes))
-    lanes["seed_entropy"] = str(root.entropy)
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != len(lanes) or not all(isinstance(s, np.random.SeedSequence) for s in seed):
+            raise ValueError(f"seed given as a list must hold one numpy.random.SeedSequence per lane ({len(lanes)}).")
+        lane_seeds = list(seed)
+    else:
+        root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+        lane_seeds = root.spawn(len(lanes))
+    lanes["seed"] = [f"{s.entropy}/{'-'.join(map(str, s.spawn_key))}" for s in lane_seeds]
     return X, yy, lanes, dev, dt, lane_seeds
 
 
@@ -530,7 +537,7 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
              router_init_std: float | None = None, router_lr: float | None = None, router_epochs: int = 100,
              router_batch_size: int = 20, router_method: str = "closed_form", n_router: int | None = None,
              sizes: Sequence[int] | None = None, test: Any = None, eval_epochs: Sequence[int] | None = None,
-             seed: int | np.random.SeedSequence | None = None, device: str = "auto",
+             seed: SeedArg = None, device: str = "auto",
              dtype: torch.dtype | str | None = None) -> PatchFit:
     r"""Train pMoE models (chowdhury2023 eq. 1, Algorithms 1-2) on every lane at once.
 
@@ -572,8 +579,9 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
         Test data for ``history`` (one replicate shared, or one per data replicate).
     eval_epochs : sequence of int, optional
         Epochs at which to record train/test metrics in ``history``.
-    seed : int or SeedSequence
-        Initialisation and minibatch order; lane i uses ``SeedSequence(seed).spawn(L)[i]``.
+    seed : int, SeedSequence or list of SeedSequence
+        Initialisation and minibatch order; lane i uses ``SeedSequence(seed).spawn(L)[i]``, or the
+        i-th sequence of a list (one per lane: re-runs one lane of a batched fit on its own).
     device, dtype
         ``"auto"`` picks CUDA when present; float64 on CPU by default.
 
@@ -643,7 +651,7 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
 
 def fit_cnn(data: Any, y: Any = None, *, m: int = 40, lr: float = 0.2, batch_size: int = 20, epochs: int = 150,
             init_std: float | None = None, sizes: Sequence[int] | None = None, test: Any = None,
-            eval_epochs: Sequence[int] | None = None, seed: int | np.random.SeedSequence | None = None,
+            eval_epochs: Sequence[int] | None = None, seed: SeedArg = None,
             device: str = "auto", dtype: torch.dtype | str | None = None) -> PatchFit:
     r"""Train the two-layer CNN baseline of chowdhury2023 eq. (5) by minibatch SGD on every lane at once.
 
