@@ -109,16 +109,19 @@ def pmoe_logits(X: torch.Tensor, router: torch.Tensor, W: torch.Tensor, a: torch
     Tensor, shape (L, B)
     """
     L, B, n, d = X.shape
-    k = router.shape[1]
-    scores = torch.einsum("lbnd,lkd->lbkn", X, router)
-    top, idx = expert_choice_topl(scores, l)
-    Xsel = torch.gather(X.unsqueeze(2).expand(L, B, k, n, d), 3, idx.unsqueeze(-1).expand(L, B, k, l, d))
-    h = torch.relu(torch.einsum("lbkjd,lkmd->lbkmj", Xsel, W))
+    k, me = W.shape[1], W.shape[2]
+    # layouts chosen so that every product is a batched matmul over (lane, expert) without copies
+    scores = torch.matmul(router, X.reshape(L, B * n, d).transpose(1, 2)).view(L, k, B, n)
+    top, idx = expert_choice_topl(scores, l)                                         # (L, k, B, l)
+    base = torch.arange(L, device=X.device).view(L, 1, 1, 1) * (B * n) + torch.arange(B, device=X.device).view(
+        1, 1, B, 1) * n
+    Xsel = X.reshape(L * B * n, d).index_select(0, (base + idx).reshape(-1)).view(L * k, B * l, d)
+    h = torch.relu(torch.matmul(Xsel, W.reshape(L * k, me, d).transpose(1, 2))).view(L, k, B, l, me)
     if gating == "softmax_selected":
-        h = h * torch.softmax(top, dim=-1).unsqueeze(3)
+        h = h * torch.softmax(top, dim=-1).unsqueeze(-1)
     elif gating == "softmax_all":
-        h = h * torch.gather(torch.softmax(scores, dim=-1), 3, idx).unsqueeze(3)
-    return torch.einsum("lbkmj,lkm->lb", h, a) / (l if scale == "l" else n)
+        h = h * torch.gather(torch.softmax(scores, dim=-1), 3, idx).unsqueeze(-1)
+    return torch.einsum("lkbjm,lkm->lb", h, a) / (l if scale == "l" else n)
 
 
 def cnn_logits(X: torch.Tensor, W: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
