@@ -19,6 +19,15 @@ from moestat.deep.patch_moe import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small batched steps are overhead-bound: one torch thread avoids spin-waiting on a loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _rand_model(rng, L, k, me, d, router_scale=1.0):
     t = lambda a: torch.as_tensor(a, dtype=torch.float64)  # noqa: E731
     return (t(rng.normal(size=(L, k, d)) * router_scale), t(rng.normal(size=(L, k, me, d))),
@@ -215,3 +224,16 @@ def test_bad_data_raises():
         fit_cnn(data.X[..., 0], data.y)
     with pytest.raises(TypeError, match="PatchData"):
         fit_cnn(np.zeros((2, 3)))
+
+
+def test_stop_at_zero_error_equals_training_for_the_epochs_it_ran():
+    """A lane stopped at epoch E must hold exactly the weights of the same lane trained for E epochs."""
+    data = ms.simulate_patches(80, reps=2, seed=12, n_patches=8, d=16)
+    stopped = fit_pmoe(data, l=2, m=8, epochs=40, sizes=[40, 80], seed=3, stop_at_zero_error=True)
+    ran = stopped.lanes["epochs_run"].to_numpy()
+    assert (ran >= 1).all() and (ran < 40).any()
+    seeds = np.random.SeedSequence(3).spawn(4)
+    for i, row in stopped.lanes.iterrows():
+        r, N = int(row["rep"]), int(row["n_train"])
+        ref = fit_pmoe(data.X[r:r + 1, :N], data.y[r:r + 1, :N], l=2, m=8, epochs=int(ran[i]), seed=[seeds[i]])
+        np.testing.assert_allclose(stopped.params["W"][i].numpy(), ref.params["W"][0].numpy(), rtol=1e-10, atol=1e-12)

@@ -397,12 +397,15 @@ def _setup(data, y, sizes, seed, device, dtype):
 def _train(params: dict[str, torch.Tensor], trainable: Sequence[str], logits_fn, X: np.ndarray, y: np.ndarray,
            lanes: pd.DataFrame, rngs: list[np.random.Generator], *, lr: dict[str, float], batch_size: int,
            epochs: int, eval_epochs: Sequence[int], test: tuple[torch.Tensor, torch.Tensor] | None,
-           chunk_steps: int = 256) -> pd.DataFrame:
+           stop_at_zero_error: bool = False, chunk_steps: int = 256) -> pd.DataFrame:
     """Minibatch SGD over all lanes at once; returns the history frame.
 
     ``logits_fn(P, Xb)`` maps a parameter dict of lanes-first tensors and a batch (L', B, n, d) to
     logits (L', B).  Lanes that have finished their ``epochs * ceil(N/B)`` steps leave the active
-    set, so a grid of training sizes costs the sum of its sizes, not size x grid.
+    set, so a grid of training sizes costs the sum of its sizes, not size x grid.  With
+    ``stop_at_zero_error`` a lane stops at the end of the first epoch in which none of its
+    minibatch samples was misclassified (counted before each update, like Keras's epoch accuracy).
+    Adds ``epochs_run`` to ``lanes``.
     """
     ref = params[trainable[0]]
     dev, dt = ref.device, ref.dtype
@@ -418,6 +421,9 @@ def _train(params: dict[str, torch.Tensor], trainable: Sequence[str], logits_fn,
             eval_at.setdefault(int(e * s.nb), []).append((i, int(e)))
     eval_steps = sorted(eval_at)
     hist: list[pd.DataFrame] = []
+    nb_all = torch.as_tensor([s.nb for s in streams], device=dev)
+    errs = torch.zeros(len(streams), dtype=dt, device=dev)
+    stop_step = torch.zeros(len(streams), dtype=torch.long, device=dev)
     t = 0
     while (totals > t).any():
         act = np.flatnonzero(totals > t)
@@ -431,19 +437,34 @@ def _train(params: dict[str, torch.Tensor], trainable: Sequence[str], logits_fn,
         taken = [streams[i].take(c) for i in act]
         idx_all = torch.as_tensor(np.stack([a for a, _ in taken], axis=1), device=dev)   # (c, L', B)
         w_all = torch.as_tensor(np.stack([b for _, b in taken], axis=1), dtype=dt, device=dev)
+        live = stop_step[act_t] == 0
+        err, nb = errs[act_t], nb_all[act_t]
         for u in range(c):
             idx = idx_all[u]
-            loss = _weighted_logistic(logits_fn(P, Xt[rep[:, None], idx]), yt[rep[:, None], idx], w_all[u])
-            grads = torch.autograd.grad(loss, [P[nm] for nm in trainable])
+            yb, wb = yt[rep[:, None], idx], w_all[u] * live[:, None] if stop_at_zero_error else w_all[u]
+            f = logits_fn(P, Xt[rep[:, None], idx])
+            grads = torch.autograd.grad(_weighted_logistic(f, yb, wb), [P[nm] for nm in trainable])
             with torch.no_grad():
                 for nm, g in zip(trainable, grads, strict=True):
                     P[nm] -= lr[nm] * g
+                if stop_at_zero_error:
+                    err += ((yb * f <= 0) * wb).sum(1)
+                    end = (t + u + 1) % nb == 0
+                    now = end & (err == 0) & live
+                    stop_step[act_t[now]] = t + u + 1
+                    live &= ~now
+                    err = torch.where(end, torch.zeros_like(err), err)
         with torch.no_grad():
             for nm in trainable:
                 params[nm][act_t] = P[nm].detach()
+            errs[act_t] = err
         t += c
+        if stop_at_zero_error:
+            stopped = to_numpy(stop_step) > 0
+            totals[stopped] = np.minimum(totals[stopped], to_numpy(stop_step)[stopped])
         if t in eval_at:
             hist.append(_evaluate(logits_fn, params, Xt, yt, rep_all, sizes, eval_at[t], test, lanes))
+    lanes["epochs_run"] = totals // np.array([s.nb for s in streams])
     return pd.concat(hist, ignore_index=True) if hist else pd.DataFrame()
 
 
@@ -539,8 +560,8 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
              scale: str = "l", a_init: str = "gaussian", init_std: float | None = None,
              router_init_std: float | None = None, router_lr: float | None = None, router_epochs: int = 100,
              router_batch_size: int = 20, router_method: str = "closed_form", n_router: int | None = None,
-             sizes: Sequence[int] | None = None, test: Any = None, eval_epochs: Sequence[int] | None = None,
-             seed: SeedArg = None, device: str = "auto",
+             stop_at_zero_error: bool = False, sizes: Sequence[int] | None = None, test: Any = None,
+             eval_epochs: Sequence[int] | None = None, seed: SeedArg = None, device: str = "auto",
              dtype: torch.dtype | str | None = None) -> PatchFit:
     r"""Train pMoE models (chowdhury2023 eq. 1, Algorithms 1-2) on every lane at once.
 
@@ -576,6 +597,10 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
         Separate training: the SGD of loss (6) (default :math:`\eta_r = \eta`, 100 epochs, B_r = 20,
         closed form, on the lane's own training samples).  Joint training: ``router_lr`` is the
         routers' step (default :math:`\eta`).
+    stop_at_zero_error : bool
+        Stop a lane after the first epoch without a misclassified training sample (§5.1: "until
+        zero training error"; ``epochs`` is then the cap, 150 for the CNN in the paper).  Errors are
+        counted on each minibatch before its update.  ``lanes.epochs_run`` records the epochs used.
     sizes : sequence of int, optional
         Training sizes: lane (r, N) trains on the first N samples of replicate r (default: all).
     test : PatchData, optional
@@ -645,17 +670,19 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
               "router_init_std": router_init_std, "router_epochs": router_epochs if training == "separate" else None,
               "router_batch_size": router_batch_size if training == "separate" else None,
               "router_method": router_method if training == "separate" else None, "n_router": n_router,
+              "stop_at_zero_error": bool(stop_at_zero_error),
               "device": str(dev), "dtype": str(dt).replace("torch.", "")}
     history = _train(params, trainable, logits_fn, X, yy, lanes,
                      [np.random.default_rng(c[1]) for c in children], lr={"W": lr, "router": router_lr},
-                     batch_size=batch_size, epochs=epochs, eval_epochs=eval_epochs, test=_test_tensors(test, dev, dt))
+                     batch_size=batch_size, epochs=epochs, eval_epochs=eval_epochs, test=_test_tensors(test, dev, dt),
+                     stop_at_zero_error=bool(stop_at_zero_error))
     return PatchFit("pmoe", params, lanes, config, history)
 
 
 def fit_cnn(data: Any, y: Any = None, *, m: int = 40, lr: float = 0.2, batch_size: int = 20, epochs: int = 150,
-            init_std: float | None = None, sizes: Sequence[int] | None = None, test: Any = None,
-            eval_epochs: Sequence[int] | None = None, seed: SeedArg = None,
-            device: str = "auto", dtype: torch.dtype | str | None = None) -> PatchFit:
+            init_std: float | None = None, stop_at_zero_error: bool = False, sizes: Sequence[int] | None = None,
+            test: Any = None, eval_epochs: Sequence[int] | None = None, seed: SeedArg = None, device: str = "auto",
+            dtype: torch.dtype | str | None = None) -> PatchFit:
     r"""Train the two-layer CNN baseline of chowdhury2023 eq. (5) by minibatch SGD on every lane at once.
 
     :math:`w_r^{(0)} \sim N(0, I/m)` (eq. 8, or ``init_std``), :math:`a_r \sim N(0,1)` fixed.  The
@@ -677,8 +704,9 @@ def fit_cnn(data: Any, y: Any = None, *, m: int = 40, lr: float = 0.2, batch_siz
 
     config = {"training": None, "k": 1, "m": m, "l": n, "n_patches": n, "d": d, "lr": lr, "batch_size": batch_size,
               "epochs": epochs, "one_pass": epochs == 1, "gating": None, "scale": "n", "a_init": "gaussian",
-              "init_std": init_std, "device": str(dev), "dtype": str(dt).replace("torch.", "")}
+              "init_std": init_std, "stop_at_zero_error": bool(stop_at_zero_error), "device": str(dev),
+              "dtype": str(dt).replace("torch.", "")}
     history = _train(params, ["W"], logits_fn, X, yy, lanes, [np.random.default_rng(c[1]) for c in children],
                      lr={"W": lr}, batch_size=batch_size, epochs=epochs, eval_epochs=eval_epochs,
-                     test=_test_tensors(test, dev, dt))
+                     test=_test_tensors(test, dev, dt), stop_at_zero_error=bool(stop_at_zero_error))
     return PatchFit("cnn", params, lanes, config, history)
