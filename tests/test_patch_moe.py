@@ -108,7 +108,7 @@ def test_router_gradient_matches_eq26_autograd_and_finite_differences():
         gaps = np.sort(x @ router.T, axis=0)[::-1]
         assert (gaps[l - 1] - gaps[l] > 1e-3).all()  # the top-l sets are locally constant: FD is valid
 
-        def loss(R):
+        def loss(R, x=x, y=y, W=W, a=a):
             f = pmoe_logits(torch.as_tensor(x)[None, None], torch.as_tensor(R)[None], torch.as_tensor(W)[None],
                             torch.as_tensor(a)[None], l=l, gating="softmax_selected")
             return float(torch.nn.functional.softplus(-y * f))
