@@ -300,7 +300,7 @@ class PatchFit:
                            scale=self.config["scale"])
 
     @torch.no_grad()
-    def decision_function(self, data: Any, y: Any = None, *, chunk: int = 256) -> np.ndarray:
+    def decision_function(self, data: Any, *, chunk: int = 64) -> np.ndarray:
         """Logits :math:`f(x)` of every lane on its replicate's samples: (L, N).
 
         ``data`` is a PatchData or an array X (R, N, n, d); lane ``i`` is evaluated on replicate
@@ -325,7 +325,7 @@ class PatchFit:
         rep = np.array(self.lanes["rep"]) if X.shape[0] > 1 else np.zeros(len(self.lanes), dtype=np.int64)
         return (yy[rep] * f > 0).mean(1)
 
-    def routing_hit_rate(self, data: Any) -> pd.DataFrame:
+    def routing_hit_rate(self, data: Any, *, chunk: int = 64) -> pd.DataFrame:
         r"""How often the discriminative patch is routed (Lemma 4.1, Fig. 8; Assumption 4.4, Fig. 9).
 
         Per lane and class :math:`c`: ``hit`` :math:`= \max_s P(j_o \in J_s(x) \mid y=c)` and, for
@@ -340,10 +340,11 @@ class PatchFit:
         ref = self.params["router"]
         X = data.X
         rep = np.array(self.lanes["rep"]) if X.shape[0] > 1 else np.zeros(len(self.lanes), dtype=np.int64)
-        with torch.no_grad():
-            Xt = torch.as_tensor(X, dtype=ref.dtype, device=ref.device)[torch.as_tensor(rep, device=ref.device)]
-            scores = torch.einsum("lbnd,lkd->lbkn", Xt, ref)
-            _, idx = expert_choice_topl(scores, self.config["l"])  # (L,N,k,l) sorted: idx[...,0] has max gate
+        rep_t = torch.as_tensor(rep, device=ref.device)
+        Xt = torch.as_tensor(X, dtype=ref.dtype, device=ref.device)
+        with torch.no_grad():   # chunks over samples keep the (lanes x chunk x n x d) gather small
+            idx = torch.cat([expert_choice_topl(torch.einsum("lbnd,lkd->lbkn", Xt[rep_t, s:s + chunk], ref),
+                                                self.config["l"])[1] for s in range(0, X.shape[1], chunk)], dim=1)
         idx = to_numpy(idx)
         pos = data.pos[rep][:, :, None, None]
         hit = (idx == pos).any(-1)          # (L, N, k)
@@ -469,7 +470,7 @@ def _train(params: dict[str, torch.Tensor], trainable: Sequence[str], logits_fn,
 
 
 @torch.no_grad()
-def _evaluate(logits_fn, params, Xt, yt, rep, sizes, which, test, lanes, chunk: int = 256) -> pd.DataFrame:
+def _evaluate(logits_fn, params, Xt, yt, rep, sizes, which, test, lanes, chunk: int = 64) -> pd.DataFrame:
     lane_ids = [i for i, _ in which]
     sel = torch.as_tensor(lane_ids, device=Xt.device)
     P = {nm: v[sel] for nm, v in params.items()}
