@@ -237,7 +237,7 @@ def test_softmax_translation_invariance(seed, k_star, extra, d, t0, t1):
 
 
 def test_positive_under_perturbation():
-    spec, truth = ms.presets.sigmoid_vs_softmax(regime=1, expert="gelu", seed=0)
+    _, truth = ms.presets.sigmoid_vs_softmax(regime=1, expert="gelu", seed=0)
     for scale in (1e-6, 1e-3, 1e-1):
         fit = truth.batched(4).perturb(scale, seed=1)
         for kind, r in ALL:
