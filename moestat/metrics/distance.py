@@ -131,7 +131,7 @@ def sup_expert_error(spec: MoE, params: Any, truth: Any, X: Any) -> np.ndarray:
     Xt = _inputs(X, p.d, "X", dev, dt)
     if Xt.ndim != 2:
         raise ValueError("X must have shape (m, d) for sup_expert_error.")
-    idx, _ = _assign(bp.omega, bt.omega)                               # (R, k)
+    idx, _ = _assign(bp, bt)                               # (R, k)
     fam = spec.family
     h_fit = fam.evaluate(Xt, bp.a, bp.b)                               # (R', m, k)
     h_true = fam.evaluate(Xt, bt.a, bt.b)                              # (R'', m, k*)

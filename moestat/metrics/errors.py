@@ -76,7 +76,7 @@ def parameter_errors(params: Any, truth: Any, *, gate: str | None = None) -> pd.
     bp, bt = blocks(p, dev, dt), blocks(t, dev, dt)
     R = broadcast_reps(bp.b0.shape[0], bt.b0.shape[0], ("params", "truth"))
     pc = _pieces(bp, bt, "sigmoid" if gate == "sigmoid" else "exp")
-    idx, _ = _assign(bp.omega, bt.omega)
+    idx, _ = _assign(bp, bt)
     assign = np.broadcast_to(to_numpy(idx), (R, bp.b0.shape[1]))
     sizes = to_numpy(pc.sizes).astype(np.int64)
     k, k_star = assign.shape[1], sizes.shape[1]

@@ -113,9 +113,8 @@ def match_atoms(params: Any, truth: Any, method: str = "hungarian", *,
     bp, bt = to_blocks(p, dev, dt), to_blocks(t, dev, dt)
     R = broadcast_reps(bp.b0.shape[0], bt.b0.shape[0], ("params", "truth"))
     fp, ft = _stack_blocks(bp, names), _stack_blocks(bt, names)
-    diff = fp.unsqueeze(-2) - ft.unsqueeze(-3)
-    cost = to_numpy((diff * diff).sum(-1))                       # (R or 1, k, k*)
-    cost = np.broadcast_to(cost, (R, *cost.shape[1:]))
+    fp, ft = fp.expand(R, *fp.shape[1:]), ft.expand(R, *ft.shape[1:])
+    cost = to_numpy(torch.cdist(fp, ft, compute_mode="donot_use_mm_for_euclid_dist") ** 2)   # (R, k, k*)
     k = cost.shape[1]
     perm = np.empty((R, k), dtype=np.int64)
     truth_index = np.full((R, k), -1, dtype=np.int64)

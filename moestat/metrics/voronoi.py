@@ -65,17 +65,53 @@ KINDS = ("D1", "D2", "D3", "softmax")
 
 
 # --------------------------------------------------------------------------------------- cells
-def _assign(omega: torch.Tensor, omega_ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nearest reference atom of every fitted atom (lowest index on ties) and the squared distance.
+def _cdist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Euclidean distances (..., k, m) between rows, by explicit differences (exact zeros, no Gram trick)."""
+    return torch.cdist(x, y, compute_mode="donot_use_mm_for_euclid_dist")
 
-    omega (R, k, p), omega_ref (R or 1, k_ref, p) -> assignment (R, k) long, dist2 (R, k).
-    Differences are formed explicitly (no Gram-matrix shortcut) so a fitted atom equal to a
-    reference atom is at distance exactly 0.
-    """
-    diff = omega.unsqueeze(-2) - omega_ref.unsqueeze(-3)          # (R, k, k_ref, p)
-    dist2 = (diff * diff).sum(-1)                                 # (R, k, k_ref)
-    best, idx = dist2.min(dim=-1)                                 # torch returns the first minimum
-    return idx, best
+
+@dataclass(frozen=True)
+class _BlockDistances:
+    """Distances from every fitted atom to every reference atom, per block; each (N, k, k_ref)."""
+
+    b0: torch.Tensor
+    b1: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+
+    @property
+    def omega2(self) -> torch.Tensor:
+        """Squared Voronoi distance ||omega_i - omega*_j||^2 = ||dbeta1||^2 + ||da||^2 + db^2."""
+        return self.b1**2 + self.a**2 + self.b**2
+
+    def assign(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cell of every fitted atom (lowest index on ties; torch.min returns the first minimum)."""
+        best, idx = self.omega2.min(dim=-1)
+        return idx, best
+
+    def at(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Block distances of each fitted atom to the atom of its cell, each (N, k)."""
+        i = idx.unsqueeze(-1)
+        return tuple(x.gather(-1, i).squeeze(-1) for x in (self.b0, self.b1, self.a, self.b))
+
+
+def _block_distances(bp: Blocks, bt: Blocks) -> _BlockDistances:
+    """Pairwise block distances, fitted (R or 1, k) against reference (R or 1, k_ref), broadcast to R."""
+    R = max(bp.b0.shape[0], bt.b0.shape[0])
+    k, k_ref = bp.b0.shape[-1], bt.b0.shape[-1]
+
+    def vec(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return _cdist(x.expand(R, *x.shape[1:]), y.expand(R, *y.shape[1:]))
+
+    def sca(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x.unsqueeze(-1) - y.unsqueeze(-2)).abs().expand(R, k, k_ref)
+
+    return _BlockDistances(sca(bp.b0, bt.b0), vec(bp.b1, bt.b1), vec(bp.a, bt.a), sca(bp.b, bt.b))
+
+
+def _assign(bp: Blocks, bt: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cell index (R, k) of every fitted atom and its squared distance to the cell's atom."""
+    return _block_distances(bp, bt).assign()
 
 
 @dataclass(frozen=True)
@@ -145,7 +181,7 @@ def voronoi_cells(params: Any, truth: Any) -> VoronoiCells:
     dev, dt = reference_device(p, t)
     bp, bt = blocks(p, dev, dt), blocks(t, dev, dt)
     broadcast_reps(bp.b0.shape[0], bt.b0.shape[0], ("params", "truth"))
-    idx, dist2 = _assign(bp.omega, bt.omega)
+    idx, dist2 = _assign(bp, bt)
     sizes = torch.nn.functional.one_hot(idx, bt.b0.shape[-1]).sum(-2)
     return VoronoiCells(to_numpy(idx), to_numpy(sizes), np.sqrt(to_numpy(dist2)),
                         batched=p.is_batched or t.is_batched)
@@ -201,31 +237,28 @@ class _Pieces:
         return torch.sqrt(self.d_a**2 + self.d_b**2)
 
 
-def _pieces(bp: Blocks, bt: Blocks, weight: str) -> _Pieces:
-    idx, _ = _assign(bp.omega, bt.omega)
-    k_ref = bt.b0.shape[-1]
-    R = max(bp.b0.shape[0], bt.b0.shape[0])
-    onehot = torch.nn.functional.one_hot(idx, k_ref).to(bp.b0.dtype)          # (R, k, k_ref)
-    sizes = onehot.sum(-2)                                                    # (R, k_ref)
+def _pieces_from(dist: _BlockDistances, w: torch.Tensor, w_ref: torch.Tensor) -> _Pieces:
+    """Loss ingredients from pairwise block distances (N, k, k_ref) and weights w (N, k), w_ref (N, k_ref)."""
+    idx, _ = dist.assign()
+    k_ref = dist.b0.shape[-1]
+    onehot = torch.nn.functional.one_hot(idx, k_ref).to(w.dtype)              # (N, k, k_ref)
+    sizes = onehot.sum(-2)
     atom_size = sizes.gather(-1, idx)
-
-    def take(x: torch.Tensor) -> torch.Tensor:   # reference block at each fitted atom's cell
-        x = x.expand(R, *x.shape[1:])
-        if x.dim() == 2:
-            return x.gather(-1, idx)
-        return x.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
-
-    d_b0 = (bp.b0 - take(bt.b0)).abs()
-    d_b1 = torch.linalg.vector_norm(bp.b1 - take(bt.b1), dim=-1)
-    d_a = torch.linalg.vector_norm(bp.a - take(bt.a), dim=-1)
-    d_b = (bp.b - take(bt.b)).abs()
-    if weight == "sigmoid":
-        w, w_ref = torch.sigmoid(bp.b0), torch.sigmoid(bt.b0)
-    else:
-        w, w_ref = torch.exp(bp.b0), torch.exp(bt.b0)
-    w = w.expand(R, w.shape[-1])
-    gap = (torch.einsum("rk,rkj->rj", w, onehot) - w_ref).abs()
+    d_b0, d_b1, d_a, d_b = dist.at(idx)
+    gap = (torch.einsum("nk,nkj->nj", w, onehot) - w_ref).abs()
     return _Pieces(onehot, sizes, atom_size, d_b0, d_b1, d_a, d_b, gap, w)
+
+
+def _weights(b0: torch.Tensor, weight: str) -> torch.Tensor:
+    return torch.sigmoid(b0) if weight == "sigmoid" else torch.exp(b0)
+
+
+def _pieces(bp: Blocks, bt: Blocks, weight: str) -> _Pieces:
+    dist = _block_distances(bp, bt)
+    R = dist.b0.shape[0]
+    w = _weights(bp.b0, weight).expand(R, bp.b0.shape[-1])
+    w_ref = _weights(bt.b0, weight).expand(R, bt.b0.shape[-1])
+    return _pieces_from(dist, w, w_ref)
 
 
 def _sigmoid_loss(pc: _Pieces, kind: str, r: float | None, strict: bool) -> torch.Tensor:
@@ -348,31 +381,25 @@ def voronoi_loss(params: Any, truth: Any = None, kind: str = "D1", *, r: float |
     return out if (p.is_batched or t.is_batched) else float(out[0])
 
 
-def _repeat_each(x: torch.Tensor, m: int) -> torch.Tensor:
-    """(R, ...) -> (R * m, ...): each replicate repeated m times (replicate-major)."""
-    return x.unsqueeze(1).expand(x.shape[0], m, *x.shape[1:]).reshape(x.shape[0] * m, *x.shape[1:])
-
-
-def _tile(x: torch.Tensor, R: int) -> torch.Tensor:
-    """(m, ...) -> (R * m, ...): the m set members repeated for each of R replicates."""
-    return x.unsqueeze(0).expand(R, *x.shape).reshape(R * x.shape[0], *x.shape[1:])
-
-
 def _d3(p: Params, ref_set: Params, strict: bool, chunk_elements: int) -> np.ndarray | float:
-    """Infimum of D3 over a set of limits, chunked over the set to bound memory."""
+    """Infimum of D3 over a set of S limits: distances to all S*k atoms at once, chunked over the set."""
     dev, dt = reference_device(p, ref_set)
     bp, bs = blocks(p, dev, dt), blocks(ref_set, dev, dt)
-    R, k, S = bp.b0.shape[0], bp.b0.shape[1], bs.b0.shape[0]
-    k_ref, width = bs.b0.shape[1], bp.omega.shape[-1]
-    per_member = max(1, R * k * k_ref * width)
-    step = max(1, int(chunk_elements // per_member))
+    R, k = bp.b0.shape
+    S, k_ref = bs.b0.shape
+    step = max(1, int(chunk_elements // max(1, 4 * R * k * k_ref)))
+    w_fit = torch.sigmoid(bp.b0)
     best = torch.full((R,), float("inf"), dtype=dt, device=dev)
     for s0 in range(0, S, step):
-        s1 = min(S, s0 + step)
-        m = s1 - s0
-        fit = Blocks(*(_repeat_each(x, m) for x in (bp.b0, bp.b1, bp.a, bp.b)))
-        ref = Blocks(*(_tile(x[s0:s1], R) for x in (bs.b0, bs.b1, bs.a, bs.b)))
-        loss = _sigmoid_loss(_pieces(fit, ref, "sigmoid"), "D3", None, strict).reshape(R, m)
+        m = min(S, s0 + step) - s0
+        flat = Blocks(*(x[s0:s0 + m].reshape(1, m * k_ref, *x.shape[2:]) for x in (bs.b0, bs.b1, bs.a, bs.b)))
+        full = _block_distances(bp, flat)                                   # (R, k, m * k_ref)
+        # (R, k, m * k_ref) -> (R * m, k, k_ref): one batch entry per (replicate, set member)
+        dist = _BlockDistances(*(x.reshape(R, k, m, k_ref).permute(0, 2, 1, 3).reshape(R * m, k, k_ref)
+                                 for x in (full.b0, full.b1, full.a, full.b)))
+        w = w_fit.unsqueeze(1).expand(R, m, k).reshape(R * m, k)
+        w_ref = torch.sigmoid(bs.b0[s0:s0 + m]).unsqueeze(0).expand(R, m, k_ref).reshape(R * m, k_ref)
+        loss = _sigmoid_loss(_pieces_from(dist, w, w_ref), "D3", None, strict).reshape(R, m)
         best = torch.minimum(best, loss.min(dim=1).values)
     out = to_numpy(best)
     return out if p.is_batched else float(out[0])
