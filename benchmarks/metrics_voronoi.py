@@ -60,7 +60,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
+    _, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     idx = [*range(8), 0]                                   # k = 9: atom 0 duplicated
     w = 1 / (1 + np.exp(-truth.gate_bias[0])) / 2
     gb = truth.gate_bias[idx].copy()

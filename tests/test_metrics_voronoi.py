@@ -283,9 +283,27 @@ def test_truth_pair_accepted_and_losses_frame():
     truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     fit = truth.params.batched(2).perturb(0.01, seed=0)
     assert voronoi_loss(fit, truth, "D1").shape == (2,)
-    frame = voronoi_losses(fit, truth, ["D1", "D2", "softmax"], r=2)
-    assert set(frame.columns) == {"rep", "loss", "value", "r", "strict"}
-    assert len(frame) == 6
+    frame = voronoi_losses(fit, truth, ["D1", "D2", "softmax", "D3"], r=2, gbar=truth.params)
+    assert set(frame.columns) == {"rep", "loss", "value", "r", "strict", "translation"}
+    assert len(frame) == 8
+    d3 = frame[frame.loss == "D3"]["value"].to_numpy()
+    np.testing.assert_allclose(d3, voronoi_loss(fit, None, "D3", gbar=truth.params))
+
+
+def test_benchmark_baseline_agrees_with_batched_loss():
+    """The benchmark's per-replicate numpy baseline computes the same D1 (so its ratios compare like with like)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "metrics_voronoi.py"
+    spec_ = importlib.util.spec_from_file_location("metrics_voronoi_bench", path)
+    bench = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(bench)
+    _, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
+    idx = [*range(8), 0]
+    fit = ms.Params(truth.gate_bias[idx], truth.gate_weight[idx], truth.expert_weight[idx],
+                    truth.expert_bias[idx]).batched(5).perturb(0.01, seed=0)
+    np.testing.assert_allclose(bench.baseline_d1(fit, truth), voronoi_loss(fit, truth, "D1"), rtol=1e-12)
 
 
 def test_d3_chunking_matches_single_pass():

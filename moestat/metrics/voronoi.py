@@ -406,12 +406,21 @@ def _d3(p: Params, ref_set: Params, strict: bool, chunk_elements: int) -> np.nda
 
 
 def voronoi_losses(params: Any, truth: Any, kinds: Sequence[str] = ("D1",), *, r: float | None = None,
-                   strict: bool = False, gbar: Any = None) -> pd.DataFrame:
-    """Several Voronoi losses as a tidy frame: one row per (rep, loss) with the settings recorded."""
+                   strict: bool = False, gbar: Any = None, translation: str = "center") -> pd.DataFrame:
+    """Several Voronoi losses as a tidy frame: one row per (rep, loss) with the settings recorded.
+
+    ``r`` is passed to the kinds that use it (``"D2"``; ``"softmax"``, where ``None`` means 2);
+    ``gbar`` to ``"D3"``; ``translation`` to ``"softmax"``.  Columns: ``rep``, ``loss``, ``value``,
+    ``r`` (the exponent actually used, NaN where none), ``strict``, ``translation``.
+    """
     rows = []
     for kind in kinds:
+        check_choice("kind", kind, KINDS)
         kr = r if kind in ("D2", "softmax") else None
-        val = np.atleast_1d(voronoi_loss(params, truth, kind, r=kr, strict=strict, gbar=gbar))
-        rows.append(pd.DataFrame({"rep": np.arange(len(val)), "loss": kind, "value": val,
-                                  "r": np.nan if kr is None else kr, "strict": strict}))
+        val = np.atleast_1d(voronoi_loss(params, truth if kind != "D3" else None, kind, r=kr, strict=strict,
+                                         gbar=gbar if kind == "D3" else None, translation=translation))
+        used = kr if kr is not None else (2.0 if kind == "softmax" else np.nan)
+        rows.append(pd.DataFrame({"rep": np.arange(len(val)), "loss": kind, "value": val, "r": used,
+                                  "strict": strict and kind != "softmax",
+                                  "translation": translation if kind == "softmax" else "none"}))
     return pd.concat(rows, ignore_index=True)
