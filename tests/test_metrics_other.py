@@ -165,6 +165,18 @@ def test_l2_distance_across_gates_and_bad_input():
         l2_distance("sigmoid", truth, truth, X)
 
 
+def test_parameter_errors_expert_sup_block():
+    spec = ms.MoE(gate="sigmoid", expert="linear", k=2, d=1)
+    truth = ms.Params([0.0, 0.0], [[0.0], [3.0]], [[1.0], [-1.0]], [0.0, 1.0])
+    fit = ms.Params([0.0, 0.0], [[0.0], [3.0]], [[1.2], [-1.0]], [-0.1, 1.5])
+    X = np.linspace(-1, 1, 201)[:, None]
+    e = parameter_errors(fit, truth, X=X, spec=spec)
+    sup = e[e.block == "expert_sup"].set_index("fitted_atom")["error"]
+    np.testing.assert_allclose(sup.loc[[0, 1]], [0.3, 0.5], rtol=1e-12)
+    with pytest.raises(ValueError, match="expert family"):
+        parameter_errors(fit, truth, X=X)
+
+
 def test_sup_expert_error_linear_closed_form():
     """For linear experts on [-1, 1], max |da x + db| = |da| + |db| (attained at x = +-1)."""
     spec = ms.MoE(gate="sigmoid", expert="linear", k=2, d=1)

@@ -26,14 +26,17 @@ import pandas as pd
 
 from .._torch import to_numpy
 from .._validation import check_choice
+from ..model import MoE
 from ._common import blocks, broadcast_reps, check_compatible, reference_device, unpack
+from .distance import sup_expert_error
 from .voronoi import _assign, _pieces, center_softmax
 
 ATOM_BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "expert")
 """Per-fitted-atom error blocks (``expert`` is the joint :math:`\\|\\Delta\\eta\\|`)."""
 
 
-def parameter_errors(params: Any, truth: Any, *, gate: str | None = None) -> pd.DataFrame:
+def parameter_errors(params: Any, truth: Any, *, gate: str | None = None, X: Any = None,
+                     spec: MoE | None = None) -> pd.DataFrame:
     r"""Tidy per-atom errors: one row per replicate x true atom x block (x fitted atom in the cell).
 
     Parameters
@@ -46,6 +49,12 @@ def parameter_errors(params: Any, truth: Any, *, gate: str | None = None) -> pd.
         Weight map for the weight-sum gap (:math:`\sigma(\beta_0)` or :math:`e^{\beta_0}`).  Defaults to
         the gate of the spec passed with ``truth`` (or ``params``), else ``"sigmoid"``.  With
         ``"softmax"`` both measures are centred first (:func:`moestat.metrics.center_softmax`).
+    X : array, shape (m, d), optional
+        If given, adds block ``expert_sup``: :math:`\max_t |h(x_t,\eta_i) - h(x_t,\eta^*_j)|` per fitted
+        atom (nguyen2024 eq. 7/10; :func:`moestat.metrics.sup_expert_error`).  Needs the expert family:
+        ``spec`` or a ``(MoE, Params)`` pair.
+    spec : MoE, optional
+        Specification used for ``expert_sup`` (defaults to the spec of ``truth`` or ``params``).
 
     Returns
     -------
@@ -67,8 +76,8 @@ def parameter_errors(params: Any, truth: Any, *, gate: str | None = None) -> pd.
     spec_t, t = unpack(truth, "truth")
     check_compatible(spec_p, p, spec_t, t)
     if gate is None:
-        spec = spec_t or spec_p
-        gate = "sigmoid" if spec is None or spec.gate == "sigmoid" else "softmax"
+        known = spec_t or spec_p or spec
+        gate = "sigmoid" if known is None or known.gate == "sigmoid" else "softmax"
     check_choice("gate", gate, ("sigmoid", "softmax"))
     if gate == "softmax":
         p, t = center_softmax(p), center_softmax(t)
@@ -99,6 +108,16 @@ def parameter_errors(params: Any, truth: Any, *, gate: str | None = None) -> pd.
         "rep": cell_reps, "true_atom": cells, "cell_size": sizes.ravel(), "specified": label.ravel(),
         "block": "weight_sum", "fitted_atom": -1, "error": to_numpy(pc.gap).ravel(),
     }))
+    if X is not None:
+        spec_x = spec if spec is not None else (spec_t or spec_p)
+        if spec_x is None:
+            raise ValueError("X was given but no expert family is known: pass spec=MoE(...) or (spec, Params) "
+                             "pairs so that expert_sup can evaluate the experts.")
+        sup = sup_expert_error(spec_x, p, t, X)
+        parts.append(pd.DataFrame({
+            "rep": reps, "true_atom": true_atom, "cell_size": cell_size, "specified": label[reps, true_atom],
+            "block": "expert_sup", "fitted_atom": fitted, "error": np.broadcast_to(sup, (R, k)).ravel(),
+        }))
     out = pd.concat(parts, ignore_index=True)
     out["gate"] = gate
     return out.sort_values(["rep", "true_atom", "block", "fitted_atom"], kind="stable").reset_index(drop=True)
