@@ -124,7 +124,8 @@ def _s1_columns(h, eta: torch.Tensor, X: torch.Tensor, ridge: bool, d: int, eta_
     m, q = X.shape[0], eta.shape[0]
     h0 = torch.func.vmap(h, in_dims=(None, 0))(eta, X)                               # (m,)
     jac = torch.func.vmap(torch.func.jacrev(h), in_dims=(None, 0))(eta, X)          # (m, q)
-    hess = torch.func.vmap(torch.func.hessian(h), in_dims=(None, 0))(eta, X)        # (m, q, q)
+    # reverse-over-reverse (torch.func.hessian is forward-over-reverse and loads deprecated jit decompositions)
+    hess = torch.func.vmap(torch.func.jacrev(torch.func.jacrev(h)), in_dims=(None, 0))(eta, X)   # (m, q, q)
     # gamma_2 as a tuple of eta indices (order 0, 1 or 2); gamma_1 as a tuple of x indices.
     g2_list = [(), *[(i,) for i in range(q)], *itertools.combinations_with_replacement(range(q), 2)]
     seen: dict[tuple, int] = {}
