@@ -152,6 +152,23 @@ def test_l2_distance_linear_experts_constant_gates_closed_form():
     np.testing.assert_allclose(l2_distance(spec, batch, pb, torch.as_tensor(X)), [got, 0.0], atol=1e-15)
 
 
+def test_l2_distance_sigmoid_constant_gates_closed_form():
+    """Sigmoid gates with zero slope are constants sigma(beta0): f(x) = sum_i sigma(beta0_i) (a_i^T x + b_i)."""
+    rng = np.random.default_rng(5)
+    d, k = 2, 3
+    spec = ms.MoE(gate="sigmoid", expert="linear", k=k, d=d)
+    pa, pb = (ms.Params(rng.normal(size=k), np.zeros((k, d)), rng.normal(size=(k, d)), rng.normal(size=k))
+              for _ in range(2))
+    sa, sb = 1 / (1 + np.exp(-pa.gate_bias)), 1 / (1 + np.exp(-pb.gate_bias))
+    c = sa @ pa.expert_weight - sb @ pb.expert_weight
+    e = sa @ pa.expert_bias - sb @ pb.expert_bias
+    X = rng.uniform(-1, 1, size=(50_000, d))
+    got = l2_distance(spec, pa, pb, X)
+    assert got**2 == pytest.approx(np.mean((X @ c + e) ** 2), rel=1e-10)
+    vals = (X @ c + e) ** 2
+    assert abs(got**2 - (e**2 + c @ c / 3)) < 5 * vals.std() / math.sqrt(len(X))   # 5 Monte-Carlo SEs
+
+
 def test_l2_distance_across_gates_and_bad_input():
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     soft = ms.MoE(gate="softmax", expert="relu", k=8, d=32)
