@@ -255,6 +255,41 @@ def test_strong_family_structure_and_relu_second_derivative_dropped():
     assert not res.identifiable
 
 
+def test_derivative_family_matches_finite_differences_and_closed_forms():
+    """Autograd columns vs central differences of an independent numpy F, and GELU derivative formulas."""
+    from scipy.special import ndtr
+
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=2, d=2)
+    X = X2[:200]
+    gelu = lambda z: z * ndtr(z)  # noqa: E731
+    dens = lambda z: np.exp(-z**2 / 2) / np.sqrt(2 * np.pi)  # noqa: E731
+
+    def F(theta):   # theta = (beta1[0], beta1[1], beta0, a[0], a[1], b)
+        gate = 1 / (1 + np.exp(-(X @ theta[:2] + theta[2])))
+        return gate * gelu(X @ theta[3:5] + theta[5])
+
+    M, cols = ms.metrics.derivative_family(spec, ATOMS, "weak", X)
+    names = ["beta1[0]", "beta1[1]", "beta0", "a[0]", "a[1]", "b"]
+    theta = np.r_[ATOMS.gate_weight[1], ATOMS.gate_bias[1], ATOMS.expert_weight[1], ATOMS.expert_bias[1]]
+    eps = 1e-6
+    for c, name in enumerate(names):
+        e = np.zeros(6)
+        e[c] = eps
+        fd = (F(theta + e) - F(theta - e)) / (2 * eps)
+        col = cols[(cols.atom == 1) & (cols.function == f"dF/d{name}")].column.item()
+        np.testing.assert_allclose(M[:, col], fd, rtol=1e-7, atol=1e-9)   # O(eps^2) truncation, rounding 1e-10
+
+    M, cols = ms.metrics.derivative_family(spec, ATOMS, "strong", X)
+    z = X @ ATOMS.expert_weight[0] + ATOMS.expert_bias[0]
+    d1, d2 = ndtr(z) + z * dens(z), (2 - z**2) * dens(z)
+    expected = {"h": gelu(z), "x[1]*h": X[:, 1] * gelu(z), "d^1h/da[0]": X[:, 0] * d1, "d^1h/db": d1,
+                "d^2h/dbdb": d2, "d^2h/da[0]da[1]": X[:, 0] * X[:, 1] * d2, "x[0]*x[1]*h": X[:, 0] * X[:, 1] * gelu(z)}
+    s1 = cols[cols.atom == 0]
+    assert (s1["class"] == "S1").all() and len(s1) == 18      # 3 orders x 6 monomials of degree <= 2 in d=2
+    for label, want in expected.items():
+        np.testing.assert_allclose(M[:, s1[s1.function == label].column.item()], want, rtol=1e-12, atol=1e-14)
+
+
 def test_constant_expert_never_identifiable():
     spec = ms.MoE(gate="sigmoid", expert="constant", k=1, d=2)
     atom = ms.Params([0.1], [[0.0, 0.0]], [[0.0, 0.0]], [1.0])

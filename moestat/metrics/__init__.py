@@ -2,7 +2,7 @@
 
 from .distance import l2_distance, sup_expert_error
 from .errors import parameter_errors
-from .identifiability import IdentifiabilityResult, check_identifiability, homogeneity_orbit
+from .identifiability import IdentifiabilityResult, check_identifiability, derivative_family, homogeneity_orbit
 from .matching import Matching, match_atoms, permutation_invariant_error
 from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
@@ -13,6 +13,7 @@ __all__ = [
     "VoronoiCells",
     "center_softmax",
     "check_identifiability",
+    "derivative_family",
     "homogeneity_orbit",
     "l2_distance",
     "match_atoms",

@@ -153,6 +153,88 @@ def _s1_columns(h, eta: torch.Tensor, X: torch.Tensor, ridge: bool, d: int, eta_
     return torch.stack(vals, dim=1) if vals else torch.zeros(m, 0, dtype=X.dtype), labels, second
 
 
+def _validate(spec: MoE, params: Params, kind: str, X: Any) -> tuple[Params, torch.Tensor]:
+    if not isinstance(spec, MoE):
+        raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
+    if not isinstance(params, Params):
+        raise TypeError(f"params must be a moestat.Params, got {type(params).__name__}.")
+    check_choice("kind", kind, ("strong", "weak"))
+    if spec.gate != "sigmoid":
+        raise ValueError(f"check_identifiability implements nguyen2024 Definitions 1-2 for sigmoid gates; "
+                         f"got gate={spec.gate!r}. Use MoE(gate='sigmoid', ...).")
+    if params.is_batched:
+        raise ValueError("params must be unbatched (one set of atoms); use params.select(rep).")
+    if params.d != spec.d:
+        raise ValueError(f"params has d={params.d} but spec has d={spec.d}.")
+    if X is None:
+        raise ValueError("X, a sample of inputs of shape (m, d), is required.")
+    Xt = torch.as_tensor(np.asarray(to_numpy(X), dtype=np.float64))
+    if Xt.ndim != 2 or Xt.shape[1] != spec.d:
+        raise ValueError(f"X must have shape (m, {spec.d}), got {tuple(Xt.shape)}.")
+    if not bool(torch.isfinite(Xt).all()):
+        raise ValueError("X contains NaN or infinite values.")
+    return params.numpy(), Xt
+
+
+def derivative_family(spec: MoE, params: Params, kind: str = "strong", X: Any = None, *,
+                      over_specified: list[int] | None = None,
+                      slope_tol: float = 0.0) -> tuple[np.ndarray, pd.DataFrame]:
+    r"""The functions of nguyen2024 Definition 1 (``"strong"``) or 2 (``"weak"``) evaluated on ``X``.
+
+    Parameters are those of :func:`check_identifiability`.
+
+    Returns
+    -------
+    matrix : ndarray, shape (m, p)
+        One column per kept function, unscaled, computed with torch autograd.
+    columns : pandas.DataFrame
+        One row per function (kept or dropped): ``column`` (-1 if dropped), ``atom``, ``class``
+        (``"S1"``, ``"S2"``, ``"weak"``), ``function`` (label such as ``dF/dbeta0`` or
+        ``x[0]*d^1h/db``), ``status``, ``norm``.
+    """
+    p, Xt = _validate(spec, params, kind, X)
+    k, d = p.k, p.d
+    if over_specified is None:
+        over = [i for i in range(k) if np.linalg.norm(p.gate_weight[i]) <= slope_tol]
+    else:
+        over = sorted({int(i) for i in over_specified})
+        if any(not 0 <= i < k for i in over):
+            raise ValueError(f"over_specified must hold atom indices in range({k}), got {over_specified}.")
+    if kind == "weak":
+        over = []
+    ridge = spec.family.input_dependent
+    eta_names = _eta_names(d, ridge)
+    theta_names = [f"beta1[{u}]" for u in range(d)] + ["beta0"] + eta_names
+
+    cols, rows = [], []
+    for i in range(k):
+        t = {name: torch.as_tensor(np.asarray(getattr(p, name)[i], dtype=np.float64))
+             for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias")}
+        b1 = torch.zeros(d, dtype=torch.float64) if i in over else t["gate_weight"]
+        F, h, theta, eta, _ = _atom_functions(spec, Xt, t["gate_bias"], b1, t["expert_weight"], t["expert_bias"])
+        if i in over:
+            vals, labels, second = _s1_columns(h, eta, Xt, ridge, d, eta_names)
+            klass = "S1"
+        else:
+            vals = _first_order(F, theta, Xt)
+            labels = [f"dF/d{n}" for n in theta_names]
+            second = [False] * len(labels)
+            klass = "S2" if kind == "strong" else "weak"
+        norms = torch.linalg.vector_norm(vals, dim=0)
+        for c in range(vals.shape[1]):
+            dropped = second[c] and bool(norms[c] == 0)
+            rows.append({"atom": i, "class": klass, "function": labels[c], "norm": float(norms[c]),
+                         "status": "dropped: vanishes on X (not in the expansion)" if dropped else "kept"})
+            if not dropped:
+                cols.append(vals[:, c])
+    columns = pd.DataFrame(rows)
+    kept = columns["status"] == "kept"
+    columns["column"] = -1
+    columns.loc[kept, "column"] = np.arange(int(kept.sum()))
+    matrix = to_numpy(torch.stack(cols, dim=1)) if cols else np.zeros((Xt.shape[0], 0))
+    return matrix, columns[["column", "atom", "class", "function", "status", "norm"]]
+
+
 def check_identifiability(spec: MoE, params: Params, kind: str = "strong", X: Any = None, *,
                           over_specified: list[int] | None = None, rtol: float = 1e-10,
                           slope_tol: float = 0.0) -> IdentifiabilityResult:
@@ -194,65 +276,11 @@ def check_identifiability(spec: MoE, params: Params, kind: str = "strong", X: An
     >>> ms.check_identifiability(spec, atom, "strong", X).identifiable
     False
     """
-    if not isinstance(spec, MoE):
-        raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
-    if not isinstance(params, Params):
-        raise TypeError(f"params must be a moestat.Params, got {type(params).__name__}.")
-    check_choice("kind", kind, ("strong", "weak"))
-    if spec.gate != "sigmoid":
-        raise ValueError(f"check_identifiability implements nguyen2024 Definitions 1-2 for sigmoid gates; "
-                         f"got gate={spec.gate!r}. Use MoE(gate='sigmoid', ...).")
-    if params.is_batched:
-        raise ValueError("params must be unbatched (one set of atoms); use params.select(rep).")
-    if params.d != spec.d:
-        raise ValueError(f"params has d={params.d} but spec has d={spec.d}.")
-    if X is None:
-        raise ValueError("X, a sample of inputs of shape (m, d), is required.")
     if not (0 < rtol < 1):
         raise ValueError(f"rtol must lie in (0, 1), got {rtol}.")
-    p = params.numpy()
-    Xt = torch.as_tensor(np.asarray(to_numpy(X), dtype=np.float64))
-    if Xt.ndim != 2 or Xt.shape[1] != spec.d:
-        raise ValueError(f"X must have shape (m, {spec.d}), got {tuple(Xt.shape)}.")
-    k, d = p.k, p.d
-    if over_specified is None:
-        over = [i for i in range(k) if np.linalg.norm(p.gate_weight[i]) <= slope_tol]
-    else:
-        over = sorted({int(i) for i in over_specified})
-        if any(not 0 <= i < k for i in over):
-            raise ValueError(f"over_specified must hold atom indices in range({k}), got {over_specified}.")
-    if kind == "weak":
-        over = []
-    ridge = spec.family.input_dependent
-    eta_names = _eta_names(d, ridge)
-    theta_names = [f"beta1[{u}]" for u in range(d)] + ["beta0"] + eta_names
-
-    cols, rows = [], []
-    for i in range(k):
-        t = {name: torch.as_tensor(np.asarray(getattr(p, name)[i], dtype=np.float64))
-             for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias")}
-        b1 = torch.zeros(d, dtype=torch.float64) if i in over else t["gate_weight"]
-        F, h, theta, eta, _ = _atom_functions(spec, Xt, t["gate_bias"], b1, t["expert_weight"], t["expert_bias"])
-        if i in over:
-            vals, labels, second = _s1_columns(h, eta, Xt, ridge, d, eta_names)
-            klass = "S1"
-        else:
-            vals = _first_order(F, theta, Xt)
-            labels = [f"dF/d{n}" for n in theta_names]
-            second = [False] * len(labels)
-            klass = "S2" if kind == "strong" else "weak"
-        norms = torch.linalg.vector_norm(vals, dim=0)
-        for c in range(vals.shape[1]):
-            dropped = second[c] and bool(norms[c] == 0)
-            rows.append({"atom": i, "class": klass, "function": labels[c], "norm": float(norms[c]),
-                         "status": "dropped: vanishes on X (not in the expansion)" if dropped else "kept"})
-            if not dropped:
-                cols.append(vals[:, c])
-    M = torch.stack(cols, dim=1)
-    columns = pd.DataFrame(rows)
+    matrix, columns = derivative_family(spec, params, kind, X, over_specified=over_specified, slope_tol=slope_tol)
     kept = columns["status"] == "kept"
-    columns["column"] = -1
-    columns.loc[kept, "column"] = np.arange(int(kept.sum()))
+    M = torch.as_tensor(matrix)
     if M.shape[0] < M.shape[1]:
         raise ValueError(f"X has m={M.shape[0]} rows but the family has {M.shape[1]} functions; "
                          f"pass at least {M.shape[1]} (preferably several times more) input points.")
@@ -276,8 +304,7 @@ def check_identifiability(spec: MoE, params: Params, kind: str = "strong", X: An
     null_vectors = pd.concat(nn, ignore_index=True)
     rank = int((rel >= rtol).sum())
     return IdentifiabilityResult(kind=kind, identifiable=deficient.size == 0, rank=rank, singular_values=s_np,
-                                 rtol=rtol, columns=columns[["column", "atom", "class", "function", "status",
-                                                             "norm"]], null_vectors=null_vectors)
+                                 rtol=rtol, columns=columns, null_vectors=null_vectors)
 
 
 def homogeneity_orbit(params: Params, atom: int, t: float) -> Params:
