@@ -7,9 +7,20 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates
+from . import deep, experts, gates, metrics
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .gates import GATES
+from .metrics import (
+    center_softmax,
+    check_identifiability,
+    l2_distance,
+    match_atoms,
+    parameter_errors,
+    permutation_invariant_error,
+    sup_expert_error,
+    voronoi_cells,
+    voronoi_loss,
+)
 from .model import MoE
 from .params import Params
 from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
@@ -28,11 +39,21 @@ __all__ = [
     "Params",
     "PatchData",
     "__version__",
+    "center_softmax",
+    "check_identifiability",
     "deep",
     "experts",
     "gates",
     "get_expert",
+    "l2_distance",
+    "match_atoms",
+    "metrics",
+    "parameter_errors",
+    "permutation_invariant_error",
     "presets",
     "simulate",
     "simulate_patches",
+    "sup_expert_error",
+    "voronoi_cells",
+    "voronoi_loss",
 ]
