@@ -241,7 +241,7 @@ def simulate_patches(n: int, reps: int | None = None, seed: SeedLike = None, *, 
                      n_patches: int = 16, d: int = 64, p: int = 8, delta_d: float = 0.0, delta_r: float = 0.3,
                      set_diameter: float | None = None, n_confusers: tuple[int, int] | int = (0, 0),
                      bank_seed: int = 0, split: str = "train", scale: str = "unit", split_seed: int = 0,
-                     train_fraction: float = 0.7, l: int | None = None) -> PatchData:
+                     train_fraction: float = 0.7, balanced: bool = False, l: int | None = None) -> PatchData:
     r"""Simulate R replicate data sets of ``n`` patch-classification samples (chowdhury2023).
 
     Parameters
@@ -279,6 +279,12 @@ def simulate_patches(n: int, reps: int | None = None, seed: SeedLike = None, *, 
         Digits variant: unit-norm patches (theory) or pixels / 16.
     split_seed, train_fraction : int, float
         Digits variant: the fixed random split of each digit's images into the two pools.
+    balanced : bool
+        False (the theory): i.i.d. labels with :math:`P(y=+1) = 1/2`.  True (the authors' code,
+        N/2 per class): labels come in random pairs (+1, -1) or (-1, +1), so every even-length
+        prefix of a replicate — every nested training size — is exactly balanced.  With i.i.d.
+        labels the separate router of loss (6) picks up :math:`(n-1)\bar y` times the mean
+        irrelevant pattern, which can push one class's discriminative patch out of the top-l.
     l : int, optional
         If given, checked against ``n_patches`` (``l < n_patches`` is required by expert-choice
         top-l routing); convenient for validating a whole configuration at once.
@@ -316,7 +322,7 @@ def simulate_patches(n: int, reps: int | None = None, seed: SeedLike = None, *, 
         if n_conf != (0, 0):
             raise ValueError("n_confusers applies to the synthetic variant only; the digits variant has none.")
         return _simulate_digits(n, n_patches, seeds, rngs, split=split, scale=scale, split_seed=split_seed,
-                                train_fraction=train_fraction)
+                                train_fraction=train_fraction, balanced=bool(balanced))
 
     d = check_int("d", d, minimum=4)
     p = check_int("p", p)
@@ -342,7 +348,7 @@ def simulate_patches(n: int, reps: int | None = None, seed: SeedLike = None, *, 
     set_id = np.empty((R, n, n_patches), dtype=np.int64)
     n_neutral = n_patches - 1 - sum(n_conf)
     for r, g in enumerate(rngs):
-        y[r] = np.where(g.uniform(size=n) < 0.5, 1, -1)
+        y[r] = _labels(g, n, balanced)
         irr = np.concatenate([g.integers(0, p, size=(n, n_neutral)),
                               np.full((n, n_conf[0]), p), np.full((n, n_conf[1]), p + 1)], axis=1)
         irr = g.permuted(irr, axis=1)  # exchangeable positions for the irrelevant patches
@@ -356,8 +362,17 @@ def simulate_patches(n: int, reps: int | None = None, seed: SeedLike = None, *, 
         X[r] = Xr
     info = {"variant": "synthetic", "n": n, "n_patches": n_patches, "d": d, "p": p, "delta_d": float(delta_d),
             "delta_r": float(delta_r), "delta": delta_of(delta_d, delta_r), "set_diameter": diam,
-            "n_confusers": list(n_conf), "bank_seed": bank_seed, "position": "uniform", "class_prior": 0.5}
+            "n_confusers": list(n_conf), "bank_seed": bank_seed, "position": "uniform", "class_prior": 0.5,
+            "balanced": bool(balanced)}
     return PatchData(X, y, pos, set_id, seeds, info, bank)
+
+
+def _labels(g: np.random.Generator, n: int, balanced: bool) -> np.ndarray:
+    """i.i.d. fair labels, or random (+1, -1) / (-1, +1) pairs (balanced even-length prefixes)."""
+    if not balanced:
+        return np.where(g.uniform(size=n) < 0.5, 1, -1)
+    first = np.where(g.uniform(size=(n + 1) // 2) < 0.5, 1, -1)
+    return np.stack([first, -first], axis=1).ravel()[:n]
 
 
 def _insert(irr: np.ndarray, pos: np.ndarray, value: int) -> np.ndarray:
@@ -371,7 +386,7 @@ def _insert(irr: np.ndarray, pos: np.ndarray, value: int) -> np.ndarray:
 
 
 def _simulate_digits(n: int, n_patches: int, seeds: list, rngs: list, *, split: str, scale: str,
-                     split_seed: int, train_fraction: float) -> PatchData:
+                     split_seed: int, train_fraction: float, balanced: bool) -> PatchData:
     check_choice("split", split, ("train", "test"))
     check_choice("scale", scale, ("unit", "raw"))
     if not 0.0 < train_fraction < 1.0:
@@ -383,7 +398,7 @@ def _simulate_digits(n: int, n_patches: int, seeds: list, rngs: list, *, split: 
     pos = np.empty((R, n), dtype=np.int64)
     set_id = np.empty((R, n, n_patches), dtype=np.int64)
     for r, g in enumerate(rngs):
-        y[r] = np.where(g.uniform(size=n) < 0.5, 1, -1)
+        y[r] = _labels(g, n, balanced)
         irr = g.integers(0, p, size=(n, n_patches - 1))
         pos[r] = g.integers(0, n_patches, size=n)
         ids = _insert(irr, pos[r], DISCRIMINATIVE)
@@ -395,5 +410,6 @@ def _simulate_digits(n: int, n_patches: int, seeds: list, rngs: list, *, split: 
                 X[r][sel] = pools[k][g.integers(0, pools[k].shape[0], size=int(sel.sum()))]
     info = {"variant": "digits", "n": n, "n_patches": n_patches, "d": d, "p": p, "scale": scale, "split": split,
             "split_seed": split_seed, "train_fraction": train_fraction, "disc_digits": [1, 0],
-            "irrelevant_digits": list(range(2, 10)), "position": "uniform", "class_prior": 0.5}
+            "irrelevant_digits": list(range(2, 10)), "position": "uniform", "class_prior": 0.5,
+            "balanced": balanced}
     return PatchData(X, y, pos, set_id, seeds, info, None)
