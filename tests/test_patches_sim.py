@@ -8,6 +8,17 @@ import moestat as ms
 from moestat.simulators.patches import DISCRIMINATIVE, _digit_pools
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small batched steps are overhead-bound: one torch thread avoids spin-waiting on a loaded machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def synth():
     return ms.simulate_patches(4000, reps=2, seed=11, n_patches=12, d=24, p=5, delta_d=0.2, delta_r=0.5,
@@ -144,6 +155,6 @@ def test_balanced_labels_give_balanced_prefixes_and_fix_the_router_imbalance():
     fail_iid, fail_bal = hit["iid"] < 0.5, hit["balanced"] < 0.5
     assert fail_iid.to_numpy().sum() >= 4 and fail_bal.to_numpy().sum() <= 2
     ybar = iid.y.mean(1)
-    one = fail_iid.sum(1) == 1
+    one = fail_iid.sum(axis=1) == 1
     failing_class = np.where(fail_iid[1], 1, -1)
     assert one.sum() >= 3 and (failing_class[one] == np.sign(ybar[one])).all()
