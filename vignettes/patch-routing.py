@@ -158,18 +158,28 @@ def analyse(results: pd.DataFrame, cfg: dict) -> pd.DataFrame:
             for n_p in sorted(sub["n_patches"].unique()):
                 models = sorted(sub.loc[sub["n_patches"] == n_p, "model"].unique())
                 for model in (m for m in models if m != "cnn"):
-                    a, b = sc.draws[(n_p, model)], sc.draws[(n_p, "cnn")]
-                    with np.errstate(invalid="ignore"):
-                        diff = a - b
-                    diff = diff[~np.isnan(diff)]   # both censored the same way: undefined ratio
                     pa = tab.set_index(["n_patches", "model"]).loc[(n_p, model)]
                     pc = tab.set_index(["n_patches", "model"]).loc[(n_p, "cnn")]
+                    a, b = sc.draws[(n_p, model)], sc.draws[(n_p, "cnn")]
+                    # a CNN draw that never reaches the target has n* > n_max: use log n_max, which turns
+                    # the ratio into an upper bound (reported with censored = ".../right")
+                    b = np.where(np.isposinf(b), np.log(pc["n_max"]), b)
+                    # a pMoE draw reaching the target at the smallest size has n* <= n_min: using n_min
+                    # errs against pMoE (a larger ratio)
+                    a = np.where(np.isneginf(a), np.log(pa["n_min"]), a)
+                    with np.errstate(invalid="ignore"):
+                        diff = a - b
+                    diff = diff[~np.isnan(diff)]
                     lo, hi = _sorted_interval(diff) if diff.size else (np.nan, np.nan)
-                    both = pa["censored"] == "none" and pc["censored"] == "none"
+                    if pa["censored"] == "none" and pc["censored"] == "none":
+                        point = pa["n_star"] / pc["n_star"]
+                    elif pa["censored"] == "none" and pc["censored"] == "right":
+                        point = pa["n_star"] / pc["n_max"]   # upper bound
+                    else:
+                        point = np.nan
                     rows.append(pd.DataFrame([{
                         "kind": "ratio", "variant": variant, "n_patches": n_p, "model": f"{model}/cnn",
-                        "metric": "accuracy", "target": target,
-                        "n_star": pa["n_star"] / pc["n_star"] if both else np.nan,
+                        "metric": "accuracy", "target": target, "n_star": point,
                         "ci_low": float(np.exp(lo)), "ci_high": float(np.exp(hi)),
                         "censored": f"{pa['censored']}/{pc['censored']}",
                         "p_reached": float(diff.size) / a.size}]))
