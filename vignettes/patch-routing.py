@@ -57,6 +57,8 @@ def config(quick: bool = False) -> dict:
                 {"variant": "synthetic", "n_patches": 16, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
                 {"variant": "synthetic", "n_patches": 4, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
                 {"variant": "synthetic", "n_patches": 8, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
+                {"variant": "synthetic", "n_patches": 16, "l": 4, "models": ["pmoe"], "runs": 3, "grid": grid},
+                {"variant": "synthetic", "n_patches": 16, "l": 8, "models": ["pmoe"], "runs": 3, "grid": grid},
                 {"variant": "digits", "n_patches": 16, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
             ],
             "targets": {"synthetic": [0.9, 0.95], "digits": [0.75, 0.8]},
@@ -71,6 +73,8 @@ def config(quick: bool = False) -> dict:
             {"variant": "synthetic", "n_patches": 4, "models": ["pmoe", "cnn"], "runs": 8, "grid": grid},
             {"variant": "synthetic", "n_patches": 8, "models": ["pmoe", "cnn"], "runs": 8, "grid": grid},
             {"variant": "synthetic", "n_patches": 32, "models": ["pmoe", "cnn"], "runs": 8, "grid": grid},
+            *({"variant": "synthetic", "n_patches": 32, "l": l, "models": ["pmoe"], "runs": 8, "grid": grid}
+              for l in (4, 8, 16)),
             {"variant": "digits", "n_patches": 16, "models": ["pmoe", "pmoe-joint", "cnn"], "runs": 6,
              "grid": [16, 32, 64, 128, 256, 512, 1024, 2048]},
         ],
@@ -90,8 +94,15 @@ def config(quick: bool = False) -> dict:
 # %%
 def _block_seeds(cfg: dict, block: dict) -> dict[str, np.random.SeedSequence]:
     key = [cfg["seed"], {"synthetic": 0, "digits": 1}[block["variant"]], block["n_patches"]]
+    extra = [block["l"]] if "l" in block else []   # blocks that vary l share the data, not the model seeds
     return {"train": np.random.SeedSequence([*key, 0]), "test": np.random.SeedSequence([*key, 1]),
-            **{m: np.random.SeedSequence([*key, 2, i]) for i, m in enumerate(MODELS)}}
+            **{m: np.random.SeedSequence([*key, 2, i, *extra]) for i, m in enumerate(MODELS)}}
+
+
+def cell_name(block: dict, model: str) -> str:
+    """File name of one (block, model) cell under ``out/cells``."""
+    tag = f"-l{block['l']}" if "l" in block else ""
+    return f"{block['variant']}-n{block['n_patches']}{tag}-{model}.csv"
 
 
 def run_block(cfg: dict, block: dict, model: str) -> pd.DataFrame:
@@ -111,7 +122,7 @@ def run_block(cfg: dict, block: dict, model: str) -> pd.DataFrame:
     if spec["fit"] == "cnn":
         fit = fit_cnn(train, **common)
     else:
-        fit = fit_pmoe(train, training=spec["training"], k=spec["k"], l=spec["l"],
+        fit = fit_pmoe(train, training=spec["training"], k=spec["k"], l=block.get("l", spec["l"]),
                        router_epochs=cfg["router_epochs"], **common)
     frame = fit.to_frame(test).rename(columns={"rep": "run"})
     frame["model"] = model
@@ -142,82 +153,108 @@ def _sorted_interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, flo
 
 
 def analyse(results: pd.DataFrame, cfg: dict) -> pd.DataFrame:
-    """rates.csv: n* per (variant, n_patches, model, target), pMoE/CNN ratios, scaling slopes."""
-    from moestat.rates import sample_complexity, scaling_exponent
+    """rates.csv: n* per (variant, n_patches, model, l, target), pMoE/CNN ratios, scaling slopes."""
+    from moestat.rates import sample_complexity
 
     rows = []
+    base_l = MODELS["pmoe"]["l"]
     for variant, targets in cfg["targets"].items():
         sub = results[results["variant"] == variant]
         if sub.empty:
             continue
         for target in targets:
-            sc = sample_complexity(sub, "accuracy", target, by=["n_patches", "model"], x="n_train", rep="run",
-                                   n_boot=cfg["n_boot"], seed=cfg["seed"])
+            kw = {"x": "n_train", "rep": "run", "n_boot": cfg["n_boot"]}
+            sc = sample_complexity(sub, "accuracy", target, by=["n_patches", "model", "l"], seed=cfg["seed"], **kw)
             tab = sc.table.assign(kind="n_star", variant=variant)
             rows.append(tab)
-            for n_p in sorted(sub["n_patches"].unique()):
-                models = sorted(sub.loc[sub["n_patches"] == n_p, "model"].unique())
-                for model in (m for m in models if m != "cnn"):
-                    pa = tab.set_index(["n_patches", "model"]).loc[(n_p, model)]
-                    pc = tab.set_index(["n_patches", "model"]).loc[(n_p, "cnn")]
-                    a, b = sc.draws[(n_p, model)], sc.draws[(n_p, "cnn")]
-                    # a CNN draw that never reaches the target has n* > n_max: use log n_max, which turns
-                    # the ratio into an upper bound (reported with censored = ".../right")
-                    b = np.where(np.isposinf(b), np.log(pc["n_max"]), b)
-                    # a pMoE draw reaching the target at the smallest size has n* <= n_min: using n_min
-                    # errs against pMoE (a larger ratio)
-                    a = np.where(np.isneginf(a), np.log(pa["n_min"]), a)
-                    with np.errstate(invalid="ignore"):
-                        diff = a - b
-                    diff = diff[~np.isnan(diff)]
-                    lo, hi = _sorted_interval(diff) if diff.size else (np.nan, np.nan)
-                    if pa["censored"] == "none" and pc["censored"] == "none":
-                        point = pa["n_star"] / pc["n_star"]
-                    elif pa["censored"] == "none" and pc["censored"] == "right":
-                        point = pa["n_star"] / pc["n_max"]   # upper bound
-                    else:
-                        point = np.nan
-                    rows.append(pd.DataFrame([{
-                        "kind": "ratio", "variant": variant, "n_patches": n_p, "model": f"{model}/cnn",
-                        "metric": "accuracy", "target": target, "n_star": point,
-                        "ci_low": float(np.exp(lo)), "ci_high": float(np.exp(hi)),
-                        "censored": f"{pa['censored']}/{pc['censored']}",
-                        "p_reached": float(diff.size) / a.size}]))
-            # scaling with n (l = 2 fixed for pMoE, l = n for the CNN) where several n were run
-            ns = sorted(sub["n_patches"].unique())
-            if len(ns) >= 3:
-                sc_n = sample_complexity(sub[sub["model"].isin(["pmoe", "cnn"])], "accuracy", target,
-                                         by=["model", "n_patches"], x="n_train", rep="run",
-                                         n_boot=cfg["n_boot"], seed=cfg["seed"] + 1)
+            ix = tab.set_index(["n_patches", "model", "l"])
+            for n_p, model, l in ix.index:
+                if model != "cnn" and (n_p, "cnn", n_p) in ix.index:
+                    rows.append(_ratio_row(sc, ix, (n_p, model, l), (n_p, "cnn", n_p), variant, target))
+            # n* against n: pMoE at l = 2 (theory: flat, up to the router's n^2) and the CNN (l = n; bound 8)
+            pm = sub[(sub["model"] == "pmoe") & (sub["l"] == base_l)]
+            if pm["n_patches"].nunique() >= 3:
+                sc_n = sample_complexity(pd.concat([pm, sub[sub["model"] == "cnn"]]), "accuracy", target,
+                                         by=["model", "n_patches"], seed=cfg["seed"] + 1, **kw)
                 for model in ("pmoe", "cnn"):
-                    try:
-                        slope = scaling_exponent(sc_n, "n_patches").set_index("model").loc[model]
-                        rows.append(pd.DataFrame([{
-                            "kind": "scaling", "variant": variant, "model": model, "target": target,
-                            "design": "n_patches", "exponent": slope["exponent"], "ci_low": slope["ci_low"],
-                            "ci_high": slope["ci_high"], "n_points": slope["n_points"],
-                            "n_censored": slope["n_censored"],
-                            "theory_bound": THEORY_BOUND if model == "cnn" else 0.0}]))
-                    except ValueError as err:  # fewer than 3 uncensored n*: say so in the table
-                        rows.append(pd.DataFrame([{"kind": "scaling", "variant": variant, "model": model,
-                                                   "target": target, "design": "n_patches", "note": str(err)}]))
-                rows.append(_ratio_slope(sc_n, ns, variant, target, l=MODELS["pmoe"]["l"]))
+                    rows.append(_slope_row(sc_n, "n_patches", {"model": model}, variant, target,
+                                           THEORY_BOUND if model == "cnn" else 0.0))
+            # n* against l at fixed n for pMoE (Thm 4.2: N_S = O(l^8))
+            for n_p, g in sub[sub["model"] == "pmoe"].groupby("n_patches"):
+                if g["l"].nunique() >= 3:
+                    sc_l = sample_complexity(g, "accuracy", target, by=["l"], seed=cfg["seed"] + 2, **kw)
+                    rows.append(_slope_row(sc_l, "l", {"model": "pmoe", "n_patches": n_p}, variant, target,
+                                           THEORY_BOUND))
+            rows.append(_ratio_slope(sc, ix, variant, target))
     return pd.concat(rows, ignore_index=True)
 
 
-def _ratio_slope(sc, ns: list[int], variant: str, target: float, l: int) -> pd.DataFrame:
-    """OLS slope of log(n*_CNN / n*_pMoE) on log(n/l), bootstrap CI from the paired draws."""
-    tab = sc.table.set_index(["model", "n_patches"])
-    ok = [n for n in ns if tab.loc[("pmoe", n), "censored"] == "none" and tab.loc[("cnn", n), "censored"] == "none"]
+def _ratio_row(sc, ix: pd.DataFrame, key_a: tuple, key_c: tuple, variant: str, target: float) -> pd.DataFrame:
+    """n*_model / n*_CNN at the same n, with a CI from the two groups' bootstrap draws of log n*."""
+    pa, pc = ix.loc[key_a], ix.loc[key_c]
+    # a CNN draw that never reaches the target has n* > n_max: log n_max turns the ratio into an upper
+    # bound (censored ".../right"); a pMoE draw at the smallest size has n* <= n_min: n_min errs against pMoE
+    b = np.where(np.isposinf(sc.draws[key_c]), np.log(pc["n_max"]), sc.draws[key_c])
+    a = np.where(np.isneginf(sc.draws[key_a]), np.log(pa["n_min"]), sc.draws[key_a])
+    with np.errstate(invalid="ignore"):
+        diff = a - b
+    diff = diff[~np.isnan(diff)]
+    lo, hi = _sorted_interval(diff) if diff.size else (np.nan, np.nan)
+    if pa["censored"] == "none" and pc["censored"] == "none":
+        point = pa["n_star"] / pc["n_star"]
+    elif pa["censored"] == "none" and pc["censored"] == "right":
+        point = pa["n_star"] / pc["n_max"]   # upper bound
+    else:
+        point = np.nan
+    return pd.DataFrame([{"kind": "ratio", "variant": variant, "n_patches": key_a[0], "model": f"{key_a[1]}/cnn",
+                          "l": key_a[2], "metric": "accuracy", "target": target, "n_star": point,
+                          "ci_low": float(np.exp(lo)), "ci_high": float(np.exp(hi)),
+                          "censored": f"{pa['censored']}/{pc['censored']}", "p_reached": diff.size / a.size}])
+
+
+def _slope_row(sc, design: str, where: dict, variant: str, target: float, bound: float) -> pd.DataFrame:
+    """``moestat.rates.scaling_exponent`` of log n* on log(design) for the rows matching ``where``."""
+    import warnings
+
+    from moestat.rates import scaling_exponent
+
+    base = {"kind": "scaling", "variant": variant, "target": target, "design": design, "theory_bound": bound,
+            **where}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tab = scaling_exponent(sc, design)
+    except ValueError as err:  # fewer than 3 uncensored n*: say so in the table
+        return pd.DataFrame([{**base, "note": str(err)}])
+    for col, val in where.items():
+        if col in tab.columns:
+            tab = tab[tab[col] == val]
+    r = tab.iloc[0]
+    tag = f"model={where['model']!r}" if "model" in where else ""
+    note = "; ".join(str(w.message) for w in caught if tag in str(w.message) or "the frame" in str(w.message)) or None
+    return pd.DataFrame([{**base, "exponent": r["exponent"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
+                          "n_points": r["n_points"], "n_censored": r["n_censored"], "note": note}])
+
+
+def _ratio_slope(sc, ix: pd.DataFrame, variant: str, target: float) -> pd.DataFrame:
+    """OLS slope of log(n*_CNN / n*_pMoE) on log(n/l) over every (n, l) with both n* uncensored.
+
+    The CI refits the slope on the paired bootstrap draws (draws with a censored point are skipped).
+    """
+    pairs = [(n, l) for n, m, l in ix.index if m == "pmoe" and (n, "cnn", n) in ix.index]
+    if len({n / l for n, l in pairs}) < 3:
+        return pd.DataFrame()
+    ok = [(n, l) for n, l in pairs
+          if ix.loc[(n, "pmoe", l), "censored"] == "none" and ix.loc[(n, "cnn", n), "censored"] == "none"]
     base = {"kind": "scaling", "variant": variant, "model": "cnn/pmoe", "target": target, "design": "n/l",
-            "theory_bound": THEORY_BOUND, "n_points": len(ns), "n_censored": len(ns) - len(ok)}
-    if len(ok) < 3:
-        return pd.DataFrame([{**base, "note": f"only {len(ok)} sizes n with both n* uncensored; need 3"}])
-    x = np.log(np.asarray(ok, dtype=float) / l)
-    y = np.log([tab.loc[("cnn", n), "n_star"] / tab.loc[("pmoe", n), "n_star"] for n in ok])
+            "theory_bound": THEORY_BOUND, "n_points": len(pairs), "n_censored": len(pairs) - len(ok)}
+    if len({n / l for n, l in ok}) < 3:
+        return pd.DataFrame([{**base, "note": f"only {len(ok)} (n, l) cells with both n* uncensored; need 3 values"}])
+    x = np.log([n / l for n, l in ok])
+    y = np.log([ix.loc[(n, "cnn", n), "n_star"] / ix.loc[(n, "pmoe", l), "n_star"] for n, l in ok])
     slope = np.polyfit(x, y, 1)[0]
     with np.errstate(invalid="ignore"):
-        draws = np.column_stack([sc.draws[("cnn", n)] - sc.draws[("pmoe", n)] for n in ok])
+        draws = np.column_stack([sc.draws[(n, "cnn", n)] - sc.draws[(n, "pmoe", l)] for n, l in ok])
     good = np.isfinite(draws).all(1)
     xc = x - x.mean()
     slopes = (draws[good] - draws[good].mean(1, keepdims=True)) @ xc / (xc @ xc)
@@ -260,21 +297,27 @@ def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path) -> None:
     ns = rates[(rates["kind"] == "n_star") & (rates["variant"] == "synthetic")]
     if ns["n_patches"].nunique() >= 3:
         target = max(ns["target"])
-        ns = ns[(ns["target"] == target) & ns["model"].isin(["pmoe", "cnn"])]
-        fig, ax = plt.subplots(figsize=(5.2, 3.8))
-        for model, g in ns.groupby("model"):
-            g = g.sort_values("n_patches")
-            x = g["n_patches"] / MODELS["pmoe"]["l"]
-            yerr = np.vstack([g["n_star"] - g["ci_low"], np.where(np.isfinite(g["ci_high"]),
-                                                                  g["ci_high"] - g["n_star"], 0)])
-            ax.errorbar(x, g["n_star"], yerr=np.clip(yerr, 0, None), marker="o", capsize=3, label=model,
-                        color=colors[model])
+        ns = ns[(ns["target"] == target) & ns["model"].isin(["pmoe", "cnn"])].copy()
+        base_l = MODELS["pmoe"]["l"]
+        ns["x"] = np.where(ns["model"] == "cnn", ns["n_patches"] / base_l, ns["n_patches"] / ns["l"])
+        n_big = ns.loc[(ns["model"] == "pmoe") & (ns["l"] != base_l), "n_patches"]
+        series = {"cnn (x = n/2)": (ns["model"] == "cnn", "C3"),
+                  f"pmoe, l = {base_l}, n varies": ((ns["model"] == "pmoe") & (ns["l"] == base_l), "C0")}
+        if not n_big.empty:
+            nb = int(n_big.iloc[0])
+            series[f"pmoe, n = {nb}, l varies"] = ((ns["model"] == "pmoe") & (ns["n_patches"] == nb), "C9")
+        fig, ax = plt.subplots(figsize=(5.6, 4.0))
+        for label, (mask, color) in series.items():
+            g = ns[mask].sort_values("x")
+            hi = np.where(np.isfinite(g["ci_high"]), g["ci_high"] - g["n_star"], 0)
+            yerr = np.clip(np.vstack([g["n_star"] - g["ci_low"], hi]), 0, None)
+            ax.errorbar(g["x"], g["n_star"], yerr=yerr, marker="o", capsize=3, label=label, color=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.set_xlabel("n / l  (l = 2 for pMoE)")
+        ax.set_xlabel("n / l")
         ax.set_ylabel(f"n* for {target:.0%} test accuracy (95% CI)")
         ax.set_title("synthetic: sample complexity vs n/l")
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "nstar_vs_n_over_l.png", dpi=120)
         plt.close(fig)
@@ -306,7 +349,7 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
             if variants is not None and block["variant"] not in variants:
                 continue
             for model in block["models"]:
-                path = cells / f"{block['variant']}-n{block['n_patches']}-{model}.csv"
+                path = cells / cell_name(block, model)
                 if resume and path.exists():
                     frames.append(pd.read_csv(path))
                     continue
