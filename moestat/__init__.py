@@ -7,11 +7,25 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates
+from . import experts, gates, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .gates import GATES
 from .model import MoE
 from .params import Params
+from .rates import (
+    RateResult,
+    RateWarning,
+    SampleComplexityResult,
+    WindowSensitivity,
+    compare_models,
+    compare_rates,
+    fit_rate,
+    sample_complexity,
+    scaling_exponent,
+    test_exponent,
+    theory_rates,
+    window_sensitivity,
+)
 from .simulators import Dataset, presets, simulate
 
 try:
@@ -26,10 +40,24 @@ __all__ = [
     "ExpertFamily",
     "MoE",
     "Params",
+    "RateResult",
+    "RateWarning",
+    "SampleComplexityResult",
+    "WindowSensitivity",
     "__version__",
+    "compare_models",
+    "compare_rates",
     "experts",
+    "fit_rate",
     "gates",
     "get_expert",
+    "plots",
     "presets",
+    "rates",
+    "sample_complexity",
+    "scaling_exponent",
     "simulate",
+    "test_exponent",
+    "theory_rates",
+    "window_sensitivity",
 ]
