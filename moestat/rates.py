@@ -41,11 +41,13 @@ __all__ = [
     "RateWarning",
     "SampleComplexityResult",
     "WindowSensitivity",
+    "calibrate_design",
     "compare_models",
     "compare_rates",
     "fit_rate",
     "sample_complexity",
     "scaling_exponent",
+    "simulate_rate_frame",
     "test_exponent",
     "theory_rates",
     "window_sensitivity",
@@ -487,6 +489,7 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     -------
     RateResult
     """
+    _check_columns(frame, {})
     by_cols = _as_list("by", by)
     models = _check_models(model)
     _check_choice("agg", agg, _AGGS)
@@ -671,16 +674,16 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
     res = fit_rate(frame, y, x=x, by=[*by_cols, between], model=model, agg=agg, ci=level,
                    method="cluster_bootstrap" if do_boot else "robust", n_boot=n_boot, seed=seed, rep=rep,
                    cluster=cluster, warn=False)
-    d = res.details.set_index([*by_cols, between])
+    expo = {tuple(r[[*by_cols, between]]): float(r["exponent"]) for _, r in res.details.iterrows()}
     rows = []
     outer = frame.groupby(by_cols, sort=True) if by_cols else [((), frame)]
     for key, sub in outer:
         key = _group_key(key, by_cols)
         for a, b in pairs:
             ka, kb = (*key, a), (*key, b)
-            if ka not in d.index or kb not in d.index:
+            if ka not in expo or kb not in expo:
                 continue
-            ea, eb = float(d.loc[ka, "exponent"]), float(d.loc[kb, "exponent"])
+            ea, eb = expo[ka], expo[kb]
             base = {**dict(zip(by_cols, key, strict=True)), "between": between, "level_a": a, "level_b": b,
                     "model": model}
             if method in ("both", "interaction"):
@@ -1023,6 +1026,10 @@ def scaling_exponent(result: SampleComplexityResult, design: str, *, ci: float |
         lx = np.log(xv)
         base = {**dict(zip(rest, key, strict=True)), "design": design, "n_points": len(sub), "n_censored": n_cens}
         if censored == "drop":
+            if n_cens:
+                warnings.warn(f"{_key_text(key, rest)}: {n_cens} censored n* value(s) dropped from the scaling "
+                              "regression; right-censored points are the hardest designs, so dropping them biases "
+                              "the slope down. Widen the n grid or use censored='tobit'.", RateWarning, stacklevel=2)
             if ok.sum() < 3:
                 raise ValueError(f"{_key_text(key, rest)}: only {int(ok.sum())} uncensored n* values; the scaling "
                                  "regression needs >= 3 (widen the n grid or use censored='tobit').")
@@ -1207,3 +1214,63 @@ def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
         _apparent_power_exponent(m, e, n_range) if d == "decay" and r == "n" else np.nan
         for m, e, d, r in zip(out["rate_model"], out["exponent"], out["direction"], out["regressor"], strict=True)]
     return out[[*cols[:-1], "power_exponent_in_range", "note"]]
+
+
+# --------------------------------------------------------------------------------------------------
+# synthetic frames (design checks and tests)
+
+
+def simulate_rate_frame(alpha: float, ns: Sequence[float], reps: int, *, model: str = "power", studies: int = 1,
+                        sigma: float = 0.5, scale: float = 2.0, seed: int | None = 0) -> pd.DataFrame:
+    """Synthetic tidy rate frame ``y = scale * exp(-alpha u(n)) * exp(sigma eps)``, ``eps ~ N(0, 1)``.
+
+    ``u`` is the regressor of ``model`` (``power``: ``y = scale n^-alpha`` times log-normal noise).  Use it to
+    check before running a study whether a planned n grid and replicate count give honest, informative
+    intervals (``studies`` independent copies, column ``study``).
+
+    Returns
+    -------
+    DataFrame
+        Columns ``study, n, rep, y`` (one row per study x n x replicate).
+    """
+    ns = np.asarray(ns, dtype=np.float64)
+    reps = int(reps)
+    rng = np.random.default_rng(seed)
+    n = np.tile(np.repeat(ns, reps), studies)
+    mean_log = np.log(scale) - alpha * regressor(model, n)
+    y = np.exp(mean_log + sigma * rng.standard_normal(len(n)))
+    return pd.DataFrame({"study": np.repeat(np.arange(studies), len(ns) * reps), "n": n,
+                         "rep": np.tile(np.tile(np.arange(reps), len(ns)), studies), "y": y})
+
+
+def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: int = 1000, sigma: float = 0.5,
+                     model: str = "power", seed: int | None = 0, **fit_kwargs: Any) -> pd.DataFrame:
+    """Monte Carlo check of :func:`fit_rate` on a design: bias, empirical SE and CI coverage with MC SEs.
+
+    Simulates ``studies`` frames from :func:`simulate_rate_frame` (true exponent ``alpha`` under ``model``),
+    fits each with ``fit_rate(..., model=model, **fit_kwargs)`` and summarises them the way ``rsimsum``
+    does: ``bias`` with ``bias_mcse = emp_se / sqrt(S)``, ``emp_se`` (SD of the estimates), ``mean_se``
+    (average reported SE), ``coverage`` of the nominal interval with
+    ``coverage_mcse = sqrt(coverage (1 - coverage) / S)``.
+
+    Returns
+    -------
+    DataFrame
+        One row: the design (``alpha, model, n_values, n_min, n_max, reps, sigma, studies``), the fit
+        settings (``method, agg, interval, ci, n_boot``) and the summaries above.
+    """
+    frame = simulate_rate_frame(alpha, ns, reps, model=model, studies=studies, sigma=sigma, seed=seed)
+    fit_kwargs.setdefault("warn", False)
+    res = fit_rate(frame, "y", by="study", model=model, seed=None if seed is None else seed + 1, **fit_kwargs)
+    tab = res.table
+    s = len(tab)
+    cover = float(((tab["ci_low"] <= alpha) & (alpha <= tab["ci_high"])).mean())
+    emp = float(tab["exponent"].std(ddof=1))
+    cfg = res.config
+    return pd.DataFrame([{
+        "alpha": alpha, "model": model, "n_values": len(ns), "n_min": float(np.min(ns)), "n_max": float(np.max(ns)),
+        "reps": reps, "sigma": sigma, "studies": s, "method": cfg["method"], "agg": cfg["agg"] or "none",
+        "interval": cfg["interval"], "ci": cfg["ci"], "n_boot": cfg["n_boot"],
+        "bias": float(tab["exponent"].mean() - alpha), "bias_mcse": emp / np.sqrt(s), "emp_se": emp,
+        "mean_se": float(tab["se"].mean()), "coverage": cover, "coverage_mcse": float(np.sqrt(cover * (1 - cover) / s)),
+    }])
