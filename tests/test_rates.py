@@ -59,7 +59,8 @@ def test_regressor_transforms():
     np.testing.assert_allclose(rates.regressor("inverse_log", n), np.log(np.log(n)))
 
 
-@pytest.mark.parametrize(("agg", "stat"), [("mean", lambda v: np.log(v.mean())), ("median", lambda v: np.log(v.median())),
+@pytest.mark.parametrize(("agg", "stat"), [("mean", lambda v: np.log(v.mean())),
+                                           ("median", lambda v: np.log(v.median())),
                                            ("logmean", lambda v: np.log(v).mean())])
 def test_aggregated_fit_is_the_papers_line(frame, agg, stat):
     sub = one(frame)
@@ -231,7 +232,8 @@ def test_window_sensitivity_full_window_matches_fit(frame):
     assert (ws.table["side"] == "smallest").sum() == m - 3 == (ws.table["side"] == "largest").sum()
     assert ws.table["n_values"].min() == 3
     ws2 = ms.window_sensitivity(frame, "D1", by=["gate", "expert"], drop="smallest", n_boot=200)
-    assert set(ws2.table["side"]) == {"full", "smallest"} and ws2.table.groupby(["gate", "expert"]).size().eq(m - 2).all()
+    assert set(ws2.table["side"]) == {"full", "smallest"}
+    assert ws2.table.groupby(["gate", "expert"]).size().eq(m - 2).all()
 
 
 def test_window_sensitivity_exposes_curvature():
