@@ -43,7 +43,8 @@ def plot_rate(result: RateResult, ax: Any = None, *, models: list[str] | None = 
     """Log-log plot of a :class:`~moestat.rates.RateResult` in the papers' Figure 1 style.
 
     Per group: replicate values (faint dots, ``points=True``), a per-n centre with error bars and the
-    fitted line of each model with ``exponent [ci_low, ci_high]`` in the legend.  The centre matches the
+    fitted line of each model with ``exponent [ci_low, ci_high]`` in the legend (red dash-dot as in the papers
+    for a single group and model; otherwise in the group's colour, one line style per model).  The centre matches the
     fit: geometric mean for replicate-level and ``logmean`` fits, mean or median for ``agg="mean"`` /
     ``"median"``.  ``spread="2sd"`` draws centre x/÷ exp(2 sd of log y) (geometric) or mean -/+ 2 sd
     clipped to positive values (the papers' +-2 SD bars); ``"range"`` draws min to max; ``"none"`` no bars.
@@ -63,6 +64,7 @@ def plot_rate(result: RateResult, ax: Any = None, *, models: list[str] | None = 
     details = result.details
     groups = result.data.groupby(by, sort=True) if by else [((), result.data)]
     palette = colors or [f"C{i}" for i in range(10)]
+    single = len(models) == 1 and result.data.groupby(by).ngroups == 1 if by else len(models) == 1
     for gi, (key, sub) in enumerate(groups):
         key = key if isinstance(key, tuple) else (key,)
         key = key if by else ()
@@ -95,7 +97,7 @@ def plot_rate(result: RateResult, ax: Any = None, *, models: list[str] | None = 
                 continue
             fitted = np.exp(row["intercept"] - row["exponent"] * regressor(row["model"], grid))
             text = _rate_text(row["model"], row["exponent"], row["ci_low"], row["ci_high"])
-            ax.plot(grid, fitted, _LINESTYLES[row["model"]], color="red" if len(models) == 1 else color, lw=1.4,
+            ax.plot(grid, fitted, _LINESTYLES[row["model"]], color="red" if single else color, lw=1.4,
                     label=f"{label}: {text}" if label else text)
     ax.set_xscale("log")
     ax.set_yscale("log")
