@@ -189,7 +189,7 @@ def _prepare(frame: pd.DataFrame, y: str, x: str, by: list[str], rep: str | None
     if not np.isfinite(values).all():
         bad = int((~np.isfinite(values)).sum())
         raise ValueError(f"column {y!r} has {bad} NaN/inf value(s); drop the failed rows explicitly "
-                         f"(e.g. frame.dropna(subset=[{y!r}])) and report how many were dropped.")
+                         f"(frame.dropna(subset=[{y!r}]) or na='drop') and report how many were dropped.")
     if (values <= 0).any():
         bad = int((values <= 0).sum())
         raise ValueError(f"column {y!r} has {bad} non-positive value(s); every rate model fits log {y}, so y "
@@ -440,7 +440,7 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
              model: str | Sequence[str] = "power", agg: str | None = None, ci: float = 0.95,
              method: str = "cluster_bootstrap", n_boot: int = 2000, seed: int | None = 0, *,
              rep: str | None = "rep", interval: str = "t", resample: str = "within_n",
-             cluster: str | None = "auto", warn: bool = True) -> RateResult:
+             cluster: str | None = "auto", na: str = "raise", warn: bool = True) -> RateResult:
     """Estimate convergence exponents ``alpha`` in ``y ~ C n^-alpha`` (or a log variant) with intervals.
 
     Each model regresses ``log y`` on ``u(n)`` by ordinary least squares (statsmodels ``OLS``):
@@ -482,6 +482,9 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
         interval of the draws.
     cluster : {"auto", "rep", None}
         Clustering for ``method="robust"``: ``auto`` clusters on ``rep`` when it has >= 10 ids.
+    na : {"raise", "drop"}
+        Rows whose ``y`` is NaN (e.g. failed fits): ``raise`` (default) or ``drop`` them with a
+        :class:`RateWarning` giving the count, recorded in ``config["dropped_na"]``.
     warn : bool
         Emit :class:`RateWarning` for fits spanning < 1 decade of n or with < 5 n values.
 
@@ -489,7 +492,16 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     -------
     RateResult
     """
-    _check_columns(frame, {})
+    _check_columns(frame, {"y": [y]})
+    _check_choice("na", na, ("raise", "drop"))
+    dropped_na = 0
+    if na == "drop":
+        bad = frame[y].isna()
+        dropped_na = int(bad.sum())
+        if dropped_na:
+            frame = frame[~bad]
+            if warn:
+                warnings.warn(f"dropped {dropped_na} row(s) with NaN {y!r} (na='drop').", RateWarning, stacklevel=2)
     by_cols = _as_list("by", by)
     models = _check_models(model)
     _check_choice("agg", agg, _AGGS)
@@ -564,7 +576,7 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
               "method": method, "interval": interval if method == "cluster_bootstrap" else "t",
               "n_boot": n_boot if method == "cluster_bootstrap" else None, "seed": seed,
               "resample": resample if method == "cluster_bootstrap" else None,
-              "cluster": cluster if method == "robust" else None}
+              "cluster": cluster if method == "robust" else None, "na": na, "dropped_na": dropped_na}
     return RateResult(table=details[order].copy(), details=details, data=frame[keep].copy(), config=config,
                       draws=draws, _var=var)
 
@@ -625,7 +637,8 @@ test_exponent.__test__ = False  # not a pytest test despite the name
 def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | Sequence[str] | None = None,
                   x: str = "n", model: str = "power", agg: str | None = None, ci: float = 0.95,
                   method: str = "both", n_boot: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
-                  levels: Sequence[Any] | None = None, cluster: str | None = "auto") -> pd.DataFrame:
+                  levels: Sequence[Any] | None = None, cluster: str | None = "auto",
+                  na: str = "raise") -> pd.DataFrame:
     """Difference of convergence exponents between two levels of ``between``, with CI and p-value.
 
     For every ``by`` group and every pair ``(a, b)`` of levels (or the given ``levels``), estimate
@@ -639,6 +652,8 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
       ``se`` is the SD of the difference of the draws; CI ``difference -/+ t_nu se`` with
       Satterthwaite ``nu`` over every cell of both groups; p-value from the same t reference.
 
+    ``na="drop"`` drops rows whose ``y`` is NaN first (default: raise).
+
     Returns
     -------
     DataFrame
@@ -646,7 +661,10 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
         se, df, ci_low, ci_high, p_value``.
     """
     by_cols = _as_list("by", by)
-    _check_columns(frame, {"between": [between]})
+    _check_columns(frame, {"between": [between], "y": [y]})
+    _check_choice("na", na, ("raise", "drop"))
+    if na == "drop":
+        frame = frame[frame[y].notna()]
     if between in by_cols:
         raise ValueError(f"between={between!r} must not also be in by={by_cols}.")
     if not isinstance(model, str):

@@ -283,6 +283,10 @@ def test_error_messages(frame):
         ms.fit_rate(sub.assign(D1=sub["D1"] - sub["D1"].min()), "D1")
     with pytest.raises(ValueError, match="NaN"):
         ms.fit_rate(sub.assign(D1=np.where(sub["rep"] == 0, np.nan, sub["D1"])), "D1")
+    with_nan = sub.assign(D1=np.where((sub["rep"] == 0) & (sub["n"] == NS[0]), np.nan, sub["D1"]))
+    with pytest.warns(RateWarning, match="dropped 1 row"):
+        res = ms.fit_rate(with_nan, "D1", na="drop", n_boot=200)
+    assert res.config["dropped_na"] == 1 and res.details["rows"].iloc[0] == len(sub) - 1
     with pytest.raises(ValueError, match="at least 3"):
         ms.fit_rate(sub[sub["n"].isin(NS[:2])], "D1")
     with pytest.raises(ValueError, match="single replicate"):
