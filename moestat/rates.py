@@ -425,6 +425,11 @@ class RateResult:
     def __str__(self) -> str:
         return self.summary()
 
+    def __repr__(self) -> str:
+        cfg = self.config
+        return (f"RateResult(y={cfg['y']!r}, by={cfg['by']}, models={cfg['models']}, agg={cfg['agg']!r}, "
+                f"method={cfg['method']!r}, rows={len(self.table)})\n{self.table.to_string(index=False)}")
+
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
         """Log-log plot in the papers' Figure 1 style; see :func:`moestat.plots.plot_rate`."""
         from .plots import plot_rate

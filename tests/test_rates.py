@@ -133,6 +133,9 @@ def test_resample_rep_uses_whole_replicates(frame):
     res = ms.fit_rate(one(frame), "D1", resample="rep", n_boot=500)
     assert res.details["df"].iloc[0] == 7
     assert np.isfinite(res.table["se"].iloc[0])
+    ragged = one(frame)[lambda f: ~((f["rep"] == 7) & (f["n"] == NS[0]))]
+    with pytest.raises(ValueError, match="same replicate ids"):
+        ms.fit_rate(ragged, "D1", resample="rep", n_boot=200)
 
 
 # ------------------------------------------------------------------------------------------- API
@@ -150,6 +153,7 @@ def test_table_columns_and_by_groups(frame):
     assert (res.table["ci_low"] < res.table["exponent"]).all() and (res.table["exponent"] < res.table["ci_high"]).all()
     text = res.summary()
     assert "cluster_bootstrap" in text and "sigmoid" in text
+    assert repr(res).startswith("RateResult(y='D1'")
     assert res.config["n_boot"] == 300 and res.config["by"] == ["gate", "expert"]
 
 
