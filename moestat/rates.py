@@ -169,13 +169,22 @@ class _Cells:
 
 
 def _cells(sub: pd.DataFrame, x: str, y: str, rep: str | None) -> _Cells:
-    sub = sub.sort_values([x, rep] if rep else [x], kind="stable")
-    ns, values, reps = [], [], []
-    for n_val, cell in sub.groupby(x, sort=True):
-        ns.append(float(n_val))
-        values.append(cell[y].to_numpy(dtype=np.float64))
-        reps.append(cell[rep].to_numpy() if rep else np.arange(len(cell)))
-    return _Cells(np.asarray(ns), values, reps)
+    xs = sub[x].to_numpy(dtype=np.float64)
+    ys = sub[y].to_numpy(dtype=np.float64)
+    if rep is not None:
+        rep_values = sub[rep].to_numpy()
+        codes = pd.factorize(rep_values, sort=True)[0]
+        order = np.lexsort((codes, xs))
+        rep_values = rep_values[order]
+    else:
+        order = np.argsort(xs, kind="stable")
+    xs, ys = xs[order], ys[order]
+    ns, starts = np.unique(xs, return_index=True)
+    bounds = np.r_[starts, len(xs)]
+    values = [ys[bounds[i]:bounds[i + 1]] for i in range(len(ns))]
+    reps = [rep_values[bounds[i]:bounds[i + 1]] if rep is not None else np.arange(bounds[i + 1] - bounds[i])
+            for i in range(len(ns))]
+    return _Cells(ns, values, reps)
 
 
 def _prepare(frame: pd.DataFrame, y: str, x: str, by: list[str], rep: str | None,
@@ -643,7 +652,7 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
                   x: str = "n", model: str = "power", agg: str | None = None, ci: float = 0.95,
                   method: str = "both", n_boot: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
                   levels: Sequence[Any] | None = None, cluster: str | None = "auto",
-                  na: str = "raise") -> pd.DataFrame:
+                  paired: bool = False, na: str = "raise") -> pd.DataFrame:
     """Difference of convergence exponents between two levels of ``between``, with CI and p-value.
 
     For every ``by`` group and every pair ``(a, b)`` of levels (or the given ``levels``), estimate
@@ -657,7 +666,12 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
       ``se`` is the SD of the difference of the draws; CI ``difference -/+ t_nu se`` with
       Satterthwaite ``nu`` over every cell of both groups; p-value from the same t reference.
 
-    ``na="drop"`` drops rows whose ``y`` is NaN first (default: raise).
+    ``paired=True`` is for two fits of the *same* data sets (sigmoid and softmax fitted to replicate r at
+    each n, with matching ``rep`` ids): the bootstrap then draws one set of replicate ids per n and uses it
+    for both groups (method ``paired_bootstrap``), so the positive correlation of the two errors narrows the
+    interval instead of being ignored; Satterthwaite ``nu`` uses the per-n variances of the paired
+    contributions ``c_{a,n} z_{a,n} - c_{b,n} z_{b,n}``.  ``na="drop"`` drops rows whose ``y`` is NaN first
+    (default: raise).
 
     Returns
     -------
@@ -697,7 +711,8 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
     res = fit_rate(frame, y, x=x, by=[*by_cols, between], model=model, agg=agg, ci=level,
                    method="cluster_bootstrap" if do_boot else "robust", n_boot=n_boot, seed=seed, rep=rep,
                    cluster=cluster, warn=False)
-    expo = {tuple(r[[*by_cols, between]]): float(r["exponent"]) for _, r in res.details.iterrows()}
+    keys = zip(*(res.details[c] for c in [*by_cols, between]), strict=True)
+    expo = dict(zip(keys, res.details["exponent"].astype(float), strict=True))
     rows = []
     outer = frame.groupby(by_cols, sort=True) if by_cols else [((), frame)]
     for key, sub in outer:
@@ -713,19 +728,53 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
                 rows.append({**base, "method": "interaction",
                              **_interaction(sub, y, x, between, a, b, model, agg, rep, cluster, level)})
             if do_boot:
-                diff = res.draws[(ka, model)] - res.draws[(kb, model)]
-                ta, dfa = res._var[(ka, model)]
-                tb, dfb = res._var[(kb, model)]
+                if paired:
+                    pseed = np.random.SeedSequence([0 if seed is None else seed, len(rows), 7])
+                    diff, terms, dfs = _paired_boot(sub, y, x, rep, between, a, b, model, agg, n_boot,
+                                                    np.random.default_rng(pseed))
+                else:
+                    diff = res.draws[(ka, model)] - res.draws[(kb, model)]
+                    ta, dfa = res._var[(ka, model)]
+                    tb, dfb = res._var[(kb, model)]
+                    terms, dfs = np.concatenate([ta, tb]), np.concatenate([dfa, dfb])
                 se = float(diff.std(ddof=1))
-                df = _satterthwaite(np.concatenate([ta, tb]), np.concatenate([dfa, dfb]))
+                df = _satterthwaite(terms, dfs)
                 est = ea - eb
                 lo, hi = _interval(est, se, df, None, level, "t")
                 p = float(2 * stats.t.sf(abs(est) / se, df)) if se > 0 else float(est == 0)
-                rows.append({**base, "method": "bootstrap", "exponent_a": ea, "exponent_b": eb, "difference": est,
+                rows.append({**base, "method": "paired_bootstrap" if paired else "bootstrap", "exponent_a": ea,
+                             "exponent_b": eb, "difference": est,
                              "se": se, "df": df, "ci_low": lo, "ci_high": hi, "p_value": p})
     if not rows:
         raise ValueError(f"no by-group has both levels of {between!r} to compare.")
     return pd.DataFrame(rows)
+
+
+def _paired_boot(sub: pd.DataFrame, y: str, x: str, rep: str | None, between: str, a: Any, b: Any, model: str,
+                 agg: str | None, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bootstrap of alpha_a - alpha_b drawing the same replicate ids for both groups at each n."""
+    if rep is None:
+        raise ValueError("paired=True needs a replicate-id column (rep=) that matches rows of the two groups.")
+    ca = _cells(sub[sub[between] == a], x, y, rep)
+    cb = _cells(sub[sub[between] == b], x, y, rep)
+    if not np.array_equal(ca.ns, cb.ns) or any(not np.array_equal(ra, rb) for ra, rb in zip(ca.reps, cb.reps,
+                                                                                         strict=True)):
+        raise ValueError(f"paired=True needs the same {x} values and the same {rep!r} ids in levels {a!r} and "
+                         f"{b!r} (two fits of the same data sets); use paired=False otherwise.")
+    u = regressor(model, ca.ns)
+    w = ca.counts.astype(np.float64) if agg is None else np.ones(len(ca.ns))
+    wn = w / w.sum()
+    du = u - (wn * u).sum()
+    c = wn * du / (wn * du * du).sum()
+    contrib = np.empty((n_boot, len(ca.ns)))
+    for i, (va, vb) in enumerate(zip(ca.values, cb.values, strict=True)):
+        r = len(va)
+        idx = rng.integers(0, r, size=(n_boot, r))
+        za0, zb0 = _cell_stat(va, agg), _cell_stat(vb, agg)
+        za = za0 + np.sqrt(r / (r - 1)) * (_cell_stat(va[idx], agg) - za0)
+        zb = zb0 + np.sqrt(r / (r - 1)) * (_cell_stat(vb[idx], agg) - zb0)
+        contrib[:, i] = -c[i] * (za - zb)  # exponent = -slope
+    return contrib.sum(axis=1), contrib.var(axis=0, ddof=1), ca.counts - 1.0
 
 
 def _interaction(sub: pd.DataFrame, y: str, x: str, between: str, a: Any, b: Any, model: str, agg: str | None,

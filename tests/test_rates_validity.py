@@ -103,3 +103,38 @@ def test_compare_rates_size_and_power_full():
     assert size.between(0.029, 0.071).all(), size.to_dict()
     power = _rejection(_two_groups(0.5, 0.25, TWO_DECADES_9, 10, 1000, seed=23))
     assert (power >= 0.98).all(), power.to_dict()
+
+
+def _paired_studies(alpha_a: float, alpha_b: float, rho: float, studies: int, seed: int) -> pd.DataFrame:
+    """Two fits of the same data sets: the log-errors share a component with correlation rho."""
+    rng = np.random.default_rng(seed)
+    ns, reps = TWO_DECADES_5, 10
+    n = np.tile(np.repeat(ns, reps), studies)
+    shared, own_a, own_b = rng.standard_normal((3, n.size))
+    base = {"study": np.repeat(np.arange(studies), len(ns) * reps), "n": n,
+            "rep": np.tile(np.tile(np.arange(reps), len(ns)), studies)}
+    frames = []
+    for gate, alpha, own in (("sigmoid", alpha_a, own_a), ("softmax", alpha_b, own_b)):
+        noise = 0.5 * (np.sqrt(rho) * shared + np.sqrt(1 - rho) * own)
+        frames.append(pd.DataFrame({**base, "gate": gate, "y": 2.0 * n ** -alpha * np.exp(noise)}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_paired_bootstrap_size_and_width():
+    """Correlation 0.8 between the two fits' log-errors: Var(difference) is 1 - rho = 0.2 of the unpaired
+    variance, so paired SEs should be about 0.45 of the unpaired ones (we require < 0.6) and should match the
+    empirical SD of the differences over 200 studies (relative MC error of an SD from 200 draws is 5%; we
+    allow 15%).  Size: 5% +- 3 MC SE (0.0154) as above."""
+    frame = _paired_studies(0.5, 0.5, 0.8, 200, seed=31)
+    out = ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999, paired=True)
+    unpaired = ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999, method="bootstrap")
+    paired = out[out["method"] == "paired_bootstrap"]
+    assert paired["se"].mean() < 0.6 * unpaired["se"].mean()
+    assert paired["se"].mean() == pytest.approx(paired["difference"].std(), rel=0.15)
+    assert 0.004 <= (paired["p_value"] < 0.05).mean() <= 0.096
+    # the interaction model clusters on the shared rep ids (10 ids), which also captures the pairing
+    inter = out[out["method"] == "interaction"]
+    assert 0.004 <= (inter["p_value"] < 0.05).mean() <= 0.096
+    one = frame[frame["study"] == 0]
+    with pytest.raises(ValueError, match="same"):
+        ms.compare_rates(one[~((one["gate"] == "softmax") & (one["rep"] == 0))], "y", between="gate", paired=True)
