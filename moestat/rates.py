@@ -409,9 +409,15 @@ class RateResult:
     draws: dict[tuple, np.ndarray] = field(default_factory=dict, repr=False)
     _var: dict[tuple, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
-    def to_frame(self) -> pd.DataFrame:
-        """The tidy ``table`` (a copy)."""
-        return self.table.copy()
+    def to_frame(self, *, details: bool = False, config: bool = False) -> pd.DataFrame:
+        """The tidy ``table`` (a copy); ``details=True`` gives ``details`` instead; ``config=True`` appends the
+        fit's knobs (``y, x, agg, ci, method, interval, n_boot, seed, resample, cluster``) as columns, for a
+        ``rates.csv`` that records how it was made."""
+        out = (self.details if details else self.table).copy()
+        if config:
+            for k in ("y", "x", "agg", "ci", "method", "interval", "n_boot", "seed", "resample", "cluster"):
+                out[k if k not in out.columns else f"config_{k}"] = self.config[k]
+        return out
 
     def summary(self) -> str:
         """A printable report: the table, the method, AIC comparison, curvature and warnings."""
@@ -850,6 +856,29 @@ class WindowSensitivity:
 
     def to_frame(self) -> pd.DataFrame:
         return self.table.copy()
+
+    def summary(self) -> pd.DataFrame:
+        """One row per group: the range of window exponents and whether all window CIs share a point.
+
+        ``consistent`` is ``max(ci_low) <= min(ci_high)`` over the windows: False means no single exponent is
+        compatible with every window (the B.8 signature of pre-asymptotic curvature).  ``drift`` is the
+        exponent of the most-trimmed window minus the full-window exponent, per side.
+        """
+        by = self.config["by"]
+        groups = self.table.groupby(by, sort=True) if by else [((), self.table)]
+        rows = []
+        for key, sub in groups:
+            key = _group_key(key, by)
+            full = sub[sub["side"] == "full"]["exponent"].iloc[0]
+            row = {**dict(zip(by, key, strict=True)), "model": self.config["model"], "full": full,
+                   "min": sub["exponent"].min(), "max": sub["exponent"].max(),
+                   "consistent": bool(sub["ci_low"].max() <= sub["ci_high"].min())}
+            for side in ("smallest", "largest"):
+                part = sub[sub["side"] == side]
+                row[f"drift_drop_{side}"] = (part.sort_values("dropped")["exponent"].iloc[-1] - full
+                                             if len(part) else np.nan)
+            rows.append(row)
+        return pd.DataFrame(rows)
 
 
 def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,

@@ -154,6 +154,9 @@ def test_table_columns_and_by_groups(frame):
     text = res.summary()
     assert "cluster_bootstrap" in text and "sigmoid" in text
     assert repr(res).startswith("RateResult(y='D1'")
+    wide = res.to_frame(config=True)
+    assert wide["method"].eq("cluster_bootstrap").all() and wide["n_boot"].eq(300).all()
+    assert "df" in res.to_frame(details=True).columns
     assert res.config["n_boot"] == 300 and res.config["by"] == ["gate", "expert"]
 
 
@@ -235,6 +238,9 @@ def test_window_sensitivity_full_window_matches_fit(frame):
     m = len(NS)
     assert (ws.table["side"] == "smallest").sum() == m - 3 == (ws.table["side"] == "largest").sum()
     assert ws.table["n_values"].min() == 3
+    summary = ws.summary()
+    assert summary["consistent"].iloc[0]  # a true power law: every window's CI shares a point
+    assert summary["full"].iloc[0] == pytest.approx(full["exponent"].iloc[0])
     ws2 = ms.window_sensitivity(frame, "D1", by=["gate", "expert"], drop="smallest", n_boot=200)
     assert set(ws2.table["side"]) == {"full", "smallest"}
     assert ws2.table.groupby(["gate", "expert"]).size().eq(m - 2).all()
@@ -252,6 +258,8 @@ def test_window_sensitivity_exposes_curvature():
     first, last = ws.iloc[0], ws.iloc[-1]
     assert first["exponent"] > last["exponent"] + 0.2
     assert first["ci_low"] > last["ci_high"]
+    summary = ms.window_sensitivity(df, "y", drop="smallest", n_boot=300).summary().iloc[0]
+    assert not summary["consistent"] and summary["drift_drop_smallest"] < -0.2
     cm = ms.compare_models(df, "y")
     assert cm["curvature_p"].iloc[0] < 1e-6
 

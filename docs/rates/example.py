@@ -36,6 +36,7 @@ print(papers.table[["gate", "model", "exponent", "ci_low", "ci_high"]].to_string
 print(ms.compare_rates(frame, y="D1", between="gate").to_string(index=False))
 ws = ms.window_sensitivity(frame, y="D1", by="gate", drop="smallest", n_boot=1000)
 print(ws.table[["gate", "dropped", "x_min", "exponent", "ci_low", "ci_high"]].to_string(index=False))
+print(ws.summary().to_string(index=False))
 print(ms.test_exponent(ms.fit_rate(frame[frame.gate == "sigmoid"], y="D1"), 0.5).to_string(index=False))
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
