@@ -39,6 +39,10 @@ DESIGNS = [
     (0.5, "power", G9, 10, {"agg": "mean"}),
     (0.5, "power", G9, 10, {"agg": "median"}),
     (0.5, "power", G9, 10, {"agg": "logmean"}),
+    (0.5, "power", G5, 5, {"noise": "gamma", "shape": 1.0}),
+    (0.5, "power", G9, 10, {"noise": "gamma", "shape": 1.0}),
+    (0.5, "power", G9, 10, {"sigma": np.linspace(1.0, 0.25, 9)}),
+    (0.5, "power", G9, 10, {"noise": "gamma", "shape": 1.0, "agg": "mean"}),
 ]
 
 
@@ -102,7 +106,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for CSV copies of the tables")
     args = ap.parse_args()
     cov = coverage_table(args.studies)
-    cols = ["alpha", "model", "n_values", "n_min", "n_max", "reps", "method", "agg", "interval", "studies", "bias",
+    cols = ["alpha", "model", "n_values", "n_min", "n_max", "reps", "noise", "sigma", "method", "agg", "interval",
+            "studies", "bias",
             "bias_mcse", "emp_se", "mean_se", "coverage", "coverage_mcse", "seconds"]
     print(markdown(cov[cols]), flush=True)
     cmp_ = compare_table(args.studies)

@@ -1322,33 +1322,45 @@ def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
 
 
 def simulate_rate_frame(alpha: float, ns: Sequence[float], reps: int, *, model: str = "power", studies: int = 1,
-                        sigma: float = 0.5, scale: float = 2.0, seed: int | None = 0) -> pd.DataFrame:
-    """Synthetic tidy rate frame ``y = scale * exp(-alpha u(n)) * exp(sigma eps)``, ``eps ~ N(0, 1)``.
+                        sigma: float | Sequence[float] = 0.5, scale: float = 2.0, noise: str = "lognormal",
+                        shape: float = 1.0, seed: int | None = 0) -> pd.DataFrame:
+    """Synthetic tidy rate frame ``y = scale * exp(-alpha u(n)) * noise``.
 
-    ``u`` is the regressor of ``model`` (``power``: ``y = scale n^-alpha`` times log-normal noise).  Use it to
-    check before running a study whether a planned n grid and replicate count give honest, informative
-    intervals (``studies`` independent copies, column ``study``).
+    ``u`` is the regressor of ``model`` (``power``: ``y = scale n^-alpha`` times noise).  ``noise="lognormal"``
+    draws ``exp(sigma eps)``, ``eps ~ N(0, 1)``; ``sigma`` may be one value or one per n (heteroskedastic
+    replicate spread).  ``noise="gamma"`` draws ``G / shape`` with ``G ~ Gamma(shape)`` (mean 1; ``shape = 1`` is
+    exponential, like a squared error with 2 degrees of freedom; very skewed on the raw scale, left-skewed on
+    the log scale).  In both cases the noise law is the same at every n up to ``sigma``, so the slope of
+    ``log y`` is exactly ``-alpha`` in expectation.  Use it to check before running a study whether a planned
+    n grid and replicate count give honest, informative intervals (``studies`` independent copies).
 
     Returns
     -------
     DataFrame
         Columns ``study, n, rep, y`` (one row per study x n x replicate).
     """
+    _check_choice("noise", noise, ("lognormal", "gamma"))
     ns = np.asarray(ns, dtype=np.float64)
     reps = int(reps)
+    sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), ns.shape)
     rng = np.random.default_rng(seed)
     n = np.tile(np.repeat(ns, reps), studies)
     mean_log = np.log(scale) - alpha * regressor(model, n)
-    y = np.exp(mean_log + sigma * rng.standard_normal(len(n)))
+    if noise == "lognormal":
+        log_noise = np.tile(np.repeat(sig, reps), studies) * rng.standard_normal(len(n))
+    else:
+        log_noise = np.log(rng.gamma(shape, 1.0 / shape, size=len(n)))
     return pd.DataFrame({"study": np.repeat(np.arange(studies), len(ns) * reps), "n": n,
-                         "rep": np.tile(np.tile(np.arange(reps), len(ns)), studies), "y": y})
+                         "rep": np.tile(np.tile(np.arange(reps), len(ns)), studies), "y": np.exp(mean_log + log_noise)})
 
 
-def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: int = 1000, sigma: float = 0.5,
-                     model: str = "power", seed: int | None = 0, **fit_kwargs: Any) -> pd.DataFrame:
+def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: int = 1000,
+                     sigma: float | Sequence[float] = 0.5, model: str = "power", noise: str = "lognormal",
+                     shape: float = 1.0, seed: int | None = 0, **fit_kwargs: Any) -> pd.DataFrame:
     """Monte Carlo check of :func:`fit_rate` on a design: bias, empirical SE and CI coverage with MC SEs.
 
-    Simulates ``studies`` frames from :func:`simulate_rate_frame` (true exponent ``alpha`` under ``model``),
+    Simulates ``studies`` frames from :func:`simulate_rate_frame` (true exponent ``alpha`` under ``model``;
+    ``sigma``, ``noise`` and ``shape`` as there),
     fits each with ``fit_rate(..., model=model, **fit_kwargs)`` and summarises them the way ``rsimsum``
     does: ``bias`` with ``bias_mcse = emp_se / sqrt(S)``, ``emp_se`` (SD of the estimates), ``mean_se``
     (average reported SE), ``coverage`` of the nominal interval with
@@ -1360,7 +1372,8 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
         One row: the design (``alpha, model, n_values, n_min, n_max, reps, sigma, studies``), the fit
         settings (``method, agg, interval, ci, n_boot``) and the summaries above.
     """
-    frame = simulate_rate_frame(alpha, ns, reps, model=model, studies=studies, sigma=sigma, seed=seed)
+    frame = simulate_rate_frame(alpha, ns, reps, model=model, studies=studies, sigma=sigma, noise=noise, shape=shape,
+                                seed=seed)
     fit_kwargs.setdefault("warn", False)
     res = fit_rate(frame, "y", by="study", model=model, seed=None if seed is None else seed + 1, **fit_kwargs)
     tab = res.table
@@ -1370,7 +1383,9 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
     cfg = res.config
     return pd.DataFrame([{
         "alpha": alpha, "model": model, "n_values": len(ns), "n_min": float(np.min(ns)), "n_max": float(np.max(ns)),
-        "reps": reps, "sigma": sigma, "studies": s, "method": cfg["method"], "agg": cfg["agg"] or "none",
+        "reps": reps, "noise": noise if noise == "lognormal" else f"gamma({shape:g})",
+        "sigma": float(np.mean(sigma)) if np.ndim(sigma) == 0 else "/".join(f"{v:g}" for v in np.ravel(sigma)),
+        "studies": s, "method": cfg["method"], "agg": cfg["agg"] or "none",
         "interval": cfg["interval"], "ci": cfg["ci"], "n_boot": cfg["n_boot"],
         "bias": float(tab["exponent"].mean() - alpha), "bias_mcse": emp / np.sqrt(s), "emp_se": emp,
         "mean_se": float(tab["se"].mean()), "coverage": cover, "coverage_mcse": float(np.sqrt(cover * (1 - cover) / s)),
