@@ -427,3 +427,24 @@ def test_plots_render(frame, tmp_path):
     sc.plot(design="l").figure.savefig(tmp_path / "nstar.png")
     assert (tmp_path / "nstar.png").stat().st_size > 0
     plt.close("all")
+
+
+@settings(max_examples=15, deadline=None)
+@given(c=st.floats(0.01, 100.0), target=st.floats(0.55, 0.95), seed=st.integers(0, 2**16))
+def test_sample_complexity_equivariance(c, target, seed):
+    """Rescaling the n grid by c rescales n* by c (interpolation is linear in log n); n* lies between the
+    grid points that bracket the crossing of the mean curve."""
+    rng = np.random.default_rng(seed)
+    ns = np.array([10.0, 30, 100, 300, 1000])
+    rows = [{"n": n, "rep": r, "acc": 1 - 0.5 * np.exp(-n / 100) + 0.01 * rng.standard_normal()}
+            for n in ns for r in range(4)]
+    df = pd.DataFrame(rows)
+    a = ms.sample_complexity(df, "acc", target, n_boot=100).table.iloc[0]
+    b = ms.sample_complexity(df.assign(n=df["n"] * c), "acc", target, n_boot=100).table.iloc[0]
+    assert a["censored"] == b["censored"]
+    if a["censored"] == "none":
+        assert b["n_star"] == pytest.approx(c * a["n_star"], rel=1e-9)
+        mean = df.groupby("n")["acc"].mean()
+        first = mean.index[np.argmax(mean.to_numpy() >= target)]
+        prev = mean.index[max(np.argmax(mean.to_numpy() >= target) - 1, 0)]
+        assert prev <= a["n_star"] <= first
