@@ -1384,7 +1384,8 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
     return pd.DataFrame([{
         "alpha": alpha, "model": model, "n_values": len(ns), "n_min": float(np.min(ns)), "n_max": float(np.max(ns)),
         "reps": reps, "noise": noise if noise == "lognormal" else f"gamma({shape:g})",
-        "sigma": float(np.mean(sigma)) if np.ndim(sigma) == 0 else "/".join(f"{v:g}" for v in np.ravel(sigma)),
+        "sigma": (np.nan if noise == "gamma" else float(sigma) if np.ndim(sigma) == 0
+                  else "/".join(f"{v:g}" for v in np.ravel(sigma))),
         "studies": s, "method": cfg["method"], "agg": cfg["agg"] or "none",
         "interval": cfg["interval"], "ci": cfg["ci"], "n_boot": cfg["n_boot"],
         "bias": float(tab["exponent"].mean() - alpha), "bias_mcse": emp / np.sqrt(s), "emp_se": emp,
