@@ -43,15 +43,21 @@ DESIGNS = [
     (0.5, "power", G9, 10, {"noise": "gamma", "shape": 1.0}),
     (0.5, "power", G9, 10, {"sigma": np.linspace(1.0, 0.25, 9)}),
     (0.5, "power", G9, 10, {"noise": "gamma", "shape": 1.0, "agg": "mean"}),
+    (0.5, "power", G5, 5, {"estimator": "huber"}),
+    (0.5, "power", G9, 10, {"estimator": "huber"}),
+    (0.5, "power", G9, 10, {"estimator": "huber", "method": "robust"}),
 ]
 
 
-def coverage_table(studies: int) -> pd.DataFrame:
+def coverage_table(studies: int, only: list[int] | None = None) -> pd.DataFrame:
     out = []
-    for alpha, model, ns, reps, kw in DESIGNS:
+    for i, (alpha, model, ns, reps, kw) in enumerate(DESIGNS):
+        if only is not None and i not in only:
+            continue
         t0 = time.perf_counter()
         row = ms.calibrate_design(alpha, ns, reps, model=model, studies=studies, n_boot=999, seed=2024, **kw)
         row["seconds"] = time.perf_counter() - t0
+        row["estimator"] = kw.get("estimator", "ols")
         out.append(row)
     return pd.concat(out, ignore_index=True)
 
@@ -117,15 +123,20 @@ def main() -> None:
     ap.add_argument("--studies", type=int, default=1000)
     ap.add_argument("--out", default=None, help="folder for CSV copies of the tables")
     ap.add_argument("--speed-only", action="store_true", help="only the bootstrap timing")
+    ap.add_argument("--only", default=None, help="comma-separated indices of DESIGNS to run (coverage only)")
     args = ap.parse_args()
     if args.speed_only:
         print(markdown(speed()))
         return
-    cov = coverage_table(args.studies)
-    cols = ["alpha", "model", "n_values", "n_min", "n_max", "reps", "noise", "sigma", "method", "agg", "interval",
+    only = [int(i) for i in args.only.split(",")] if args.only else None
+    cov = coverage_table(args.studies, only)
+    cols = ["alpha", "model", "n_values", "n_min", "n_max", "reps", "noise", "sigma", "estimator", "method", "agg",
+            "interval",
             "studies", "bias",
             "bias_mcse", "emp_se", "mean_se", "coverage", "coverage_mcse", "seconds"]
     print(markdown(cov[cols]), flush=True)
+    if only is not None:
+        return
     cmp_ = compare_table(args.studies)
     print()
     print(markdown(cmp_), flush=True)

@@ -247,6 +247,64 @@ def _wls_slope(u: np.ndarray, z: np.ndarray, w: np.ndarray) -> tuple[np.ndarray,
     return intercept, slope
 
 
+HUBER_C = 1.345
+_MAD_NORMAL = 0.6744897501960817
+
+
+def _huber_fit(u: np.ndarray, y: np.ndarray, c: float = HUBER_C, max_iter: int = 200,
+               tol: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+    """Huber M-estimate of ``y = b0 + b1 u`` by IRLS, batched over the rows of ``y`` (B, N).
+
+    The same iteration as statsmodels ``RLM(norm=HuberT(c))`` with ``scale_est="mad"`` (scale
+    ``median|r| / 0.6745`` re-estimated every step, OLS start), run on every bootstrap draw at once; rows
+    whose coefficients moved less than ``tol`` leave the active set.
+    """
+    y = np.atleast_2d(y)
+    du = u - u.mean()
+    b1 = (y * du).sum(axis=1) / (du * du).sum()
+    b0 = y.mean(axis=1) - b1 * u.mean()
+    active = np.arange(y.shape[0])
+    for _ in range(max_iter):
+        ya, a0, a1 = y[active], b0[active], b1[active]
+        r = ya - a0[:, None] - a1[:, None] * u
+        scale = np.maximum(np.median(np.abs(r), axis=1) / _MAD_NORMAL, 1e-300)
+        a = np.abs(r) / scale[:, None]
+        w = np.where(a <= c, 1.0, c / np.maximum(a, 1e-300))
+        sw = w.sum(axis=1)
+        ub, yb = (w * u).sum(axis=1) / sw, (w * ya).sum(axis=1) / sw
+        duw = u - ub[:, None]
+        n1 = (w * duw * (ya - yb[:, None])).sum(axis=1) / (w * duw * duw).sum(axis=1)
+        n0 = yb - n1 * ub
+        moving = (np.abs(n1 - a1) >= tol) | (np.abs(n0 - a0) >= tol)
+        b0[active], b1[active] = n0, n1
+        active = active[moving]
+        if active.size == 0:
+            break
+    return b0, b1
+
+
+def _boot_rows(cells: _Cells, n_boot: int, rng: np.random.Generator, resample: str) -> np.ndarray:
+    """Bootstrap draws of every replicate's log y (B, N), rows in cell order, rescaled around the cell median.
+
+    Used by the Huber fit, which needs rows rather than per-n statistics; the deviation from the cell
+    median is multiplied by sqrt(R/(R-1)) as in :func:`_boot_cell_stats`.
+    """
+    out = []
+    if resample == "rep":
+        g = len(cells.reps[0])
+        pick = rng.integers(0, g, size=(n_boot, g))
+    for i, v in enumerate(cells.values):
+        logv = np.log(v)
+        r = len(v)
+        if resample == "rep":
+            draw = logv[np.argsort(cells.reps[i])][pick]
+        else:
+            draw = logv[rng.integers(0, r, size=(n_boot, r))]
+        centre = np.median(logv)
+        out.append(centre + np.sqrt(r / (r - 1)) * (draw - centre))
+    return np.concatenate(out, axis=1)
+
+
 def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random.Generator,
                      resample: str) -> np.ndarray:
     """Rescaled bootstrap draws z*_n (B, m) of the per-n statistics.
@@ -310,7 +368,8 @@ def _interval(est: float, se: float, df: float, draws: np.ndarray | None, level:
 
 
 def _fit_group(cells: _Cells, model: str, agg: str | None, method: str, level: float, interval: str,
-               zboot: np.ndarray | None, cluster: str | None, resample: str = "within_n") -> _GroupFit:
+               zboot: np.ndarray | None, cluster: str | None, resample: str = "within_n",
+               estimator: str = "ols", rows_boot: np.ndarray | None = None) -> _GroupFit:
     counts = cells.counts
     u_cell = regressor(model, cells.ns)
     if agg is None:
@@ -329,7 +388,16 @@ def _fit_group(cells: _Cells, model: str, agg: str | None, method: str, level: f
                            "r2": float(ols.rsquared), "aic": float(ols.aic), "bic": float(ols.bic),
                            "n_values": len(cells.ns), "replicates": int(counts.min()), "rows": int(counts.sum())}
     fit = _GroupFit(row)
-    if method == "robust":
+    if estimator == "huber":
+        rlm = sm.RLM(endog, exog, M=sm.robust.norms.HuberT(t=HUBER_C)).fit(conv="coefs", tol=1e-10, maxiter=200)
+        row.update(exponent=-float(rlm.params[1]), intercept=float(rlm.params[0]), r2=np.nan, aic=np.nan,
+                   bic=np.nan)
+    if method == "robust" and estimator == "huber":
+        se = float(rlm.bse[1])
+        df = float(len(endog) - 2)
+        row.update(se=se, df=df, cov_type="huber_H1")
+        lo, hi = _interval(row["exponent"], se, df, None, level, "t")
+    elif method == "robust":
         cov_type, kwds = _robust_cov(reps, cluster)
         rob = sm.OLS(endog, exog).fit(cov_type=cov_type, cov_kwds=kwds or None, use_t=True)
         df = float(getattr(rob, "df_resid_inference", None) or rob.df_resid)
@@ -337,7 +405,10 @@ def _fit_group(cells: _Cells, model: str, agg: str | None, method: str, level: f
         row.update(se=se, df=df, cov_type=cov_type)
         lo, hi = _interval(row["exponent"], se, df, None, level, "t")
     else:
-        _, slopes = _wls_slope(u_cell, zboot, w)
+        if estimator == "huber":  # 1e-7 on coefficients is far below any bootstrap SE
+            _, slopes = _huber_fit(exog_u, rows_boot, tol=1e-7)
+        else:
+            _, slopes = _wls_slope(u_cell, zboot, w)
         draws = -slopes
         wn = w / w.sum()
         du = u_cell - (wn * u_cell).sum()
@@ -460,7 +531,8 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
              model: str | Sequence[str] = "power", agg: str | None = None, ci: float = 0.95,
              method: str = "cluster_bootstrap", n_boot: int = 2000, seed: int | None = 0, *,
              rep: str | None = "rep", interval: str = "t", resample: str = "within_n",
-             cluster: str | None = "auto", na: str = "raise", warn: bool = True) -> RateResult:
+             cluster: str | None = "auto", estimator: str = "ols", na: str = "raise",
+             warn: bool = True) -> RateResult:
     """Estimate convergence exponents ``alpha`` in ``y ~ C n^-alpha`` (or a log variant) with intervals.
 
     Each model regresses ``log y`` on ``u(n)`` by ordinary least squares (statsmodels ``OLS``):
@@ -502,6 +574,12 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
         interval of the draws.
     cluster : {"auto", "rep", None}
         Clustering for ``method="robust"``: ``auto`` clusters on ``rep`` when it has >= 10 ids.
+    estimator : {"ols", "huber"}
+        ``huber``: Huber M-estimate (statsmodels ``RLM``, ``HuberT(1.345)``, MAD scale) of the replicate-level
+        line, for losses with a few outlying replicates (fits stuck in a bad local optimum).  Its bootstrap
+        refits every draw by batched IRLS (rows rescaled around the cell median; t reference with the OLS
+        Satterthwaite df as an approximation); ``method="robust"`` uses the RLM sandwich (H1) SE with
+        N - 2 df.  ``r2`` and ``aic`` are not defined for it (NaN).  Replicate-level only (``agg=None``).
     na : {"raise", "drop"}
         Rows whose ``y`` is NaN (e.g. failed fits): ``raise`` (default) or ``drop`` them with a
         :class:`RateWarning` giving the count, recorded in ``config["dropped_na"]``.
@@ -530,6 +608,10 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     _check_choice("interval", interval, _INTERVALS)
     _check_choice("resample", resample, _RESAMPLE)
     _check_choice("cluster", cluster, ("auto", "rep", None))
+    _check_choice("estimator", estimator, ("ols", "huber"))
+    if estimator == "huber" and agg is not None:
+        raise ValueError(f"estimator='huber' fits replicate-level rows; use agg=None (got agg={agg!r}), or "
+                         "agg='median' for a robust per-n line.")
     if method == "cluster_bootstrap":
         n_boot = _check_nboot(n_boot)
     if rep is not None and rep not in frame.columns and rep == "rep":
@@ -551,8 +633,10 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
         if method == "robust" and agg is None and rep is not None:
             n_ids = len(np.unique(np.concatenate(cells.reps)))
             eff_cluster = "rep" if cluster == "rep" or (cluster == "auto" and n_ids >= MIN_CLUSTERS) else None
-        zboot = (_boot_cell_stats(cells, agg, n_boot, np.random.default_rng(ss), resample)
-                 if method == "cluster_bootstrap" else None)
+        rng = np.random.default_rng(ss)
+        zboot = _boot_cell_stats(cells, agg, n_boot, rng, resample) if method == "cluster_bootstrap" else None
+        rows_boot = (_boot_rows(cells, n_boot, rng, resample)
+                     if method == "cluster_bootstrap" and estimator == "huber" else None)
         decades = float(np.log10(cells.ns.max() / cells.ns.min()))
         msgs = []
         if decades < 1:
@@ -564,7 +648,8 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
         curv, curv_p = _curvature(cells, agg, eff_cluster)
         group_rows = []
         for m in models:
-            fit = _fit_group(cells, m, agg, method, level, interval, zboot, eff_cluster, resample)
+            fit = _fit_group(cells, m, agg, method, level, interval, zboot, eff_cluster, resample, estimator,
+                             rows_boot)
             if method == "cluster_bootstrap" and agg is not None and interval == "percentile":
                 lo, hi = np.quantile(fit.draws, [(1 - level) / 2, (1 + level) / 2])
                 if not lo <= fit.row["exponent"] <= hi:
@@ -578,10 +663,11 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
             if fit.draws is not None:
                 draws[(key, m)] = fit.draws
                 var[(key, m)] = (fit.var_terms, fit.var_df)
-        best = min(group_rows, key=lambda r: r["aic"])
+        scored = [r for r in group_rows if np.isfinite(r["aic"])]
+        best = min(scored, key=lambda r: r["aic"]) if scored else None
         for r in group_rows:
-            r["delta_aic"] = r["aic"] - best["aic"]
-            r["best_model"] = best["model"]
+            r["delta_aic"] = r["aic"] - best["aic"] if best else np.nan
+            r["best_model"] = best["model"] if best else None
             r["warnings"] = " | ".join(dict.fromkeys(msgs))
         rows += group_rows
         if warn:
@@ -596,7 +682,8 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
               "method": method, "interval": interval if method == "cluster_bootstrap" else "t",
               "n_boot": n_boot if method == "cluster_bootstrap" else None, "seed": seed,
               "resample": resample if method == "cluster_bootstrap" else None,
-              "cluster": cluster if method == "robust" else None, "na": na, "dropped_na": dropped_na}
+              "cluster": cluster if method == "robust" else None, "estimator": estimator, "na": na,
+              "dropped_na": dropped_na}
     return RateResult(table=details[order].copy(), details=details, data=frame[keep].copy(), config=config,
                       draws=draws, _var=var)
 

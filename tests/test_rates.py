@@ -448,3 +448,35 @@ def test_sample_complexity_equivariance(c, target, seed):
         first = mean.index[np.argmax(mean.to_numpy() >= target)]
         prev = mean.index[max(np.argmax(mean.to_numpy() >= target) - 1, 0)]
         assert prev <= a["n_star"] <= first
+
+
+# ------------------------------------------------------------------------------------------- Huber
+
+
+def test_huber_irls_matches_statsmodels_rlm():
+    rng = np.random.default_rng(9)
+    u = np.repeat(np.log(NS), 6)
+    ys = -0.5 * u + rng.standard_t(2, size=(4, u.size))
+    b0, b1 = rates._huber_fit(u, ys)
+    for i in range(4):
+        ref = sm.RLM(ys[i], sm.add_constant(u), M=sm.robust.norms.HuberT()).fit(conv="coefs", tol=1e-12,
+                                                                                maxiter=1000)
+        assert (b0[i], b1[i]) == pytest.approx(tuple(ref.params), rel=1e-6, abs=1e-8)
+
+
+def test_huber_resists_outlying_replicates():
+    """5% of replicates stuck 100x above the curve (a fit in a bad local optimum): OLS on logs is pulled
+    far from the true 0.5, the Huber fit much less."""
+    df = rates.simulate_rate_frame(0.5, NS, 20, sigma=0.3, seed=3)
+    rng = np.random.default_rng(0)
+    df.loc[rng.random(len(df)) < 0.05, "y"] *= 100
+    ols = ms.fit_rate(df, "y", n_boot=300).table.iloc[0]
+    hub = ms.fit_rate(df, "y", estimator="huber", n_boot=300)
+    row = hub.table.iloc[0]
+    assert abs(row["exponent"] - 0.5) < 0.5 * abs(ols["exponent"] - 0.5)
+    assert row["ci_low"] < row["exponent"] < row["ci_high"]
+    assert np.isnan(row["aic"]) and hub.config["estimator"] == "huber"
+    rob = ms.fit_rate(df, "y", estimator="huber", method="robust").table.iloc[0]
+    assert rob["exponent"] == pytest.approx(row["exponent"])
+    with pytest.raises(ValueError, match="agg=None"):
+        ms.fit_rate(df, "y", estimator="huber", agg="mean")
