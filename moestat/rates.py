@@ -468,7 +468,8 @@ class RateResult:
     data : DataFrame
         The rows used: ``by`` columns, ``x``, ``rep`` (if any) and ``y``.
     config : dict
-        Every knob of the fit (y, x, by, rep, models, agg, ci, method, interval, n_boot, seed, resample, cluster).
+        Every knob of the fit (y, x, by, rep, models, agg, ci, method, interval, n_boot, seed, resample, cluster,
+        estimator, na, dropped_na).
     draws : dict
         ``(group key, model) -> (n_boot,)`` bootstrap exponents (bootstrap method only).
     """
@@ -482,11 +483,13 @@ class RateResult:
 
     def to_frame(self, *, details: bool = False, config: bool = False) -> pd.DataFrame:
         """The tidy ``table`` (a copy); ``details=True`` gives ``details`` instead; ``config=True`` appends the
-        fit's knobs (``y, x, agg, ci, method, interval, n_boot, seed, resample, cluster``) as columns, for a
+        fit's knobs (``y, x, agg, ci, method, interval, n_boot, seed, resample, cluster, estimator``) as
+        columns, for a
         ``rates.csv`` that records how it was made."""
         out = (self.details if details else self.table).copy()
         if config:
-            for k in ("y", "x", "agg", "ci", "method", "interval", "n_boot", "seed", "resample", "cluster"):
+            for k in ("y", "x", "agg", "ci", "method", "interval", "n_boot", "seed", "resample", "cluster",
+                      "estimator"):
                 out[k if k not in out.columns else f"config_{k}"] = self.config[k]
         return out
 
@@ -494,6 +497,8 @@ class RateResult:
         """A printable report: the table, the method, AIC comparison, curvature and warnings."""
         cfg = self.config
         fitted_on = "replicate-level logs" if cfg["agg"] is None else f"per-n {cfg['agg']}"
+        if cfg["estimator"] == "huber":
+            fitted_on += ", Huber M-estimate"
         how = (f"{cfg['n_boot']} draws, resample={cfg['resample']}, interval={cfg['interval']}, seed={cfg['seed']}"
                if cfg["method"] == "cluster_bootstrap" else f"cluster={cfg['cluster']}")
         head = (f"Rate fit of {cfg['y']} on {cfg['x']} ({fitted_on}); {round(cfg['ci'] * 100)}% intervals by "
@@ -690,10 +695,6 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
 
 # --------------------------------------------------------------------------------------------------
 # tests on exponents
-
-
-def _row_key(result: RateResult, row: pd.Series) -> tuple:
-    return tuple(row[b] for b in result.config["by"])
 
 
 def test_exponent(result: RateResult, value: float, *, model: str | None = None,
