@@ -1096,9 +1096,12 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
     ``rule="fraction"`` it is the share of replicates whose metric reaches the target, and n* is where
     that share first reaches ``q`` (chowdhury2023 Fig. 5: ``q = 1`` for "all runs succeed").  n* is the
     first crossing on the sorted n grid, interpolated linearly in ``log n`` between the two grid points
-    that bracket it.  The CI resamples replicates within each n (``n_boot`` draws) and takes order
-    statistics of the draws of ``log n*``; draws that never reach the target count as ``+inf``, so
-    ``ci_high = inf`` says the grid is too short to bound n* at this level.
+    that bracket it.  The CI resamples replicates within each n (``n_boot`` draws, curve deviations rescaled
+    by sqrt(R/(R-1)) as in :func:`fit_rate`) and takes order statistics of the draws of ``log n*``, widened
+    about the estimate by ``t_nu / z`` with ``nu`` the replicate degrees of freedom of the two bracketing
+    cells; draws that never reach the target count as ``+inf``, so ``ci_high = inf`` says the grid is too
+    short to bound n* at this level.  The estimand is the grid-interpolated crossing of the population
+    curve (what the method would report with infinitely many replicates on this grid).
 
     Parameters
     ----------
@@ -1153,12 +1156,23 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
             s = sign * (v - target)
             if rule == "fraction":
                 s = (s >= 0).astype(np.float64)
-            resampled = s[rng.integers(0, len(s), size=(n_boot, len(s)))].mean(axis=1)
-            point[i], boot[:, i] = s.mean(), resampled
+            r = len(s)
+            resampled = s[rng.integers(0, r, size=(n_boot, r))].mean(axis=1)
+            point[i] = s.mean()
+            boot[:, i] = point[i] + np.sqrt(r / (r - 1)) * (resampled - point[i])  # Rao-Wu rescaling
         thr = q if rule == "fraction" else 0.0
         est, code = _crossing((point - thr)[None, :], log_n)
         bdraw, _ = _crossing(boot - thr, log_n)
         lo, hi = _order_stat_interval(bdraw, level)
+        if code[0] == 0:
+            # widen the percentile interval by t_nu / z, nu = replicate df of the two bracketing cells, as the
+            # rate intervals do: with few replicates the curve's variance is itself noisy
+            j = int(np.searchsorted(log_n, est[0]))
+            j = min(max(j, 1), len(log_n) - 1)
+            nu = float(cells.counts[j - 1] + cells.counts[j] - 2)
+            kappa = stats.t.ppf((1 + level) / 2, nu) / stats.norm.ppf((1 + level) / 2)
+            lo = est[0] - kappa * (est[0] - lo) if np.isfinite(lo) else lo
+            hi = est[0] + kappa * (hi - est[0]) if np.isfinite(hi) else hi
         draws[key] = bdraw
         rows.append({**dict(zip(by_cols, key, strict=True)), "metric": metric, "target": float(target),
                      "direction": direction, "rule": rule if rule == "mean" else f"fraction>={q:g}",
