@@ -7,9 +7,20 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates, plots, rates
+from . import experts, gates, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .gates import GATES
+from .metrics import (
+    center_softmax,
+    check_identifiability,
+    l2_distance,
+    match_atoms,
+    parameter_errors,
+    permutation_invariant_error,
+    sup_expert_error,
+    voronoi_cells,
+    voronoi_loss,
+)
 from .model import MoE
 from .params import Params
 from .rates import (
@@ -47,19 +58,29 @@ __all__ = [
     "WindowSensitivity",
     "__version__",
     "calibrate_design",
+    "center_softmax",
+    "check_identifiability",
     "compare_models",
     "compare_rates",
     "experts",
     "fit_rate",
     "gates",
     "get_expert",
+    "l2_distance",
+    "match_atoms",
+    "metrics",
+    "parameter_errors",
+    "permutation_invariant_error",
     "plots",
     "presets",
     "rates",
     "sample_complexity",
     "scaling_exponent",
     "simulate",
+    "sup_expert_error",
     "test_exponent",
     "theory_rates",
+    "voronoi_cells",
+    "voronoi_loss",
     "window_sensitivity",
 ]
