@@ -7,7 +7,7 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates, metrics
+from . import deep, experts, gates, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .gates import GATES
 from .metrics import (
@@ -23,6 +23,21 @@ from .metrics import (
 )
 from .model import MoE
 from .params import Params
+from .rates import (
+    RateResult,
+    RateWarning,
+    SampleComplexityResult,
+    WindowSensitivity,
+    calibrate_design,
+    compare_models,
+    compare_rates,
+    fit_rate,
+    sample_complexity,
+    scaling_exponent,
+    test_exponent,
+    theory_rates,
+    window_sensitivity,
+)
 from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
 
 try:
@@ -38,11 +53,19 @@ __all__ = [
     "MoE",
     "Params",
     "PatchData",
+    "RateResult",
+    "RateWarning",
+    "SampleComplexityResult",
+    "WindowSensitivity",
     "__version__",
+    "calibrate_design",
     "center_softmax",
     "check_identifiability",
+    "compare_models",
+    "compare_rates",
     "deep",
     "experts",
+    "fit_rate",
     "gates",
     "get_expert",
     "l2_distance",
@@ -50,10 +73,17 @@ __all__ = [
     "metrics",
     "parameter_errors",
     "permutation_invariant_error",
+    "plots",
     "presets",
+    "rates",
+    "sample_complexity",
+    "scaling_exponent",
     "simulate",
     "simulate_patches",
     "sup_expert_error",
+    "test_exponent",
+    "theory_rates",
     "voronoi_cells",
     "voronoi_loss",
+    "window_sensitivity",
 ]
