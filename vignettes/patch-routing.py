@@ -308,9 +308,9 @@ def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path) -> None:
             series[f"pmoe, n = {nb}, l varies"] = ((ns["model"] == "pmoe") & (ns["n_patches"] == nb), "C9")
         fig, ax = plt.subplots(figsize=(5.6, 4.0))
         for label, (mask, color) in series.items():
-            g = ns[mask].sort_values("x")
-            hi = np.where(np.isfinite(g["ci_high"]), g["ci_high"] - g["n_star"], 0)
-            yerr = np.clip(np.vstack([g["n_star"] - g["ci_low"], hi]), 0, None)
+            g = ns[mask & np.isfinite(ns["n_star"])].sort_values("x")   # censored n* are not drawn
+            yerr = np.vstack([g["n_star"] - g["ci_low"], g["ci_high"] - g["n_star"]])
+            yerr = np.clip(np.nan_to_num(yerr, nan=0.0, posinf=0.0), 0, None)
             ax.errorbar(g["x"], g["n_star"], yerr=yerr, marker="o", capsize=3, label=label, color=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
