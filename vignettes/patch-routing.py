@@ -365,7 +365,8 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
     rates = analyse(results, cfg)
     rates.to_csv(out / "rates.csv", index=False)
     plot(results, rates, out)
-    write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(MODELS))})
+    write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(MODELS)),
+                           "torch_threads_training": 1})
 
 
 # %%
