@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import experts, gates
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .fit import LSEFit, fit_lse
 from .gates import GATES
 from .model import MoE
 from .params import Params
@@ -24,10 +25,12 @@ __all__ = [
     "GATES",
     "Dataset",
     "ExpertFamily",
+    "LSEFit",
     "MoE",
     "Params",
     "__version__",
     "experts",
+    "fit_lse",
     "gates",
     "get_expert",
     "presets",
