@@ -66,7 +66,7 @@ def test_kernel_matches_model_and_autograd(gate, top_k, expert):
                        torch.cat([pt.expert_bias.grad.unsqueeze(-1), ew_grad], -1)], -2)
     if expert == "constant":
         g_ref[..., k:, 1:] = 0.0
-    for chunk_bytes in (2**22, 3000):  # one chunk; chunks of 256 observations
+    for chunk_bytes in (2**24, 3000):  # one chunk; chunks of 256 observations
         K = MeanKernel.from_spec(spec, chunk_bytes=chunk_bytes)
         loss, grad = K.value_grad(theta, Xa, y)
         if expert == "constant":
@@ -233,6 +233,22 @@ def test_batched_equals_loop():
         alone = ms.fit_lse(spec, data.X[r], data.y[r], init=start.select(r), **kw)
         np.testing.assert_allclose(alone.objective[0], batched.objective[r], rtol=1e-10)
         assert alone.n_iter[0] == batched.n_iter[r] or abs(alone.objective[0] - batched.objective[r]) < 1e-12
+
+
+def test_cache_blocks_do_not_change_results():
+    """Splitting the replicates into blocks (block_bytes) gives the same fits as one batched program."""
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=3, d=2, noise_sd=0.3)
+    data = ms.simulate(spec, truth, n=300, reps=5, seed=4, inputs="gaussian")
+    kw = {"truth": truth, "seed": 1, "max_iter": 200, "restarts": 2, "history": True, "condition": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        one = ms.fit_lse(spec, data.X, data.y, block_bytes=None, **kw)
+        blocks = ms.fit_lse(spec, data.X, data.y, block_bytes=2 * 300 * 3 * 8, **kw)
+    assert one.settings["replicates_per_block"] == 5 and blocks.settings["replicates_per_block"] == 2
+    np.testing.assert_allclose(blocks.objective, one.objective, rtol=1e-10)
+    np.testing.assert_array_equal(blocks.n_iter, one.n_iter)
+    assert len(blocks.history) == len(one.history)
 
 
 def test_lbfgs_beats_sgd_protocol():

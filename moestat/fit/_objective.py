@@ -191,14 +191,14 @@ class MeanKernel:
     """
 
     def __init__(self, gate: str, k: int, top_k: int | None, temperature: float, act: Callable, *,
-                 chunk_bytes: int = 2**22, compiled: Callable | None = None) -> None:
+                 chunk_bytes: int = 2**21, compiled: Callable | None = None) -> None:
         self.gate, self.k, self.top_k, self.temperature, self.act = gate, k, top_k, float(temperature), act
         self.chunk_bytes = chunk_bytes
         self.compiled = compiled
         self._ws: dict = {}
 
     @classmethod
-    def from_spec(cls, spec: MoE, *, compile: bool = False, chunk_bytes: int = 2**22) -> MeanKernel:
+    def from_spec(cls, spec: MoE, *, compile: bool = False, chunk_bytes: int = 2**21) -> MeanKernel:
         """Kernel for ``spec``; ``compile=True`` uses a torch.compile'd gradient (falls back to eager if the
         expert family has no closed-form derivative)."""
         compiled = (_compiled_chunk(spec.gate, spec.k, spec.top_k, float(spec.temperature), spec.family)
@@ -206,9 +206,11 @@ class MeanKernel:
         return cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
                    activation_and_derivative(spec.family), chunk_bytes=chunk_bytes, compiled=compiled)
 
-    def _chunk_rows(self, G: int, s: int, n: int, itemsize: int) -> int:
-        """Observations per chunk: one (G, s, 2k, c) buffer holds about ``chunk_bytes``."""
-        return max(256, min(n, self.chunk_bytes // max(1, G * s * 2 * self.k * itemsize)))
+    def _chunk_rows(self, G: int, s: int, n: int, p: int, itemsize: int) -> int:
+        """Observations per chunk: the chunk's inputs and its five (G, s, k|2k, c) buffers fit in
+        about ``chunk_bytes`` (an L2 cache), so the inputs are read from memory once per evaluation."""
+        per_row = G * (5 * s * 2 * self.k + p) * itemsize
+        return max(256, min(n, self.chunk_bytes // max(1, per_row)))
 
     def _workspace(self, G: int, s: int, n: int, like: torch.Tensor) -> dict:
         key = (G, s, n, like.dtype, like.device)
@@ -294,7 +296,7 @@ class MeanKernel:
         """
         G, s, two_k, p = theta.shape
         n = X.shape[1]
-        c = self._chunk_rows(G, s, n, X.element_size())
+        c = self._chunk_rows(G, s, n, p, X.element_size())
         loss = torch.zeros(G, s, dtype=X.dtype, device=X.device)
         grad = torch.zeros(G, s * two_k, p, dtype=X.dtype, device=X.device)
         for lo in range(0, n, c):

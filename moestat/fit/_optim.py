@@ -54,6 +54,15 @@ class OptimResult:
         return torch.isin(self.status, torch.tensor(CONVERGED, device=self.status.device))
 
 
+def concat_results(parts: list[tuple[int, OptimResult]]) -> OptimResult:
+    """Join the results of consecutive blocks of problems; ``parts`` holds (offset, result) pairs."""
+    res = [r for _, r in parts]
+    history = [(it, act + off, f, g) for off, r in parts for it, act, f, g in r.history]
+    return OptimResult(torch.cat([r.theta for r in res]), torch.cat([r.loss for r in res]),
+                       torch.cat([r.grad_norm for r in res]), torch.cat([r.n_iter for r in res]),
+                       torch.cat([r.status for r in res]), history, sum(r.n_evals for r in res))
+
+
 class _Tracker:
     """Bookkeeping shared by the optimisers: global results, the active set, history, progress."""
 

@@ -245,6 +245,17 @@ def _truth_params(truth: Any) -> Params | None:
     raise TypeError(f"truth must be a moestat.Params (or a presets Truth), got {type(truth).__name__}.")
 
 
+def _replicates_per_block(block_bytes: Any, dev: torch.device, R: int, n: int, d: int, itemsize: int) -> int:
+    """How many replicates one batched program takes (all of them unless a CPU cache budget says otherwise)."""
+    if block_bytes == "auto":
+        block_bytes = None if dev.type == "cuda" else 2**23
+    if block_bytes is None:
+        return R
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, numbers.Integral) or block_bytes < 1:
+        raise ValueError(f"block_bytes must be 'auto', None or a positive integer, got {block_bytes!r}.")
+    return max(1, min(R, int(block_bytes) // max(1, n * (d + 1) * itemsize)))
+
+
 def _torch_seed(seed: Any) -> int:
     """A torch seed derived from ``seed`` (int, None, SeedSequence or a list of them)."""
     if isinstance(seed, (list, tuple)):
@@ -264,7 +275,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
             box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
-            compile: bool = False) -> LSEFit:
+            compile: bool = False, block_bytes: int | str | None = "auto") -> LSEFit:
     r"""Least-squares estimator of a MoE regression for R replicates at once.
 
     Parameters
@@ -321,6 +332,12 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         Use a ``torch.compile``'d objective+gradient (fuses the element-wise work; about 20 s of
         compilation once per process and model, worth it for long studies at large n; see
         docs/performance/lse.md).  The default eager kernel is already fused by hand.
+    block_bytes : "auto", int or None
+        Cache blocking over replicates: one batched program takes as many replicates as have inputs of
+        at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
+        a batch whose data exceed the cache is memory-bound and slower than fitting the replicates one
+        by one; see docs/performance/lse.md), everything at once on CUDA.  ``None``: one program.
+        Results do not depend on it.
 
     Returns
     -------
@@ -390,25 +407,36 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
 
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
     kernel = MeanKernel.from_spec(spec, compile=bool(compile))
-    problem = LSProblem(kernel, Xt, yt, restarts, _free_mask(spec, dev), lower, upper)
+    free = _free_mask(spec, dev)
+    problem = LSProblem(kernel, Xt, yt, restarts, free, lower, upper)
     theta0 = _params_to_theta(start, dt, dev)
+    if optimizer == "sgd" and batch_size > n:
+        raise ValueError(f"batch_size={batch_size} exceeds n={n}; choose batch_size <= n.")
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(_torch_seed(seed))
+    group = _replicates_per_block(block_bytes, dev, R, n, d, Xt.element_size())
+
+    def run(prob: LSProblem, th: torch.Tensor) -> _optim.OptimResult:
+        if optimizer == "lbfgs":
+            return _optim.lbfgs(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history, progress=progress)
+        if optimizer == "lm":
+            return _optim.levenberg_marquardt(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history,
+                                              progress=progress)
+        if optimizer == "adam":
+            return _optim.adam(prob, th, lr=lr, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
+        return _optim.sgd_protocol(prob, th, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
+                                   generator=gen, history=history, progress=progress)
+
     t0 = time.perf_counter()
-    if optimizer == "lbfgs":
-        res = _optim.lbfgs(problem, theta0, max_iter=max_iter, tol=tol, gtol=gtol, history=history,
-                           progress=progress)
-    elif optimizer == "lm":
-        res = _optim.levenberg_marquardt(problem, theta0, max_iter=max_iter, tol=tol, gtol=gtol,
-                                         history=history, progress=progress)
-    elif optimizer == "adam":
-        res = _optim.adam(problem, theta0, lr=lr, max_iter=max_iter, gtol=gtol, history=history,
-                          progress=progress)
+    if group >= R:
+        res = run(problem, theta0)
     else:
-        if batch_size > n:
-            raise ValueError(f"batch_size={batch_size} exceeds n={n}; choose batch_size <= n.")
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(_torch_seed(seed))
-        res = _optim.sgd_protocol(problem, theta0, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
-                                  generator=gen, history=history, progress=progress)
+        parts = []
+        for lo in range(0, R, group):
+            hi = min(R, lo + group)
+            sub = LSProblem(kernel, Xt[lo:hi], yt[lo:hi], restarts, free, lower, upper)
+            parts.append((lo * restarts, run(sub, theta0[lo * restarts : hi * restarts])))
+        res = _optim.concat_results(parts)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     wall = time.perf_counter() - t0
@@ -458,7 +486,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         "epochs": epochs if optimizer == "sgd" else None, "lr": lr,
         "batch_size": batch_size if optimizer == "sgd" else None,
         "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
-        "dtype": str(dt).replace("torch.", ""), "compile": bool(compile), "n_evals": res.n_evals,
+        "dtype": str(dt).replace("torch.", ""), "compile": bool(compile),
+        "replicates_per_block": group, "n_evals": res.n_evals,
     }
     fit = LSEFit(
         params=all_params.select(best_np), objective=to_numpy(res.loss[best]).astype(float),
