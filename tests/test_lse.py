@@ -66,8 +66,9 @@ def test_kernel_matches_model_and_autograd(gate, top_k, expert):
                        torch.cat([pt.expert_bias.grad.unsqueeze(-1), ew_grad], -1)], -2)
     if expert == "constant":
         g_ref[..., k:, 1:] = 0.0
-    for chunk_bytes in (2**24, 3000):  # one chunk; chunks of 256 observations
-        K = MeanKernel.from_spec(spec, chunk_bytes=chunk_bytes)
+    for chunk_bytes in (2**24, 40_000):  # one chunk; chunks of 26 observations
+        K = MeanKernel.from_spec(spec, chunk_bytes=chunk_bytes, chunk_min_elems=1)
+        assert (K._chunk_rows(G, s, n, d + 1, 8) < n) == (chunk_bytes < 2**24)
         loss, grad = K.value_grad(theta, Xa, y)
         if expert == "constant":
             grad[..., k:, 1:] = 0.0

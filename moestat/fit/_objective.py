@@ -191,26 +191,35 @@ class MeanKernel:
     """
 
     def __init__(self, gate: str, k: int, top_k: int | None, temperature: float, act: Callable, *,
-                 chunk_bytes: int = 2**21, compiled: Callable | None = None) -> None:
+                 chunk_bytes: int = 2**21, chunk_min_elems: int = 2**17, compiled: Callable | None = None) -> None:
         self.gate, self.k, self.top_k, self.temperature, self.act = gate, k, top_k, float(temperature), act
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes, self.chunk_min_elems = chunk_bytes, chunk_min_elems
         self.compiled = compiled
         self._ws: dict = {}
 
     @classmethod
-    def from_spec(cls, spec: MoE, *, compile: bool = False, chunk_bytes: int = 2**21) -> MeanKernel:
+    def from_spec(cls, spec: MoE, *, compile: bool = False, chunk_bytes: int = 2**21,
+                  chunk_min_elems: int = 2**17) -> MeanKernel:
         """Kernel for ``spec``; ``compile=True`` uses a torch.compile'd gradient (falls back to eager if the
         expert family has no closed-form derivative)."""
         compiled = (_compiled_chunk(spec.gate, spec.k, spec.top_k, float(spec.temperature), spec.family)
                     if compile else None)
         return cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
-                   activation_and_derivative(spec.family), chunk_bytes=chunk_bytes, compiled=compiled)
+                   activation_and_derivative(spec.family), chunk_bytes=chunk_bytes,
+                   chunk_min_elems=chunk_min_elems, compiled=compiled)
 
     def _chunk_rows(self, G: int, s: int, n: int, p: int, itemsize: int) -> int:
-        """Observations per chunk: the chunk's inputs and its five (G, s, k|2k, c) buffers fit in
-        about ``chunk_bytes`` (an L2 cache), so the inputs are read from memory once per evaluation."""
+        """Observations per chunk.
+
+        Small enough that the chunk's inputs and its five (G, s, k|2k, c) buffers fit in about
+        ``chunk_bytes`` (an L2 cache), so the inputs are read from memory once per evaluation; but at
+        least ``chunk_min_elems`` array elements per chunk, so the fixed cost of the ~25 tensor operations per
+        chunk stays small against their work.
+        """
         per_row = G * (5 * s * 2 * self.k + p) * itemsize
-        return max(256, min(n, self.chunk_bytes // max(1, per_row)))
+        by_cache = self.chunk_bytes // max(1, per_row)
+        by_overhead = self.chunk_min_elems // max(1, G * s * 2 * self.k)
+        return max(1, min(n, max(by_cache, by_overhead)))
 
     def _workspace(self, G: int, s: int, n: int, like: torch.Tensor) -> dict:
         key = (G, s, n, like.dtype, like.device)
