@@ -355,6 +355,18 @@ def test_data_driven_inits_run_and_are_seeded(init):
     assert np.all(np.isfinite(a.objective)) and a.settings["init"] == init
 
 
+def test_sgd_history_and_progress_bar():
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2, noise_sd=0.1)
+    data = ms.simulate(spec, truth, n=200, reps=2, seed=1, inputs="gaussian")
+    fit = ms.fit_lse(spec, data.X, data.y, truth=truth, optimizer="sgd", epochs=3, batch_size=50, history=True,
+                     progress=True, seed=0, condition=False)
+    assert sorted(fit.history.iter.unique()) == [0, 1, 2, 3]  # one full-batch objective per epoch + final
+    assert set(fit.status) <= {"budget", "gtol"} and np.all(fit.n_iter == 3 * 4)
+    last = fit.history[fit.history.iter == 3].sort_values("rep").objective.to_numpy()
+    np.testing.assert_allclose(last, fit.objective, rtol=1e-12)
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.fixture
 def small():
