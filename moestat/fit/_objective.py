@@ -242,12 +242,15 @@ class MeanKernel:
         Z = torch.bmm(theta.reshape(G, s * two_k, p), X.transpose(1, 2), out=ws["Z"]).view(G, s, two_k, n)
         zg, ze = Z[:, :, :k], Z[:, :, k:]
         pi = ws["pi"]
-        if self.temperature != 1.0:
+        if self.gate == "sigmoid" and self.temperature == 1.0:
+            torch.sigmoid(zg, out=pi)
+        elif self.temperature != 1.0:
             torch.div(zg, self.temperature, out=pi)
         else:
             pi.copy_(zg)
         if self.gate == "sigmoid":
-            pi.sigmoid_()
+            if self.temperature != 1.0:
+                pi.sigmoid_()
         else:
             if self.gate == "topk":
                 idx = pi.topk(self.top_k, dim=2).indices
@@ -286,7 +289,7 @@ class MeanKernel:
             torch.mul(pi, c.unsqueeze(2), out=ue)
         if self.gate == "sigmoid":
             torch.mul(ue, h, out=ug)
-            ug.mul_(pi.neg_().add_(1.0))  # pi is consumed here
+            ug.addcmul_(ug, pi, value=-1.0)  # c pi h (1 - pi)
         else:
             torch.sub(h, f.unsqueeze(2), out=pi)  # pi no longer needed as such: reuse for (h - f)
             ug.copy_(ue).mul_(pi)

@@ -71,8 +71,9 @@ class LSEFit:
         Sup-norm of the projected gradient at ``params``.
     cond : ndarray (R,)
         Condition number :math:`\\lambda_{\\max}/\\lambda_{\\min}` of :math:`J^\\top J` (free coordinates)
-        at ``params``: the conditioning of the observed information; ``inf`` when singular (flat
-        directions, e.g. relu/linear experts at zero gate slopes), NaN when not computed.
+        at ``params``: the conditioning of the observed information; ``inf`` when singular to working
+        precision (:math:`\\lambda_{\\min} \\le \\epsilon\\lambda_{\\max}`, so at most about 1e7 in float32), e.g.
+        flat directions of relu/linear experts at zero gate slopes; NaN when not computed.
     hit_bound : ndarray of bool (R,)
         Whether ``params`` has a free coordinate on the box boundary.
     restarts : DataFrame
