@@ -9,10 +9,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import experts, gates, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .fit import LSEFit, fit_lse
 from .gates import GATES
 from .metrics import (
+    GBarResult,
     center_softmax,
     check_identifiability,
+    estimate_gbar,
     l2_distance,
     match_atoms,
     parameter_errors,
@@ -50,6 +53,8 @@ __all__ = [
     "GATES",
     "Dataset",
     "ExpertFamily",
+    "GBarResult",
+    "LSEFit",
     "MoE",
     "Params",
     "RateResult",
@@ -62,7 +67,9 @@ __all__ = [
     "check_identifiability",
     "compare_models",
     "compare_rates",
+    "estimate_gbar",
     "experts",
+    "fit_lse",
     "fit_rate",
     "gates",
     "get_expert",
