@@ -108,6 +108,43 @@ def speed(n_boot: int = 999, repeats: int = 5) -> pd.DataFrame:
                           "statsmodels_loop_s": slow, "speedup": slow / fast}])
 
 
+def sample_complexity_check(studies: int = 150) -> pd.DataFrame:
+    """Coverage of the n* intervals and of the scaling-exponent interval (n* proportional to l^1.5)."""
+    import warnings
+
+    from moestat.sample_complexity import _crossing
+
+    ns = np.geomspace(25, 25 * 2 ** 12, 13)
+    ls = np.array([2, 4, 8, 16])
+
+    def curve(n, l):
+        return 1 - 0.5 * np.exp(-n / (8.0 * l ** 1.5))
+
+    truth = {l: float(np.exp(_crossing((curve(ns, l) - 0.9)[None, :], np.log(ns))[0][0])) for l in ls}
+    true_slope = float(np.polyfit(np.log(ls), np.log([truth[l] for l in ls]), 1)[0])
+    rows = []
+    for reps, noise in [(5, 0.05), (10, 0.02)]:
+        rng = np.random.default_rng(2)
+        big_l = np.repeat(ls, len(ns) * reps)
+        big_n = np.tile(np.repeat(ns, reps), len(ls))
+        rep = np.tile(np.arange(reps), len(ls) * len(ns))
+        frame = pd.concat([pd.DataFrame({"study": s, "l": big_l, "n": big_n, "rep": rep,
+                                         "acc": curve(big_n, big_l) + noise * rng.standard_normal(big_n.size)})
+                           for s in range(studies)], ignore_index=True)
+        sc = ms.sample_complexity(frame, "acc", 0.9, by=["study", "l"], n_boot=999)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit = sc.scaling("l")
+        tab = sc.table.assign(truth=lambda t: t["l"].map(truth))
+        point_cov = ((tab["ci_low"] <= tab["truth"]) & (tab["truth"] <= tab["ci_high"])).groupby(tab["l"]).mean()
+        rows.append({"reps": reps, "noise_sd": noise, "studies": studies, "true_slope": true_slope,
+                     "mean_slope": fit["exponent"].mean(), "emp_se": fit["exponent"].std(),
+                     "mean_se": fit["se"].mean(),
+                     "slope_coverage": float(((fit["ci_low"] <= true_slope) & (true_slope <= fit["ci_high"])).mean()),
+                     "n_star_coverage_by_l": "/".join(f"{v:.3f}" for v in point_cov)})
+    return pd.DataFrame(rows)
+
+
 def markdown(frame: pd.DataFrame) -> str:
     """A pipe table (no tabulate dependency)."""
     def fmt(v: object) -> str:
@@ -123,10 +160,14 @@ def main() -> None:
     ap.add_argument("--studies", type=int, default=1000)
     ap.add_argument("--out", default=None, help="folder for CSV copies of the tables")
     ap.add_argument("--speed-only", action="store_true", help="only the bootstrap timing")
+    ap.add_argument("--sample-complexity", action="store_true", help="only the n* / scaling coverage check")
     ap.add_argument("--only", default=None, help="comma-separated indices of DESIGNS to run (coverage only)")
     args = ap.parse_args()
     if args.speed_only:
         print(markdown(speed()))
+        return
+    if args.sample_complexity:
+        print(markdown(sample_complexity_check()))
         return
     only = [int(i) for i in args.only.split(",")] if args.only else None
     cov = coverage_table(args.studies, only)

@@ -9,10 +9,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import deep, experts, gates, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .fit import LSEFit, fit_lse
 from .gates import GATES
 from .metrics import (
+    GBarResult,
     center_softmax,
     check_identifiability,
+    estimate_gbar,
     l2_distance,
     match_atoms,
     parameter_errors,
@@ -50,6 +53,8 @@ __all__ = [
     "GATES",
     "Dataset",
     "ExpertFamily",
+    "GBarResult",
+    "LSEFit",
     "MoE",
     "Params",
     "PatchData",
@@ -64,7 +69,9 @@ __all__ = [
     "compare_models",
     "compare_rates",
     "deep",
+    "estimate_gbar",
     "experts",
+    "fit_lse",
     "fit_rate",
     "gates",
     "get_expert",
