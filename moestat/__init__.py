@@ -7,7 +7,7 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates, metrics, plots, rates
+from . import deep, experts, gates, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .fit import LSEFit, fit_lse
 from .gates import GATES
@@ -41,7 +41,7 @@ from .rates import (
     theory_rates,
     window_sensitivity,
 )
-from .simulators import Dataset, presets, simulate
+from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
 
 try:
     __version__ = version("moestat")
@@ -57,6 +57,7 @@ __all__ = [
     "LSEFit",
     "MoE",
     "Params",
+    "PatchData",
     "RateResult",
     "RateWarning",
     "SampleComplexityResult",
@@ -67,6 +68,7 @@ __all__ = [
     "check_identifiability",
     "compare_models",
     "compare_rates",
+    "deep",
     "estimate_gbar",
     "experts",
     "fit_lse",
@@ -84,6 +86,7 @@ __all__ = [
     "sample_complexity",
     "scaling_exponent",
     "simulate",
+    "simulate_patches",
     "sup_expert_error",
     "test_exponent",
     "theory_rates",
