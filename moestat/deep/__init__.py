@@ -12,18 +12,34 @@ from .cluster_moe import (
     routed_expert_output,
 )
 from .metrics import dispatch_counts, dispatch_entropy, dispatch_table
+from .patch_moe import (
+    PatchFit,
+    cnn_logits,
+    expert_choice_topl,
+    fit_cnn,
+    fit_pmoe,
+    pmoe_logits,
+    router_gradient_eq26,
+)
 
 __all__ = [
     "ACTIVATIONS",
     "ClusterMoEFit",
+    "PatchFit",
+    "cnn_logits",
     "dispatch_counts",
     "dispatch_entropy",
     "dispatch_table",
+    "expert_choice_topl",
     "expert_outputs",
     "fit_cluster_moe",
+    "fit_cnn",
+    "fit_pmoe",
     "fit_single_cnn",
     "initial_expert_weights",
     "metrics",
     "moe_forward",
+    "pmoe_logits",
     "routed_expert_output",
+    "router_gradient_eq26",
 ]
