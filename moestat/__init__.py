@@ -41,7 +41,7 @@ from .rates import (
     theory_rates,
     window_sensitivity,
 )
-from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
+from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
 
 try:
     __version__ = version("moestat")
@@ -51,6 +51,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 __all__ = [
     "EXPERTS",
     "GATES",
+    "ClusterData",
     "Dataset",
     "ExpertFamily",
     "GBarResult",
@@ -86,6 +87,7 @@ __all__ = [
     "sample_complexity",
     "scaling_exponent",
     "simulate",
+    "simulate_clusters",
     "simulate_patches",
     "sup_expert_error",
     "test_exponent",
