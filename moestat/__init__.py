@@ -7,12 +7,17 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates
+from . import experts, gates, hermite
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .fit._gated import GatedFit
+from .fit.gated_baselines import fit_em_gated, fit_l2_gated
+from .fit.tensor import fit_tensor
 from .gates import GATES
+from .metrics.gated import gating_error, regressor_error
 from .model import MoE
 from .params import Params
 from .simulators import Dataset, presets, simulate
+from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
 
 try:
     __version__ = version("moestat")
@@ -24,12 +29,22 @@ __all__ = [
     "GATES",
     "Dataset",
     "ExpertFamily",
+    "GatedFit",
+    "GatedNNData",
+    "GatedNNTruth",
     "MoE",
     "Params",
     "__version__",
     "experts",
+    "fit_em_gated",
+    "fit_l2_gated",
+    "fit_tensor",
     "gates",
+    "gating_error",
     "get_expert",
+    "hermite",
     "presets",
+    "regressor_error",
     "simulate",
+    "simulate_gated_nn",
 ]
