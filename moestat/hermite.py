@@ -225,8 +225,10 @@ def output_transform(activation: str | Activation, sigma: float, *, n_nodes: int
     scale = max(1.0, float(np.abs(m).max()))
     M = np.array([[m[3, j], m[2, j], m[1, j]] for j in (1, 2, 3)])
     b = -np.array([m[4, j] for j in (1, 2, 3)])
-    sol, *_ = np.linalg.lstsq(M, b, rcond=tol)
-    rank4 = int(np.linalg.matrix_rank(M, tol=tol * scale))
+    U, sv, Vt = np.linalg.svd(M)
+    keep = sv > tol * scale            # absolute threshold: rows that vanish by symmetry are ~1e-16, not 0
+    rank4 = int(keep.sum())
+    sol = Vt[keep].T @ ((U[:, keep].T @ b) / sv[keep])
     res4 = float(np.abs(M @ sol - b).max())
     if res4 > 1e-6 * scale:
         raise ValueError(f"activation {act.name!r}: Condition 1 of makkuva2020 App. B (zero Hermite coefficients "

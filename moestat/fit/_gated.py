@@ -46,10 +46,10 @@ def prepare_data(X, y, k: int, device: str, dtype) -> tuple[torch.Tensor, torch.
 
 
 def warn_theory(X: torch.Tensor, k: int, *, check_inputs: bool) -> None:
-    """Warn when d < 2k-1 (Assumption 3) or the inputs look non-Gaussian (Assumption 1)."""
+    """Warn when 2k-1 < d fails (Assumption 3) or the inputs look non-Gaussian (Assumption 1)."""
     _R, _n, d = X.shape
-    if d < 2 * k - 1:
-        warnings.warn(f"d={d} < 2k-1={2 * k - 1}: makkuva2020 Assumption 3 (2k-1 < d, gate orthogonal to the "
+    if not 2 * k - 1 < d:
+        warnings.warn(f"d={d} <= 2k-1={2 * k - 1}: makkuva2020 Assumption 3 (2k-1 < d, gate orthogonal to the "
                       "regressors) cannot hold; the tensor method's guarantees do not apply.", UserWarning,
                       stacklevel=3)
     if check_inputs and not looks_standard_gaussian(X):
@@ -127,9 +127,50 @@ def full_gate(W: torch.Tensor) -> torch.Tensor:
     return torch.cat([W, torch.zeros_like(W[..., :1, :])], dim=-2)
 
 
-def expert_loglik(y: torch.Tensor, E: torch.Tensor, sigma: float) -> torch.Tensor:
-    r""":math:`\log N(y_s \mid g(a_i^\top x_s), \sigma^2)` for ``y (R, n)``, ``E = g(XA^\top) (R, S, n, k)``."""
-    return -0.5 * ((y[:, None, :, None] - E) / sigma) ** 2 - math.log(sigma * math.sqrt(2.0 * math.pi))
+def project_rows(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """:math:`v_j^\top x_s` for ``X (R, n, d)`` and ``V (R, S, m, d)``, as ``(R, S, m, n)`` (expert axis before n).
+
+    The (.., k, n) layout keeps reductions over the small expert axis fast on CPU (they are unrolled sums
+    of contiguous slices)."""
+    R, S, m, d = V.shape
+    return (V.reshape(R, S * m, d) @ X.transpose(1, 2)).reshape(R, S, m, X.shape[1])
+
+
+def sum_k(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the expert axis -2 of ``(..., k, n)``, unrolled (fast for small k on CPU)."""
+    total = x[..., 0, :]
+    for i in range(1, x.shape[-2]):
+        total = total + x[..., i, :]
+    return total
+
+
+def exp_safe(x: torch.Tensor) -> torch.Tensor:
+    """exp with arguments clamped at -700: avoids subnormal results (e^-700 ~ 1e-304), which are ~20x slower
+    on CPU and change no result beyond 1e-300."""
+    return x.clamp_min(-700.0).exp()
+
+
+def logsumexp_k(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the expert axis -2 of ``(R, S, k, n)``, unrolled over k (k is small)."""
+    m = x[..., 0, :]
+    for i in range(1, x.shape[-2]):
+        m = torch.maximum(m, x[..., i, :])
+    return m + sum_k(exp_safe(x - m[..., None, :])).log()
+
+
+def gate_log_prior(W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log\mathrm{softmax}_i(Wx_s)` with :math:`w_k = 0`, ``(R, S, k, n)``."""
+    logits = project_rows(X, W)
+    logits = torch.cat([logits, torch.zeros_like(logits[..., :1, :])], dim=-2)
+    return logits - logsumexp_k(logits)[..., None, :]
+
+
+def expert_loglik(y: torch.Tensor, E: torch.Tensor, sigma) -> torch.Tensor:
+    r""":math:`\log N(y_s \mid g(a_i^\top x_s), \sigma^2)` for ``y (R, n)``, ``E = g(a_i^\top x_s)`` ``(R, S, k, n)``;
+    ``sigma`` a float or a tensor broadcasting against ``(R, S, 1, 1)``."""
+    if isinstance(sigma, torch.Tensor):
+        return -0.5 * ((y[:, None, None, :] - E) / sigma) ** 2 - torch.log(sigma * math.sqrt(2.0 * math.pi))
+    return -0.5 * ((y[:, None, None, :] - E) / sigma) ** 2 - math.log(sigma * math.sqrt(2.0 * math.pi))
 
 
 def llog_terms(W: torch.Tensor, X: torch.Tensor, log_lik: torch.Tensor
@@ -139,20 +180,20 @@ def llog_terms(W: torch.Tensor, X: torch.Tensor, log_lik: torch.Tensor
     .. math:: L_{\log}(W, A) = -\frac1n\sum_s \log\sum_i \mathrm{softmax}_i(W x_s)\,
               N(y_s \mid g(a_i^\top x_s), \sigma^2),
 
-    computed in log space (logsumexp).  ``X (R, n, d)``, ``log_lik`` from :func:`expert_loglik`
-    ``(R, S, n, k)``, ``W (R, S, k-1, d)``.  Returns ``loss (R, S)``, ``prior (R, S, n, k)``, ``post (R, S, n, k)``.
+    computed in log space.  ``X (R, n, d)``, ``log_lik`` from :func:`expert_loglik` ``(R, S, k, n)``,
+    ``W (R, S, k-1, d)``.  Returns ``loss (R, S)``, ``prior (R, S, k, n)``, ``post (R, S, k, n)``.
     """
-    logits = torch.einsum("rnd,rsjd->rsnj", X, full_gate(W))
-    log_prior = torch.log_softmax(logits, dim=-1)
+    log_prior = gate_log_prior(W, X)
     joint = log_prior + log_lik
-    lse = torch.logsumexp(joint, dim=-1, keepdim=True)
-    return -lse[..., 0].mean(-1), log_prior.exp(), (joint - lse).exp()
+    lse = logsumexp_k(joint)
+    return -lse.mean(-1), exp_safe(log_prior), exp_safe(joint - lse[..., None, :])
 
 
 def llog_grad(X: torch.Tensor, prior: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
     r""":math:`\nabla_{w_i} L_{\log} = -E[(P[z=i\mid x,y] - P[z=i\mid x])\,x]`, i < k (makkuva2020 D.3)."""
-    n = X.shape[1]
-    return -torch.einsum("rsnj,rnd->rsjd", (post - prior)[..., :-1], X) / n
+    R, S, k, n = post.shape
+    diff = (post - prior)[:, :, : k - 1].reshape(R, S * (k - 1), n)
+    return -(diff @ X).reshape(R, S, k - 1, X.shape[-1]) / n
 
 
 def project_ball(W: torch.Tensor, radius: float) -> torch.Tensor:

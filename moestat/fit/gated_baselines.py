@@ -16,8 +16,6 @@ restarts.  Neither is specified in the papers; the choices here are documented i
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -27,11 +25,17 @@ from ..hermite import get_activation
 from ._gated import (
     GatedFit,
     History,
+    exp_safe,
+    expert_loglik,
     full_gate,
+    gate_log_prior,
+    llog_grad,
     llog_terms,
     prepare_data,
+    project_rows,
     resolve_starts,
     select_best,
+    sum_k,
     truth_arrays,
 )
 
@@ -40,8 +44,7 @@ __all__ = ["fit_em_gated", "fit_l2_gated"]
 
 def _mean_fn(A: torch.Tensor, W: torch.Tensor, X: torch.Tensor, g) -> torch.Tensor:
     r""":math:`\hat y = \sum_i \mathrm{softmax}_i(Wx)\,g(a_i^\top x)`, shape (R, S, n)."""
-    gates = torch.softmax(torch.einsum("rnd,rsjd->rsnj", X, full_gate(W)), dim=-1)
-    return (gates * g(torch.einsum("rnd,rskd->rsnk", X, A))).sum(-1)
+    return sum_k(exp_safe(gate_log_prior(W, X)) * g(project_rows(X, A)))
 
 
 def _config(method: str, act, sigma, k, X, S, seed, dev, **kw) -> dict:
@@ -101,12 +104,12 @@ def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | Non
 
 
 def _wls(X: torch.Tensor, y: torch.Tensor, H: torch.Tensor, ridge: float) -> torch.Tensor:
-    """Weighted least squares per expert: (R, S, k, d) from weights H (R, S, n, k)."""
+    """Weighted least squares per expert: (R, S, k, d) from weights H (R, S, k, n)."""
     _R, n, d = X.shape
     eye = torch.eye(d, dtype=X.dtype, device=X.device)
     out = []
-    for i in range(H.shape[-1]):       # k is small; each solve is batched over (R, S)
-        Xh = X[:, None] * H[..., i, None]                                 # (R, S, n, d)
+    for i in range(H.shape[-2]):       # k is small; each solve is batched over (R, S)
+        Xh = X[:, None] * H[:, :, i, :, None]                             # (R, S, n, d)
         gram = Xh.transpose(-1, -2) @ X[:, None] / n + ridge * eye
         rhs = (Xh.transpose(-1, -2) @ y[:, None, :, None]) / n
         out.append(torch.linalg.solve(gram, rhs)[..., 0])
@@ -156,9 +159,7 @@ def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.0
     sig = torch.full((R, S, 1, 1), float(sigma), dtype=Xt.dtype, device=dev)
     hist = History(truth_arrays(truth))
     for it in range(iters + 1):
-        E = act.torch(torch.einsum("rnd,rskd->rsnk", Xt, A))
-        log_lik = -0.5 * ((yt[:, None, :, None] - E) / sig) ** 2 - torch.log(sig * math.sqrt(2.0 * math.pi))
-        loss, _, post = llog_terms(W, Xt, log_lik)
+        loss, _, post = llog_terms(W, Xt, expert_loglik(yt, act.torch(project_rows(Xt, A)), sig))
         if it % record_every == 0 or it == iters:
             hist.add("joint", it, {"loss": loss})
             hist.add_errors("joint", it, A=A, W=full_gate(W))
@@ -169,16 +170,15 @@ def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.0
         else:
             for _ in range(expert_steps):
                 Ag = A.clone().requires_grad_(True)
-                res = yt[:, None, :, None] - act.torch(torch.einsum("rnd,rskd->rsnk", Xt, Ag))
-                obj = (post * res**2).sum(-1).mean(-1)
+                res = yt[:, None, None, :] - act.torch(project_rows(Xt, Ag))
+                obj = (post * res**2).sum((-1, -2)) / n
                 (grad,) = torch.autograd.grad(obj.sum(), Ag)
                 A = (Ag - expert_step * grad).detach()
         for _ in range(gate_steps):
-            prior = torch.softmax(torch.einsum("rnd,rsjd->rsnj", Xt, full_gate(W)), dim=-1)
-            W = W + gate_step * torch.einsum("rsnj,rnd->rsjd", (post - prior)[..., :-1], Xt) / n
+            W = W - gate_step * llog_grad(Xt, exp_safe(gate_log_prior(W, Xt)), post)
         if learn_sigma:
-            E = act.torch(torch.einsum("rnd,rskd->rsnk", Xt, A))
-            var = (post * (yt[:, None, :, None] - E) ** 2).sum(-1).mean(-1)
+            E = act.torch(project_rows(Xt, A))
+            var = (post * (yt[:, None, None, :] - E) ** 2).sum((-1, -2)) / n
             sig = var.clamp_min(1e-12).sqrt()[..., None, None]
     W_full = full_gate(W)
     best, A_best, W_best = select_best(loss, A, W_full)

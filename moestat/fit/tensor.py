@@ -49,8 +49,10 @@ from ._gated import (
     llog_terms,
     prepare_data,
     project_ball,
+    project_rows,
     resolve_starts,
     select_best,
+    sum_k,
     truth_arrays,
     warn_theory,
 )
@@ -67,15 +69,22 @@ __all__ = [
 # ----------------------------------------------------------------------------- the L4 loss
 def _l4_batched(A: torch.Tensor, X: torch.Tensor, q4: torch.Tensor, q2: torch.Tensor, c4: float, c2: float,
                 mu: float, lam: float, ridge: float) -> torch.Tensor:
-    """Empirical L4 for ``A (R, S, k, d)``, ``X (R, n, d)``, ``q4 = Q4(y)``, ``q2 = Q2(y)`` (R, n) -> (R, S)."""
-    U = torch.einsum("rnd,rskd->rsnk", X, A)
+    """Empirical L4 for ``A (R, S, k, d)``, ``X (R, n, d)``, ``q4 = Q4(y)``, ``q2 = Q2(y)`` (R, n) -> (R, S).
+
+    Per sample, with :math:`U = XA^\top`, :math:`G = AA^\top`, :math:`N_i = G_{ii}` (notes §3.4):
+    :math:`\\sum_{i\ne j} c\\,t_1 = (\\sum U_i^2)^2 - \\sum U_i^4 - 2[(\\sum N)(\\sum U_i^2) - \\sum N_iU_i^2]
+    - 4[U^\top GU - \\sum N_iU_i^2] + (\\sum N)^2 - \\sum N^2 + 2(\\|G\\|_F^2 - \\sum N^2)`,
+    :math:`\\sum_i c\\,t_2 = \\sum U_i^4 - 6\\sum N_iU_i^2 + 3\\sum N_i^2`, :math:`c'\\,t_3 = U_i^2 - N_i`.
+    """
+    n = X.shape[1]
+    U = project_rows(X, A)                                         # (R, S, k, n)
     G = A @ A.transpose(-1, -2)                                    # (R, S, k, k)
     N = torch.diagonal(G, dim1=-2, dim2=-1)                        # (R, S, k)
     U2 = U * U
-    S2 = U2.sum(-1)
-    S4 = (U2 * U2).sum(-1)
-    NU2 = (U2 * N[..., None, :]).sum(-1)
-    UGU = ((U @ G) * U).sum(-1)
+    S2 = sum_k(U2)
+    S4 = sum_k(U2 * U2)
+    NU2 = sum_k(U2 * N[..., None])
+    UGU = sum_k((G @ U) * U)
     sN = N.sum(-1, keepdim=True)
     sN2 = (N * N).sum(-1, keepdim=True)
     G2 = (G * G).sum((-1, -2))[..., None]
@@ -84,7 +93,8 @@ def _l4_batched(A: torch.Tensor, X: torch.Tensor, q4: torch.Tensor, q2: torch.Te
     q4b = q4[:, None, :]
     cross = (q4b * pairs).mean(-1) / c4
     quart = (q4b * diag4).mean(-1) / c4
-    second = torch.einsum("rn,rsnk->rsk", q2, U2 - N[..., None, :]) / (q2.shape[-1] * c2)
+    R, S, k, _ = U.shape
+    second = ((U2.reshape(R, S * k, n) @ q2[..., None]).reshape(R, S, k) / n - q2.mean(-1)[:, None, None] * N) / c2
     return cross - mu * quart + lam * ((second - 1.0) ** 2).sum(-1) + 0.5 * ridge * (A * A).sum((-1, -2))
 
 
@@ -410,7 +420,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
         W0 = W0.repeat_interleave(P, dim=1)
 
     # ---- stage 2: L_log with the experts frozen
-    E = act.torch(torch.einsum("rnd,rskd->rsnk", Xt, A_hat))
+    E = act.torch(project_rows(Xt, A_hat))
 
     def rec2(it: int, loss: torch.Tensor, W: torch.Tensor) -> None:
         if P > 1:

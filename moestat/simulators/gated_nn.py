@@ -103,8 +103,8 @@ def gated_nn_truth(d: int = 10, k: int = 2, *, activation: str = "linear", sigma
     if not (np.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be a finite noise sd >= 0, got {sigma}.")
     check_choice("inputs", inputs, ("gaussian", "mixture"))
-    if d < 2 * k - 1:
-        warnings.warn(f"d={d} < 2k-1={2 * k - 1}: makkuva2020's theory (Assumption 3) needs 2k-1 < d for the gate "
+    if not 2 * k - 1 < d:
+        warnings.warn(f"d={d} <= 2k-1={2 * k - 1}: makkuva2020's theory (Assumption 3) needs 2k-1 < d for the gate "
                       "to be orthogonal to the regressors; recovery guarantees do not apply.", UserWarning,
                       stacklevel=3)
     rng = np.random.default_rng(truth_seed)
