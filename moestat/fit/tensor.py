@@ -58,6 +58,7 @@ from ._gated import (
 )
 
 __all__ = [
+    "fit_gate",
     "fit_tensor",
     "l4_loss",
     "l4_population",
@@ -456,3 +457,47 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
               "projection": None if V is None else to_numpy(V), "transform": T}
     return GatedFit("tensor", A_best, W_best, to_numpy(A_hat), to_numpy(W_full), to_numpy(llog_final), best,
                     hist.frame(), config, extras)
+
+
+def fit_gate(X, y, regressors, *, activation: str = "linear", sigma: float = 0.05, restarts: int = 1,
+             gate_iters: int = 100, gate_step: float = 2.0, gate_radius: float = 5.0, sample_split: bool = False,
+             seed: int | np.random.SeedSequence | None = 0, truth=None, record_every: int = 10,
+             device: str = "auto", dtype=None) -> GatedFit:
+    r"""Stage 2 alone: projected GD on :math:`L_{\log}(W, A)` with the regressors fixed at ``regressors``.
+
+    This is makkuva2020 Fig. 2(b): the gate learnt with A fixed at :math:`A^*`, at the L4 estimate or at the
+    :math:`\ell_2` estimate.  ``regressors`` has shape (k, d), (R, k, d) or (R, S, k, d) and must be signed and
+    scaled (the likelihood depends on both).  Other arguments as :func:`fit_tensor`.
+    """
+    Xt, yt, _, dev = prepare_data(X, y, 2, device, dtype)
+    R, n, d = Xt.shape
+    A = to_tensor(regressors, device=dev, dtype=Xt.dtype)
+    if A.ndim == 2:
+        A = A[None]
+    if A.ndim == 3:
+        A = A[:, None] if A.shape[0] == R else A[None].expand(R, *A.shape)
+        A = A.expand(R, check_int("restarts", restarts), *A.shape[-2:])
+    if A.ndim != 4 or A.shape[0] != R or A.shape[-1] != d:
+        raise ValueError(f"regressors must have shape (k, {d}), ({R}, k, {d}) or ({R}, S, k, {d}); got "
+                         f"{tuple(to_tensor(regressors).shape)}.")
+    S, k = A.shape[1], A.shape[2]
+    if not sigma > 0:
+        raise ValueError("sigma must be > 0: it is the known noise sd of the likelihood L_log.")
+    act = get_activation(activation)
+    _, W0 = resolve_starts(None, R, S, k, d, seed, dev, Xt.dtype)
+    hist = History(truth_arrays(truth))
+
+    def rec(it: int, loss: torch.Tensor, W: torch.Tensor) -> None:
+        hist.add("gate", it, {"loss": loss})
+        hist.add_errors("gate", it, A=A, W=full_gate(W))
+
+    ll = expert_loglik(yt, act.torch(project_rows(Xt, A)), float(sigma))
+    W, final = _gate_descent(W0, Xt, ll, gate_iters, gate_step, gate_radius, sample_split, rec, record_every)
+    W_full = full_gate(W)
+    best, A_best, W_best = select_best(final, A, W_full)
+    config = {"method": "gate", "activation": act.name, "sigma": float(sigma), "k": k, "d": d, "n": n, "reps": R,
+              "restarts": S, "gate_iters": gate_iters, "gate_step": gate_step, "gate_radius": gate_radius,
+              "sample_split": sample_split,
+              "seed": seed if not isinstance(seed, np.random.SeedSequence) else repr(seed),
+              "device": str(dev), "dtype": str(Xt.dtype).replace("torch.", "")}
+    return GatedFit("gate", A_best, W_best, to_numpy(A), to_numpy(W_full), to_numpy(final), best, hist.frame(), config)
