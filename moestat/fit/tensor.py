@@ -45,6 +45,7 @@ from ._gated import (
     History,
     expert_loglik,
     full_gate,
+    gated_starts,
     llog_grad,
     llog_terms,
     prepare_data,
@@ -60,6 +61,7 @@ from ._gated import (
 __all__ = [
     "fit_gate",
     "fit_tensor",
+    "gated_starts",
     "l4_loss",
     "l4_population",
     "minimise_l4_population",
