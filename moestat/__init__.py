@@ -7,12 +7,23 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates, hermite
+from . import experts, gates, hermite, metrics
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .fit._gated import GatedFit
 from .fit.gated_baselines import fit_em_gated, fit_l2_gated
 from .fit.tensor import fit_tensor
 from .gates import GATES
+from .metrics import (
+    center_softmax,
+    check_identifiability,
+    l2_distance,
+    match_atoms,
+    parameter_errors,
+    permutation_invariant_error,
+    sup_expert_error,
+    voronoi_cells,
+    voronoi_loss,
+)
 from .metrics.gated import gating_error, regressor_error
 from .model import MoE
 from .params import Params
@@ -35,6 +46,8 @@ __all__ = [
     "MoE",
     "Params",
     "__version__",
+    "center_softmax",
+    "check_identifiability",
     "experts",
     "fit_em_gated",
     "fit_l2_gated",
@@ -43,8 +56,16 @@ __all__ = [
     "gating_error",
     "get_expert",
     "hermite",
+    "l2_distance",
+    "match_atoms",
+    "metrics",
+    "parameter_errors",
+    "permutation_invariant_error",
     "presets",
     "regressor_error",
     "simulate",
     "simulate_gated_nn",
+    "sup_expert_error",
+    "voronoi_cells",
+    "voronoi_loss",
 ]
