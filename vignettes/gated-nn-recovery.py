@@ -37,19 +37,20 @@ SUCCESS = {"E_reg": 0.05, "gate_l2": 0.5}
 _FITS = dict(tensor=dict(l4_iters=500, l4_lr=0.02, gate_iters=100, gate_step=2.0, gate_radius=5.0, mu=0.1,
                          lam=10.0, ridge=0.01, project=True, sign="moment"),
              em=dict(iters=100, gate_steps=5, gate_step=2.0), l2=dict(iters=600, lr=0.02, optimizer="adam"))
-#: "full" is what docs/vignettes/gated-nn-recovery.md shows (sized for a shared 2-core CPU);
-#: "quick" is the CI smoke test.
+#: "full" is what docs/vignettes/gated-nn-recovery.md shows, sized for a 2-core CPU shared with ~8 other jobs
+#: (about 5 CPU-minutes); "quick" is the CI smoke test.
 SIZES = {
-    "full": dict(fits=_FITS, seed=2020,
-                 compare=dict(n=20_000, starts=20),
-                 vs_n=dict(ns=(2_000, 5_000, 10_000, 20_000, 50_000, 100_000), reps=6, starts=2, em_iters=50,
-                           em_max_n=50_000),
-                 sigma=dict(sigmas=(0.01, 0.02, 0.05, 0.1, 0.2, 0.4), n=20_000, reps=4, starts=1),
-                 nonlinear=dict(activations=("linear", "relu", "tanh", "sigmoid"), ns=(50_000, 200_000), reps=3,
-                                gate_iters=40),
-                 scaling=dict(dk=((10, 2), (20, 2), (40, 2), (10, 3), (20, 3), (20, 4)), n=20_000, reps=2,
-                              starts=5, em_iters=60),
-                 nongauss=dict(ps=(0.5, 0.7, 0.9), mu_norm=1.0, n=50_000, reps=3)),
+    "full": dict(fits={**_FITS, "tensor": {**_FITS["tensor"], "l4_iters": 400, "gate_iters": 60},
+                       "em": {**_FITS["em"], "iters": 50}, "l2": {**_FITS["l2"], "iters": 400}},
+                 seed=2020,
+                 compare=dict(n=10_000, starts=20),
+                 vs_n=dict(ns=(2_000, 5_000, 10_000, 20_000, 50_000), reps=4, starts=1, em_iters=30,
+                           em_max_n=10_000),
+                 sigma=dict(sigmas=(0.01, 0.03, 0.1, 0.3), n=10_000, reps=3, starts=1),
+                 nonlinear=dict(activations=("linear", "relu", "tanh"), ns=(20_000, 100_000), reps=2,
+                                gate_iters=10),
+                 scaling=dict(dk=((10, 2), (20, 2), (10, 3), (20, 4)), n=10_000, reps=1, starts=4, em_iters=30),
+                 nongauss=dict(ps=(0.5, 0.8), mu_norm=1.0, n=20_000, reps=2)),
     "quick": dict(fits={**_FITS, "tensor": {**_FITS["tensor"], "l4_iters": 300, "gate_iters": 40},
                         "em": {**_FITS["em"], "iters": 30}, "l2": {**_FITS["l2"], "iters": 200}},
                   seed=2020,
@@ -59,6 +60,16 @@ SIZES = {
                   nonlinear=dict(activations=("linear", "relu"), ns=(20_000,), reps=1, gate_iters=10),
                   scaling=dict(dk=((10, 2), (10, 3)), n=5_000, reps=1, starts=2, em_iters=20),
                   nongauss=dict(ps=(0.5, 0.9), mu_norm=1.0, n=10_000, reps=1)),
+    # "smoke": the size hook for the test suite (seconds); not meant to be read.
+    "smoke": dict(fits={**_FITS, "tensor": {**_FITS["tensor"], "l4_iters": 40, "gate_iters": 5},
+                        "em": {**_FITS["em"], "iters": 4}, "l2": {**_FITS["l2"], "iters": 10}},
+                  seed=2020,
+                  compare=dict(n=1_000, starts=2),
+                  vs_n=dict(ns=(1_000, 2_000), reps=2, starts=1, em_iters=3, em_max_n=1_000),
+                  sigma=dict(sigmas=(0.05, 0.2), n=1_000, reps=1, starts=1),
+                  nonlinear=dict(activations=("linear",), ns=(2_000,), reps=1, gate_iters=3),
+                  scaling=dict(dk=((6, 2),), n=1_000, reps=1, starts=2, em_iters=3),
+                  nongauss=dict(ps=(0.5,), mu_norm=1.0, n=1_000, reps=1)),
 }
 
 
@@ -95,10 +106,13 @@ def _success(frame: pd.DataFrame) -> pd.Series:
 # ## 1. The paper's comparison: one data set, 20 random starts, three methods
 #
 # All three estimators start from the same 20 random points (rows of A uniform on the sphere, gate
-# entries N(0, 1/d)).  The tensor method runs 500 full-batch Adam steps on the projected L4 and then 100
-# projected-GD steps on L_log; least squares runs 600 Adam steps on the joint squared loss; EM runs 100
-# iterations (exact weighted least squares for the experts, 5 gradient steps for the gate).  We also
-# rerun the gate stage with A fixed at the truth and at the least-squares estimate (the paper's Fig. 2(b)).
+# entries N(0, 1/d)).  At the "full" size the tensor method runs 400 full-batch Adam steps on the projected
+# L4 and then 60 projected-GD steps on L_log; least squares runs 400 Adam steps on the joint squared loss;
+# EM runs 50 iterations (exact weighted least squares for the experts, 5 gradient steps for the gate).
+# EM iterations are more expensive (a weighted d x d solve per expert) and converge in far fewer steps,
+# so "same budget" here means each method is run well past the point where its error stops changing
+# (see the iteration plot).  We also rerun the gate stage with A fixed at the truth and at the
+# least-squares estimate (the paper's Fig. 2(b)).
 
 # %%
 def _compare(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -172,7 +186,7 @@ def _rates(vs_n: pd.DataFrame) -> pd.DataFrame:
     for (method, metric), g in vs_n.melt(id_vars=["method", "n", "rep"], value_vars=["gate_l2", "reg_angle"],
                                           var_name="metric").groupby(["method", "metric"]):
         g = g[g["value"] > 0]
-        if metric == "reg_angle" and method == "gate|A=A*":
+        if (metric == "reg_angle" and method == "gate|A=A*") or g["n"].nunique() < 2:
             continue
         X = sm.add_constant(np.log(g["n"].to_numpy(float)))
         res = sm.OLS(np.log(g["value"].to_numpy(float)), X).fit(cov_type="HC1")
