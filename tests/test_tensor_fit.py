@@ -148,10 +148,12 @@ def test_planted_recovery_default_size(planted):
 
 @pytest.mark.slow
 def test_planted_recovery_large_n():
-    data = ms.simulate_gated_nn(n=400_000, reps=2, seed=12)
-    fit = ms.fit_tensor(data.X, data.y, 2, sigma=0.05, restarts=3, gate_iters=100, seed=2)
+    data = ms.simulate_gated_nn(n=200_000, reps=1, seed=12)
+    fit = ms.fit_tensor(data.X, data.y, 2, sigma=0.05, restarts=2, gate_iters=60, seed=2)
     v = _values(fit.errors(data.truth))
-    assert v["E_reg"] < 1e-3 and v["gate_l2"] < 0.05
+    # notes §5 (projected L4): E_reg 8.5e-4 at n = 1e5 and 2.0e-4 at n = 1e6; the oracle gate error at n = 2e5
+    # is ~ 0.01, plus the floor from the regressor error
+    assert v["E_reg"] < 2e-3 and v["gate_l2"] < 0.06
 
 
 def test_likelihood_sign_resolution_and_random_regressors():

@@ -27,7 +27,7 @@ from ..simulators.gated_nn import GatedNNTruth
 # ----------------------------------------------------------------------------- data and starts
 def prepare_data(X, y, k: int, device: str, dtype) -> tuple[torch.Tensor, torch.Tensor, bool, torch.device]:
     """Validate and convert ``X (n, d) | (R, n, d)``, ``y (n,) | (R, n)`` to batched tensors."""
-    check_int("k", k)
+    check_int("k", k, minimum=2)
     Xa = X if isinstance(X, torch.Tensor) else np.asarray(X, dtype=np.float64)
     ya = y if isinstance(y, torch.Tensor) else np.asarray(y, dtype=np.float64)
     if Xa.ndim not in (2, 3):

@@ -39,7 +39,7 @@ import torch
 
 from .._torch import to_numpy, to_tensor
 from .._validation import check_choice, check_int, check_nonnegative
-from ..hermite import OutputTransform, get_activation, output_transform
+from ..hermite import OutputTransform, get_activation, hermite_moments, output_transform
 from ._gated import (
     GatedFit,
     History,
@@ -373,7 +373,6 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     warn_theory(Xt, k, check_inputs=check_inputs)
     act = get_activation(activation)
     T: OutputTransform = output_transform(act, float(sigma))
-    from ..hermite import hermite_moments
     m11 = float(hermite_moments(act, p_max=1, j_max=1)[1, 1])
     dt = Xt.dtype
     A0, W0 = resolve_starts(init, R, S, k, d, seed, dev, dt)
