@@ -288,6 +288,7 @@ def _gate_descent(W0: torch.Tensor, X: torch.Tensor, log_lik: torch.Tensor, iter
 def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05, restarts: int = 10,
                project: bool = True, mu: float = 0.1, lam: float = 10.0, ridge: float | None = None,
                l4_iters: int = 500, l4_lr: float = 0.02, optimizer: str = "adam", form: str = "auto",
+               batch_size: int | None = None,
                max_grad_norm: float | None = None, recover: str = "pinv", sign: str = "moment",
                gate_iters: int = 300, gate_step: float = 2.0, gate_radius: float = 5.0, sample_split: bool = False,
                seed: int | np.random.SeedSequence | None = 0, init=None, truth=None, record_every: int = 10,
@@ -318,6 +319,10 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
         Evaluate the empirical L4 per sample (:math:`O(npk)` per step) or from the moment tensors of the
         working dimension p (:math:`O(np^4)` once, :math:`O(kp^4)` per step; identical values).  ``"auto"``
         uses the tensor form when :math:`p \le 6` (always with ``project=True`` and small k).
+    batch_size : int, optional
+        Mini-batch SGD/Adam on the sample form, one random batch (with replacement) per iteration, as in
+        the paper's experiments (batch 1024, or 128 in its App. E).  The lambda-term is then a squared
+        batch mean, biased by Var/batch (notes §9.21).  Default: full batch.
     max_grad_norm : float, optional
         Clip each restart's gradient (plain GD on a quartic diverges at large steps).
     recover : {"pinv", "rows"}
@@ -362,6 +367,8 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     check_choice("sign", sign, ("moment", "likelihood", "none"))
     check_choice("optimizer", optimizer, ("adam", "sgd"))
     check_choice("form", form, ("auto", "samples", "tensor"))
+    if batch_size is not None:
+        check_int("batch_size", batch_size)
     check_nonnegative("sigma", sigma)
     if sigma <= 0:
         raise ValueError("sigma must be > 0: it is the known noise sd in Q4 and in the likelihood L_log.")
@@ -392,13 +399,22 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
         return B @ V[:, None].transpose(-1, -2) if project else B
 
     def rec1(it: int, loss: torch.Tensor, B: torch.Tensor) -> None:
+        if batch_size is not None:   # record the full-data loss, not the mini-batch one
+            loss = _l4_batched(B, Xl4, q4, q2, T.c4, T.c2, mu, lam, ridge)
         hist.add("l4", it, {"loss": loss})
         if truth_np is not None:
             hist.add_errors("l4", it, A=recover_regressors(to_full(B), method=recover), signed=False)
 
     p = Xl4.shape[-1]
-    use_tensor = form == "tensor" or (form == "auto" and p <= 6)
-    if use_tensor:
+    use_tensor = batch_size is None and (form == "tensor" or (form == "auto" and p <= 6))
+    if batch_size is not None:
+        gen = torch.Generator(device="cpu").manual_seed(int(np.random.SeedSequence(
+            seed if not isinstance(seed, np.random.SeedSequence) else seed.entropy).generate_state(1)[0]))
+
+        def l4_fn(B: torch.Tensor, it: int) -> torch.Tensor:
+            idx = torch.randint(0, n, (batch_size,), generator=gen).to(dev)
+            return _l4_batched(B, Xl4[:, idx], q4[:, idx], q2[:, idx], T.c4, T.c2, mu, lam, ridge)
+    elif use_tensor:
         mom = _l4_moments(Xl4, q4, q2)
 
         def l4_fn(B: torch.Tensor, it: int) -> torch.Tensor:
@@ -448,7 +464,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     config: dict[str, Any] = {
         "method": "tensor", "activation": act.name, "sigma": float(sigma), "k": k, "d": d, "n": n, "reps": R,
         "restarts": S, "project": project, "mu": mu, "lam": lam, "ridge": ridge, "l4_iters": l4_iters,
-        "l4_lr": l4_lr, "optimizer": optimizer, "form": "tensor" if use_tensor else "samples",
+        "l4_lr": l4_lr, "optimizer": optimizer, "form": "tensor" if use_tensor else "samples", "batch_size": batch_size,
         "max_grad_norm": max_grad_norm, "recover": recover, "sign": sign,
         "gate_iters": gate_iters, "gate_step": gate_step, "gate_radius": gate_radius, "sample_split": sample_split,
         "seed": seed if not isinstance(seed, np.random.SeedSequence) else repr(seed),
