@@ -7,9 +7,12 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates, metrics, plots, rates
+from . import deep, experts, gates, hermite, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .fit import LSEFit, fit_lse
+from .fit._gated import GatedFit
+from .fit.gated_baselines import fit_em_gated, fit_l2_gated
+from .fit.tensor import fit_tensor
 from .gates import GATES
 from .metrics import (
     GBarResult,
@@ -24,6 +27,7 @@ from .metrics import (
     voronoi_cells,
     voronoi_loss,
 )
+from .metrics.gated import gating_error, regressor_error
 from .model import MoE
 from .params import Params
 from .rates import (
@@ -42,6 +46,7 @@ from .rates import (
     window_sensitivity,
 )
 from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
+from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
 
 try:
     __version__ = version("moestat")
@@ -55,6 +60,9 @@ __all__ = [
     "Dataset",
     "ExpertFamily",
     "GBarResult",
+    "GatedFit",
+    "GatedNNData",
+    "GatedNNTruth",
     "LSEFit",
     "MoE",
     "Params",
@@ -72,10 +80,15 @@ __all__ = [
     "deep",
     "estimate_gbar",
     "experts",
+    "fit_em_gated",
+    "fit_l2_gated",
     "fit_lse",
     "fit_rate",
+    "fit_tensor",
     "gates",
+    "gating_error",
     "get_expert",
+    "hermite",
     "l2_distance",
     "match_atoms",
     "metrics",
@@ -84,10 +97,12 @@ __all__ = [
     "plots",
     "presets",
     "rates",
+    "regressor_error",
     "sample_complexity",
     "scaling_exponent",
     "simulate",
     "simulate_clusters",
+    "simulate_gated_nn",
     "simulate_patches",
     "sup_expert_error",
     "test_exponent",
