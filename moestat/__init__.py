@@ -13,6 +13,7 @@ from .gates import GATES
 from .model import MoE
 from .params import Params
 from .simulators import Dataset, presets, simulate
+from .study import Study
 
 try:
     __version__ = version("moestat")
@@ -26,6 +27,7 @@ __all__ = [
     "ExpertFamily",
     "MoE",
     "Params",
+    "Study",
     "__version__",
     "experts",
     "gates",
