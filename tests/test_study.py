@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from study_cells import LINEAR_TRUTH, normal_equations_cell, slope_error
+from tests.study_cells import LINEAR_TRUTH, normal_equations_cell, slope_error
 
 import moestat as ms
 import moestat.study as study_mod
@@ -238,15 +238,15 @@ def test_bad_executor():
 
 def test_toml_roundtrip(tmp_path):
     s = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 1.0]}}, n=[30, 60],
-              reps=3, seed=9, metrics=["study_cells:slope_error"], name="rt", threads=1)
+              reps=3, seed=9, metrics=["tests.study_cells:slope_error"], name="rt", threads=1)
     path = tmp_path / "s.toml"
     s.to_toml(path)
     s2 = Study.from_toml(path)
     assert [c["id"] for c in s2.cells] == [c["id"] for c in s.cells]
     _same(s.run(progress=False), s2.run(progress=False))
     # from a string, and with a custom cell given as an import path
-    text = path.read_text().replace('metrics = [\n    "study_cells:slope_error",\n]',
-                                    'metrics = []\ncell = "study_cells:normal_equations_cell"')
+    text = path.read_text().replace('metrics = [\n    "tests.study_cells:slope_error",\n]',
+                                    'metrics = []\ncell = "tests.study_cells:normal_equations_cell"')
     s3 = Study.from_toml(text)
     assert s3.cell is normal_equations_cell
     assert "slope_error" in s3.run(progress=False).columns
