@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from tests.study_cells import LINEAR_TRUTH
 
 import moestat._vignette_index as vindex
 from moestat.cli import main
 from moestat.study import Study
+from tests.study_cells import LINEAR_TRUTH
 
 ROOT = Path(__file__).resolve().parents[1]
 
