@@ -87,12 +87,15 @@ class Estimate:
     info : dict of str to ndarray (R,)
         Further per-replicate diagnostics (iterations, gradient norm, conditioning, ...);
         each becomes a column of the study frame.
+    settings : dict of str to scalar
+        The estimator's resolved settings (defaults filled in); each becomes a column.
     """
 
     params: Params
     objective: np.ndarray
     converged: np.ndarray
     info: dict[str, np.ndarray] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def ols_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | None = None,
@@ -132,40 +135,45 @@ def ols_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
 def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | None = None,
                   seed: np.random.SeedSequence | None = None, device: str = "auto",
                   **options: Any) -> Estimate:
-    """The least-squares estimator :func:`moestat.fit_lse` (issue 3) as a study estimator.
+    """The least-squares estimator :func:`moestat.fit_lse` as a study estimator.
 
-    ``init="near_truth"`` receives the true parameters; when the fitted model has more experts
-    than the truth and ``duplicate`` is not given, the preset's default duplicated atom
-    (``truth.info["duplicate"]``) is used and recorded.
+    With ``init="near_truth"`` (the default when a truth is known) the true parameters are passed on;
+    when the fitted model has more experts than the truth and ``duplicate`` is not given, the
+    preset's default duplicated atoms (``truth.info["duplicate"]``) are used.  The resolved settings
+    of the fit (``duplicate``, ``init_scale``, ``max_iter``, tolerances, ...) become columns.
     """
-    try:
-        from .fit.lse import fit_lse
-    except ImportError as exc:  # pragma: no cover - depends on the LSE engine being installed
-        raise ValueError("estimator 'lse' needs moestat.fit_lse (moestat.fit.lse), which is not available.") from exc
+    from .fit.lse import fit_lse
+
     opts = dict(options)
-    if opts.get("init", "near_truth") == "near_truth" and truth is not None:
+    init = opts.get("init", "near_truth" if truth is not None else "auto")
+    opts["init"] = init
+    if init == "near_truth" and truth is not None:
         opts.setdefault("truth", truth.params)
-        if spec.k > truth.spec.k and "duplicate" not in opts:
-            opts["duplicate"] = list(truth.info.get("duplicate", []))[: spec.k - truth.spec.k]
-    fit_seed = int(seed.generate_state(1)[0]) if isinstance(seed, np.random.SeedSequence) else seed
-    fit = fit_lse(spec, X, y, seed=fit_seed, device=device, **opts)
+        extra = spec.k - truth.spec.k
+        if extra > 0 and "duplicate" not in opts:
+            dup = list(truth.info.get("duplicate", []))
+            if len(dup) < extra:
+                raise ValueError(f"the fit has {extra} more experts than the truth; give options.duplicate, the "
+                                 f"{extra} true atoms (0-based) that get an extra fitted copy.")
+            opts["duplicate"] = dup[:extra]
+    fit = fit_lse(spec, X, y, seed=seed, device=device, **opts)
     return estimate_from_fit(fit)
 
 
 def estimate_from_fit(fit: Any) -> Estimate:
-    """Convert a fit result (``params``, ``objective``, ``converged`` and diagnostics) to :class:`Estimate`."""
+    """Convert a fit (``params``, ``objective``, ``converged``, diagnostics, ``settings``) to :class:`Estimate`."""
+    def arr(value: Any) -> np.ndarray:
+        return np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+
     R = fit.params.numpy().n_reps
     info: dict[str, np.ndarray] = {}
-    for name in ("n_iter", "grad_norm", "cond", "hit_bound"):
+    for name in ("status", "n_iter", "grad_norm", "cond", "hit_bound"):
         value = getattr(fit, name, None)
-        if value is not None:
-            arr = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
-            if arr.shape == (R,):
-                info[name] = arr
-    obj = fit.objective
-    conv = fit.converged
-    return Estimate(fit.params.numpy(), np.asarray(obj.cpu() if isinstance(obj, torch.Tensor) else obj, float),
-                    np.asarray(conv.cpu() if isinstance(conv, torch.Tensor) else conv, bool), info)
+        if value is not None and arr(value).shape == (R,):
+            info[name] = arr(value)
+    settings = fit.config_columns() if hasattr(fit, "config_columns") else dict(getattr(fit, "settings", {}))
+    return Estimate(fit.params.numpy(), arr(fit.objective).astype(float), arr(fit.converged).astype(bool), info,
+                    settings)
 
 
 ESTIMATORS: dict[str, Callable[..., Estimate]] = {"lse": lse_estimator, "ols": ols_estimator}
@@ -234,31 +242,26 @@ def l2_metric(ctx: MetricContext, n_mc: int = 20_000) -> np.ndarray:
 def parameter_error_metric(ctx: MetricContext) -> dict[str, np.ndarray]:
     r"""Per-replicate summaries of :func:`moestat.parameter_errors` for over- and exact-specified atoms.
 
-    Columns ``err_over_<block>`` / ``err_exact_<block>``: the largest distance of a fitted atom to its
-    true atom within over-specified cells (:math:`|A_j| \ge 2`) and exact cells (:math:`|A_j| = 1`),
-    per parameter block; over-specified atoms are expected at :math:`n^{-1/4}`, exact ones at
-    :math:`n^{-1/2}` (nguyen2024 Remark after Thm 2; notes §8 C8).  ``weight_gap_over``: the largest
-    cell weight-sum gap of over-specified cells (:math:`n^{-1/2}`).
+    Columns ``err_<specified>_<block>``: the largest error of a fitted atom against its true atom, over
+    over-specified cells (:math:`|A_j| \ge 2`, ``specified="over"``) or exact cells (:math:`|A_j| = 1`),
+    per block (``gate_bias``, ``gate_weight``, ``expert_weight``, ``expert_bias``, ``expert`` = the whole
+    :math:`\eta`) and ``err_over_weight_sum`` (the cell weight-sum gap).  nguyen2024 (Remark after Thm 2;
+    notes §8 C8) predicts :math:`n^{-1/4}` for over-specified slopes and experts, :math:`n^{-1/2}` for
+    exact-specified parameters and weight sums, and no rate for individual over-specified intercepts.
+    NaN where a replicate has no cell of that kind.
     """
     from .metrics import parameter_errors
 
-    frame = parameter_errors(ctx.fit.params, ctx.truth)
+    frame = parameter_errors((ctx.fit_spec, ctx.fit.params), (ctx.truth_spec, ctx.truth))
     return summarise_parameter_errors(frame, ctx.fit.params.numpy().n_reps)
 
 
 def summarise_parameter_errors(frame: pd.DataFrame, reps: int) -> dict[str, np.ndarray]:
     """Reduce a tidy ``parameter_errors`` frame to per-replicate maxima by cell type and block."""
     out: dict[str, np.ndarray] = {}
-    f = frame.copy()
-    f["kind"] = np.where(f["cell_size"] >= 2, "over", np.where(f["cell_size"] == 1, "exact", "empty"))
-    f = f[f["kind"] != "empty"]
-    value = "distance" if "distance" in f.columns else "error"
-    for (kind, block), sub in f.groupby(["kind", "block"], sort=True):
-        agg = sub.groupby("rep")[value].max().reindex(range(reps))
-        out[f"err_{kind}_{block}"] = agg.to_numpy(dtype=float)
-    if "weight_gap" in f.columns:
-        over = f[f["kind"] == "over"]
-        out["weight_gap_over"] = over.groupby("rep")["weight_gap"].max().reindex(range(reps)).to_numpy(float)
+    f = frame[frame["specified"].isin(["over", "exact"])]
+    for (kind, block), sub in f.groupby(["specified", "block"], sort=True):
+        out[f"err_{kind}_{block}"] = sub.groupby("rep")["error"].max().reindex(range(reps)).to_numpy(float)
     return out
 
 
@@ -373,13 +376,18 @@ def estimator_cell(ctx: CellContext) -> pd.DataFrame:
     for name, value in fit.info.items():
         cols[name] = np.asarray(value)
     cols["fit_wall_time"] = np.full(R, wall / R)
+    skip = {"gate", "expert", "k", "d", "seed", "truth", "device", "n", "rep", "progress", "history"}
+    for name, value in fit.settings.items():
+        if name in cols or name in skip or value is None:
+            continue
+        cols[name] = [value if isinstance(value, (str, bool, int, float, np.generic)) else str(value)] * R
     mctx = MetricContext(fit, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed)
     for m in ctx.metrics:
         fn_m = METRICS[m] if isinstance(m, str) else m
         value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))
         if isinstance(value, Mapping):
             for col, v in value.items():
-                cols[col] = np.asarray(v, dtype=float)
+                cols[col] = np.asarray(v)
         else:
             cols[metric_name(m)] = np.asarray(value, dtype=float)
     for col, v in cols.items():

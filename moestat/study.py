@@ -692,8 +692,9 @@ def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wa
         if f.get(k) is not None:
             cols[k] = f[k]
     for k, v in f.get("options", {}).items():
-        name = k if k not in _RESERVED and k not in frame.columns else f"opt_{k}"
-        cols[name] = _scalar(v)
+        if k in frame.columns:  # the estimator reported its resolved value of this option
+            continue
+        cols[k if k not in _RESERVED else f"opt_{k}"] = _scalar(v)
     data_seed = np.random.SeedSequence(payload["seed"], spawn_key=cell["data_key"])
     cols["seed"] = payload["seed"]
     cols["fit_seed"] = "/".join(map(str, cell["fit_key"]))
