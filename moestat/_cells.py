@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,12 +265,90 @@ def summarise_parameter_errors(frame: pd.DataFrame, reps: int) -> dict[str, np.n
     return out
 
 
+def split_family(truth: Params, duplicate: Sequence[int], ts: Sequence[float] | np.ndarray) -> Params:
+    r"""Exact over-specified representations of a sigmoid MoE with positively homogeneous experts.
+
+    For :math:`\varphi` positively 1-homogeneous (linear, relu), duplicating true atom :math:`j` with its
+    gate unchanged and its expert split,
+
+    .. math:: \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,[\varphi(t z) + \varphi((1-t) z)]
+              = \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,\varphi(z),\qquad z = a^{*\top}_j x + b^*_j,
+
+    for every :math:`t \in [0, 1]`, so :math:`f_{\bar G_t} = f_{G^*}` with :math:`k^* + 1` atoms (notes §8 C2).
+    The regime-2 limit :math:`\bar G` of nguyen2024 Thm 5 is therefore not unique; this returns the family
+    :math:`\{\bar G_t\}` on the grid ``ts`` as batched Params (S, k* + 1, ...), the set over which
+    :func:`moestat.voronoi_loss` (``kind="D3"``, ``gbar=``) takes the infimum.  For linear experts every
+    additive split :math:`\eta_a + \eta_b = \eta^*` is exact, so the infimum over this sub-family is an
+    upper bound of :math:`\inf_{\bar G} D_3`.
+    """
+    dup = [int(j) for j in duplicate]
+    if len(dup) != 1:
+        raise ValueError(f"split_family handles one duplicated atom (k = k* + 1); got duplicate={dup}.")
+    p = truth.numpy()
+    if p.is_batched:
+        raise ValueError("split_family needs unbatched true Params.")
+    j = dup[0]
+    if not 0 <= j < p.k:
+        raise ValueError(f"duplicate atom {j} is out of range for k*={p.k}.")
+    t = np.asarray(ts, dtype=float)
+    S = len(t)
+    order = [*range(p.k), j]
+
+    def tile(a: np.ndarray) -> np.ndarray:
+        return np.repeat(a[order][None], S, axis=0)
+
+    ew, eb = tile(p.expert_weight), tile(p.expert_bias)
+    ew[:, j] *= t[:, None]
+    eb[:, j] *= t
+    ew[:, -1] *= (1 - t)[:, None]
+    eb[:, -1] *= 1 - t
+    return Params(tile(p.gate_bias), tile(p.gate_weight), ew, eb)
+
+
+def _duplicates(ctx: MetricContext) -> list[int]:
+    dup = ctx.fit.settings.get("duplicate")
+    if isinstance(dup, str):
+        return [int(v) for v in dup.split(",") if v.strip()]
+    if dup is not None:
+        return [int(v) for v in np.atleast_1d(dup)]
+    return [int(v) for v in ctx.truth_info.get("duplicate", [])][: max(0, ctx.fit_spec.k - ctx.truth_spec.k)]
+
+
+def gate_matched_loss(ctx: MetricContext, n_split: int = 201) -> dict[str, np.ndarray]:
+    r"""The Voronoi loss each theory uses for the fitted gate, in one column ``loss`` (kind in ``loss_kind``).
+
+    * softmax fits: the softmax Voronoi loss against :math:`G^*` (``kind="softmax"``; translation removed);
+    * sigmoid fits whose duplicated atoms all have zero gate slope (regime 1): :math:`D_1(\hat G, G^*)`;
+    * sigmoid fits in regime 2 with linear/relu experts: :math:`\inf_t D_3(\hat G, \bar G_t)` over the exact
+      split family :func:`split_family` (``n_split`` values of t in [0, 1]);
+    * sigmoid fits in regime 2 with other experts: NaN (:math:`\bar G` must be estimated; see
+      ``moestat.metrics``), ``loss_kind = "D3 (G-bar unknown)"``.
+    """
+    from .metrics import voronoi_loss
+
+    R = ctx.fit.params.numpy().n_reps
+    if ctx.fit_spec.gate != "sigmoid":
+        value = voronoi_loss(ctx.fit.params, ctx.truth, kind="softmax")
+        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "softmax", dtype=object)}
+    dup = _duplicates(ctx)
+    slopes = np.linalg.norm(ctx.truth.numpy().gate_weight, axis=-1)
+    if ctx.fit_spec.k == ctx.truth_spec.k or all(slopes[j] == 0 for j in dup):
+        value = voronoi_loss(ctx.fit.params, ctx.truth, kind="D1")
+        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D1", dtype=object)}
+    if ctx.fit_spec.family.homogeneous and ctx.fit_spec.k == ctx.truth_spec.k + 1:
+        gbar = split_family(ctx.truth, dup, np.linspace(0.0, 1.0, n_split))
+        value = voronoi_loss(ctx.fit.params, None, kind="D3", gbar=gbar)
+        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D3 split family", dtype=object)}
+    return {"loss": np.full(R, np.nan), "loss_kind": np.full(R, "D3 (G-bar unknown)", dtype=object)}
+
+
 METRICS: dict[str, Callable[..., Any]] = {
     "D1": _voronoi("D1"),
     "D2": _voronoi("D2"),
     "D3": _voronoi("D3"),
     "l2": l2_metric,
     "parameter_errors": parameter_error_metric,
+    "loss": gate_matched_loss,
 }
 """Metric registry: name -> function (see the module docstring for the signature)."""
 

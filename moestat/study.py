@@ -10,7 +10,8 @@ configuration knob as a column.
 Reproducibility and fault tolerance
 -----------------------------------
 * Seeds.  With master seed ``s``, the data of (truth ``t``, sample size ``n``) come from
-  ``SeedSequence(s, spawn_key=(0, crc32(t), n))`` (replicate ``r`` uses its child ``r``), so every
+  ``SeedSequence(s, spawn_key=(0, crc32(t), n))`` (``t`` is the truth's ``stream`` if it has one, else
+  its label) (replicate ``r`` uses its child ``r``), so every
   fitted model of one truth sees the same data ("under the same data", nguyen2024 Fig. 1); the fit of
   cell (t, f, n) gets its own child ``SeedSequence(s, spawn_key=(1, crc32(t), crc32(f), n))`` and
   metrics a shared Monte-Carlo stream ``(2, crc32(t), n)``.  Keys use labels and ``n`` rather than
@@ -211,7 +212,10 @@ class Study:
         "truth_gate": "sigmoid", "seed": 0}`` (any keyword of the preset).  Or explicit:
         ``{"gate", "expert", "k", "d", "noise_sd", "params": {"gate_bias": ..., "gate_weight": ...,
         "expert_weight": ..., "expert_bias": ...}}``.  Simulation knobs ``inputs``, ``low``,
-        ``high``, ``model`` go to :func:`moestat.simulate`.  Optional ``label``.
+        ``high``, ``model`` go to :func:`moestat.simulate`.  Optional ``label``, and ``stream``: truths
+        with the same stream share their data seeds (same inputs and noise draws; e.g. a sigmoid- and a
+        softmax-gated truth with the same parameters, so that fits of the two gates are paired); it may
+        name keys of the entry, e.g. ``"{expert}"`` with a grid over ``expert`` and ``truth_gate``.
     fit : dict or list of dict
         Fitted model(s): ``estimator`` (registry name, import path or callable; default ``"lse"``),
         ``gate``, ``expert`` (default: the truth's), ``k`` (int, ``"truth"`` or ``"truth+1"``;
@@ -298,7 +302,7 @@ class Study:
     # ----------------------------------------------------------------- validation
     def _validate_truths(self) -> list[dict[str, Any]]:
         presets = sorted(PRESETS)
-        entries = _expand("truth", self.truth, ["label", "preset", "grid", *EXPLICIT_TRUTH_KEYS,
+        entries = _expand("truth", self.truth, ["label", "stream", "preset", "grid", *EXPLICIT_TRUTH_KEYS,
                                                  *TRUTH_SIM_KEYS, *{k for p in presets for k in preset_keys(p)}])
         for i, e in enumerate(entries):
             where = f"study.truth[{e['_source']}]"
@@ -306,7 +310,7 @@ class Study:
                 if e["preset"] not in PRESETS:
                     raise StudyConfigError(f"{where}.preset={e['preset']!r} is not valid; valid values are {presets}.")
                 _check_keys(where, {k: v for k, v in e.items() if k != "_source"},
-                            ["label", "preset", *preset_keys(e["preset"]), *TRUTH_SIM_KEYS])
+                            ["label", "stream", "preset", *preset_keys(e["preset"]), *TRUTH_SIM_KEYS])
                 if "expert" in e:
                     self._check_expert(f"{where}.expert", e["expert"])
                 if "truth_gate" in e and e["truth_gate"] not in ("sigmoid", "softmax"):
@@ -318,7 +322,7 @@ class Study:
                 e.setdefault("label", f"{e['preset']}" + (f"-{default}" if default else f"-{i}"))
             else:
                 _check_keys(where, {k: v for k, v in e.items() if k != "_source"},
-                            ["label", *EXPLICIT_TRUTH_KEYS, *TRUTH_SIM_KEYS])
+                            ["label", "stream", *EXPLICIT_TRUTH_KEYS, *TRUTH_SIM_KEYS])
                 missing = [k for k in ("gate", "expert", "k", "d", "params") if k not in e]
                 if missing:
                     raise StudyConfigError(f"{where} needs 'preset' (valid: {presets}) or an explicit model with "
@@ -330,6 +334,12 @@ class Study:
                     raise StudyConfigError(f"{where}.params must be a table with gate_bias, gate_weight, "
                                            "expert_weight, expert_bias (and optionally noise_sd).")
                 e.setdefault("label", f"truth{i}")
+            if e.get("stream") is not None:
+                try:
+                    e["stream"] = str(e["stream"]).format(**e)
+                except (KeyError, IndexError, ValueError) as exc:
+                    raise StudyConfigError(f"{where}.stream={e['stream']!r}: placeholders must name keys of the "
+                                           f"truth entry ({exc}).") from None
             if "inputs" in e and e["inputs"] not in ("uniform", "gaussian"):
                 raise StudyConfigError(f"{where}.inputs={e['inputs']!r} is not valid; valid values are "
                                        "['gaussian', 'uniform'].")
@@ -478,9 +488,9 @@ class Study:
             out.append({
                 "id": f"{_slug(t['label'])}__{_slug(f['label'])}__n{n}__{digest}",
                 "truth": t, "fit": f, "n": n,
-                "data_key": (0, _crc(t["label"]), n),
+                "data_key": (0, _crc(t.get("stream") or t["label"]), n),
                 "fit_key": (1, _crc(t["label"]), _crc(f["label"]), n),
-                "metric_key": (2, _crc(t["label"]), n),
+                "metric_key": (2, _crc(t.get("stream") or t["label"]), n),
             })
         return out
 
@@ -680,7 +690,7 @@ def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wa
         cols["truth_preset"] = "explicit"
         for k in ("gate", "expert", "k", "d", "noise_sd"):
             cols[f"truth_{k}"] = getattr(truth.spec, k)
-    for k in TRUTH_SIM_KEYS:
+    for k in (*TRUTH_SIM_KEYS, "stream"):
         if t.get(k) is not None:
             cols[f"truth_{k}"] = _scalar(t[k])
     f = ctx.fit_cfg

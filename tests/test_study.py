@@ -305,3 +305,19 @@ def test_cell_errors_name_the_cell():
 
 def test_study_is_exported():
     assert ms.Study is Study
+
+
+def test_truths_sharing_a_stream_share_their_data():
+    other = {**LINEAR_TRUTH, "label": "lin2", "params": {**LINEAR_TRUTH["params"], "expert_bias": [1.3]}}
+    s = Study(truth=[{**LINEAR_TRUTH, "stream": "common"}, {**other, "stream": "common"}, {**other, "label": "lin3"}],
+              fit={"estimator": "ols"}, n=[64], reps=3, seed=4, threads=1)
+    df = s.run(progress=False)
+    slopes = df.pivot(index="rep", columns="truth", values="objective")
+    # same inputs and noise, intercepts differing by a constant: OLS residuals (hence objectives) coincide
+    np.testing.assert_allclose(slopes["lin"], slopes["lin2"], rtol=1e-10)
+    assert not np.allclose(slopes["lin"], slopes["lin3"])
+    assert set(df["truth_stream"].dropna()) == {"common"}
+    templ = Study(truth={"preset": "sigmoid_vs_softmax", "stream": "{expert}",
+                         "grid": {"expert": ["relu", "linear"], "truth_gate": ["sigmoid", "softmax"]}},
+                  fit={}, n=[10], reps=1)
+    assert [t["stream"] for t in templ.truths] == ["relu", "relu", "linear", "linear"]
