@@ -1,1 +1,26 @@
 """Metrics that respect MoE symmetries: Voronoi losses, matching, distances, identifiability."""
+
+from .distance import l2_distance, sup_expert_error
+from .errors import parameter_errors
+from .identifiability import IdentifiabilityResult, check_identifiability, derivative_family, homogeneity_orbit
+from .matching import Matching, match_atoms, permutation_invariant_error
+from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
+
+__all__ = [
+    "KINDS",
+    "IdentifiabilityResult",
+    "Matching",
+    "VoronoiCells",
+    "center_softmax",
+    "check_identifiability",
+    "derivative_family",
+    "homogeneity_orbit",
+    "l2_distance",
+    "match_atoms",
+    "parameter_errors",
+    "permutation_invariant_error",
+    "sup_expert_error",
+    "voronoi_cells",
+    "voronoi_loss",
+    "voronoi_losses",
+]
