@@ -38,3 +38,42 @@ def test_split_family_errors():
         split_family(truth, [0, 1], [0.5])
     with pytest.raises(ValueError, match="out of range"):
         split_family(truth, [8], [0.5])
+
+
+def _ctx(spec, fit_params, truth, info, settings=None):
+    from moestat._cells import Estimate, MetricContext
+
+    R = fit_params.n_reps
+    est = Estimate(fit_params, np.zeros(R), np.ones(R, bool), {}, settings or {})
+    return MetricContext(est, spec.with_k(fit_params.k), spec, truth, info, None, np.random.SeedSequence(0))
+
+
+def test_gate_matched_loss_picks_the_theory_loss():
+    from moestat._cells import gate_matched_loss
+
+    truth_obj = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=5, seed=3)
+    spec, truth = truth_obj
+    member = split_family(truth, [0], [0.3, 0.7])
+    out = gate_matched_loss(_ctx(spec, member, truth, truth_obj.info, {"duplicate": "0"}))
+    assert list(out["loss_kind"]) == ["D3 split family"] * 2
+    np.testing.assert_allclose(out["loss"], 0.0, atol=1e-9)  # t = 0.3, 0.7 lie on the t-grid
+    moved = member.perturb(0.05, seed=1)
+    assert (gate_matched_loss(_ctx(spec, moved, truth, truth_obj.info, {"duplicate": "0"}))["loss"] > 1e-3).all()
+    # regime 1: the duplicated atom has zero gate slope -> D1 against the truth
+    r1 = ms.presets.sigmoid_vs_softmax(regime=1, expert="relu", d=5, seed=3)
+    same = split_family(r1.params, [7], [0.5])
+    out1 = gate_matched_loss(_ctx(r1.spec, same, r1.params, r1.info, {"duplicate": "7"}))
+    assert out1["loss_kind"][0] == "D1"
+    np.testing.assert_allclose(out1["loss"], ms.voronoi_loss(same, r1.params, kind="D1"))
+    # softmax: the loss of the softmax literature against G*
+    sm = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", truth_gate="softmax", d=5, seed=3)
+    p = sm.params.numpy()
+    order = [*range(8), 0]
+    gb = p.gate_bias[order].copy()
+    gb[[0, 8]] -= np.log(2.0)  # weight-preserving softmax split: an exact representation
+    split = ms.Params(gb, p.gate_weight[order], p.expert_weight[order], p.expert_bias[order]).batched()
+    np.testing.assert_allclose(sm.spec.with_k(9).mean(split, np.ones((3, 5)) * 0.2)[0],
+                               sm.spec.mean(sm.params, np.ones((3, 5)) * 0.2), atol=1e-12)
+    out2 = gate_matched_loss(_ctx(sm.spec, split, sm.params, sm.info))
+    assert out2["loss_kind"][0] == "softmax"
+    np.testing.assert_allclose(out2["loss"], 0.0, atol=1e-10)
