@@ -27,7 +27,6 @@ import warnings
 import numpy as np
 import torch
 
-import moestat as ms
 from moestat.fit.lse import fit_lse
 from moestat.study import Study
 
