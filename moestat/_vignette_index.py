@@ -40,9 +40,30 @@ def _literal(tree: ast.Module, target: str) -> str | None:
     return None
 
 
+def _roots() -> list:
+    """Where vignettes live: the checkout's ``vignettes/`` beside the imported package (when moestat runs
+    from a source tree), then the installed package ``moestat.vignettes`` (wheel or editable install)."""
+    roots = []
+    checkout = Path(__file__).resolve().parent.parent / "vignettes"
+    if (checkout / "__init__.py").is_file():
+        roots.append(checkout)
+    try:
+        roots.append(importlib.resources.files("moestat.vignettes"))
+    except ModuleNotFoundError:
+        pass
+    return roots
+
+
 def discover() -> list[VignetteInfo]:
-    """All installed vignettes, sorted by name."""
-    root = importlib.resources.files("moestat.vignettes")
+    """All installed vignettes, sorted by name (the first root that has a name wins)."""
+    found: list[VignetteInfo] = []
+    for root in _roots():
+        names = {v.name for v in found}
+        found += [v for v in _scan(root) if v.name not in names]
+    return sorted(found, key=lambda v: v.name)
+
+
+def _scan(root) -> list[VignetteInfo]:
     found = []
     for entry in root.iterdir():
         if not entry.name.endswith(".py") or entry.name.startswith("_"):
@@ -55,7 +76,7 @@ def discover() -> list[VignetteInfo]:
         name, title = _literal(tree, "NAME"), _literal(tree, "TITLE")
         if name:
             found.append(VignetteInfo(name, title or "", path))
-    return sorted(found, key=lambda v: v.name)
+    return found
 
 
 def find(name: str) -> VignetteInfo:

@@ -117,7 +117,7 @@ def fake_vignettes(tmp_path, monkeypatch) -> Path:
     (pkg / "tiny-demo.py").write_text(_FAKE)
     (pkg / "_private.py").write_text("NAME = 'hidden'\n")
     (pkg / "notes.py").write_text("x = 1\n")  # no NAME: not a vignette
-    monkeypatch.setattr(vindex.importlib.resources, "files", lambda package: pkg)
+    monkeypatch.setattr(vindex, "_roots", lambda: [pkg])
     return pkg
 
 
@@ -130,6 +130,14 @@ def test_vignette_list_and_run_from_a_package_folder(fake_vignettes, tmp_path, c
     assert (out / "results.csv").read_text().splitlines()[1] == "True,True"
     assert main(["vignette", "run", "tiny-demo", "--out", str(out), "--no-resume"]) == 0
     assert (out / "results.csv").read_text().splitlines()[1] == "False,False"
+
+
+def test_package_resource_root_is_scanned(fake_vignettes, monkeypatch):
+    """Installed from a wheel (no checkout beside the package), importlib.resources finds the vignettes."""
+    monkeypatch.undo()
+    monkeypatch.setattr(vindex.importlib.resources, "files", lambda package: fake_vignettes)
+    monkeypatch.setattr(vindex, "__file__", "/nonexistent/site-packages/moestat/_vignette_index.py")
+    assert [v.name for v in vindex.discover()] == ["tiny-demo"]
 
 
 def test_installed_vignettes_are_discovered():

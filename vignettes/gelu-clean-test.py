@@ -81,7 +81,7 @@ def identifiability_table(d: int = 4, m: int = 4000, seed: int = 0) -> pd.DataFr
 
 def make_study(size: str = "full", **override: Any) -> ms.Study:
     """gelu experts, regime 1, LSE with k = 9, over the gate variances of ``GATE_VARS``."""
-    cfg = {**SIZES[size], **override}
+    cfg = {**SIZES[size], **override}  # override: n, reps, max_iter
     return ms.Study(
         name=f"{NAME}-{size}",
         truth=[{"label": f"gelu-r1-gate_var={label}", "preset": "sigmoid_vs_softmax", "regime": 1,

@@ -61,7 +61,7 @@ PARAMETER_COLUMNS = ["err_over_gate_weight", "err_over_expert", "err_over_weight
 
 def make_study(size: str = "full", **override: Any) -> ms.Study:
     """The Figure-2 study: sigmoid truths of regimes 1 and 2, relu and linear experts, LSE with k = 9."""
-    cfg = {**SIZES[size], **override}
+    cfg = {**SIZES[size], **override}  # override: n, reps, max_iter
     return ms.Study(
         name=f"{NAME}-{size}",
         truth={"preset": "sigmoid_vs_softmax", "truth_gate": "sigmoid", "seed": TRUTH_SEED, "stream": "{expert}",

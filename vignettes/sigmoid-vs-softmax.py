@@ -70,18 +70,18 @@ BOX = 10.0
 
 
 def make_study(size: str = "full", **override: Any) -> ms.Study:
-    """The Figure-1 study at size ``"full"`` or ``"quick"`` (``override`` replaces n, reps, max_iter)."""
-    cfg = {**SIZES[size], **override}
+    """The Figure-1 study at a size of ``SIZES``; ``override`` replaces n, reps, max_iter, experts or epochs."""
+    cfg = {"experts": ["relu", "linear"], "epochs": 10, **SIZES[size], **override}
     common = {"init": "near_truth", "box": BOX}
     return ms.Study(
         name=f"{NAME}-{size}",
         truth={"preset": "sigmoid_vs_softmax", "regime": 2, "seed": TRUTH_SEED, "stream": "{expert}",
-               "grid": {"expert": ["relu", "linear"], "truth_gate": ["sigmoid", "softmax"]}},
+               "grid": {"expert": cfg["experts"], "truth_gate": ["sigmoid", "softmax"]}},
         fit=[
             {"label": "lse", "estimator": "lse", "k": "truth+1",
              "options": {**common, "optimizer": "lbfgs", "max_iter": cfg["max_iter"]}},
             {"label": "paper-sgd", "estimator": "lse", "k": "truth+1",
-             "options": {**common, "optimizer": "sgd", "epochs": 10, "lr": 0.1, "batch_size": 32}},
+             "options": {**common, "optimizer": "sgd", "epochs": cfg["epochs"], "lr": 0.1, "batch_size": 32}},
         ],
         n=cfg["n"], reps=cfg["reps"], metrics=["loss", "D1", "l2"], seed=SEED, threads=None,
         description="nguyen2024 Figure 1: regime-2 truths, sigmoid vs softmax fits with k = 9",
