@@ -52,6 +52,8 @@ GATE_VARS = {"0.01/d": 0.01 / D, "0.1/d": 0.1 / D, "1/d": 1.0 / D}
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"n": [1000, 3162, 10000, 31623, 100000], "reps": 20, "max_iter": 1000},
     "medium": {"n": [1000, 2000, 4000, 8000], "reps": 4, "max_iter": 150},
+    # the size rendered in docs/vignettes on the shared 2-core machine
+    "small": {"n": [1000, 2000, 4000], "reps": 3, "max_iter": 100},
     "quick": {"n": [1000, 1400, 2000], "reps": 2, "max_iter": 60},
 }
 SEED = 11

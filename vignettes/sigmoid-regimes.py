@@ -50,6 +50,8 @@ TITLE = "Sigmoid gating, regimes 1 and 2: losses and per-parameter rates (nguyen
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"n": [1000, 3162, 10000, 31623, 100000], "reps": 20, "max_iter": 1000},
     "medium": {"n": [1000, 2000, 4000, 8000], "reps": 4, "max_iter": 150},
+    # the size rendered in docs/vignettes on the shared 2-core machine
+    "small": {"n": [1000, 2000, 4000], "reps": 3, "max_iter": 100},
     "quick": {"n": [1000, 1400, 2000], "reps": 2, "max_iter": 60},
 }
 SEED = 7
