@@ -24,6 +24,7 @@ def test_vignette_imports_without_computing(name):
     assert all(n > 594 for n in study.n)  # more observations than the k = 9 model's parameters
 
 
+@pytest.mark.slow  # about a minute on an idle 2-core machine (12 cells, rate bootstraps, three figures)
 def test_sigmoid_vs_softmax_tiny_run_and_resume(tmp_path):
     mod = vindex.load(vindex.find("sigmoid-vs-softmax"))
     kw = dict(size="quick", n=[700, 800, 900], reps=2, max_iter=3, experts=["relu"], epochs=1, progress=False)
