@@ -7,12 +7,15 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import experts, gates, metrics
+from . import deep, experts, gates, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .fit import LSEFit, fit_lse
 from .gates import GATES
 from .metrics import (
+    GBarResult,
     center_softmax,
     check_identifiability,
+    estimate_gbar,
     l2_distance,
     match_atoms,
     parameter_errors,
@@ -23,7 +26,22 @@ from .metrics import (
 )
 from .model import MoE
 from .params import Params
-from .simulators import Dataset, presets, simulate
+from .rates import (
+    RateResult,
+    RateWarning,
+    SampleComplexityResult,
+    WindowSensitivity,
+    calibrate_design,
+    compare_models,
+    compare_rates,
+    fit_rate,
+    sample_complexity,
+    scaling_exponent,
+    test_exponent,
+    theory_rates,
+    window_sensitivity,
+)
+from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
 from .study import Study
 
 try:
@@ -36,13 +54,27 @@ __all__ = [
     "GATES",
     "Dataset",
     "ExpertFamily",
+    "GBarResult",
+    "LSEFit",
     "MoE",
     "Params",
+    "PatchData",
+    "RateResult",
+    "RateWarning",
+    "SampleComplexityResult",
     "Study",
+    "WindowSensitivity",
     "__version__",
+    "calibrate_design",
     "center_softmax",
     "check_identifiability",
+    "compare_models",
+    "compare_rates",
+    "deep",
+    "estimate_gbar",
     "experts",
+    "fit_lse",
+    "fit_rate",
     "gates",
     "get_expert",
     "l2_distance",
@@ -50,9 +82,17 @@ __all__ = [
     "metrics",
     "parameter_errors",
     "permutation_invariant_error",
+    "plots",
     "presets",
+    "rates",
+    "sample_complexity",
+    "scaling_exponent",
     "simulate",
+    "simulate_patches",
     "sup_expert_error",
+    "test_exponent",
+    "theory_rates",
     "voronoi_cells",
     "voronoi_loss",
+    "window_sensitivity",
 ]

@@ -1,0 +1,168 @@
+"""Benchmark of the batched least-squares engine (issue 3).  Prints ratios measured in the same run.
+
+Workload: the nguyen2024 regime-2 preset (d = 32, k* = 8, relu experts, sigmoid truth), fitted with
+k = 9 experts (duplicate=[0]) from near-truth starts, R = 20 replicates.
+
+1. Kernel cost: one objective + gradient evaluation vs the forward matrix product it contains
+   (``theta @ X^T`` for all R problems), for the hand-fused eager kernel, the torch.compile'd kernel
+   (``--compile``) and plain autograd through ``MoE.mean_torch``; achieved GFLOP/s of the two products
+   against a measured square-matmul rate.
+2. Batched fit vs a Python loop fitting the replicates one at a time, same settings (L-BFGS).
+3. L-BFGS vs Adam vs the papers' SGD protocol at n = 10,000: objective reached and wall time.
+
+Timings use the lower decile of repeated calls (the machine may be shared).  Run
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_batched.py [--compile] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+import torch
+
+import moestat as ms
+from moestat.fit import ConvergenceWarning
+from moestat.fit._objective import MeanKernel
+
+
+def lower_decile(fn, reps: int) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.quantile(ts, 0.1))
+
+
+def matmul_rate(size: int = 512, reps: int = 20) -> float:
+    a = torch.randn(size, size, dtype=torch.float64)
+    b = torch.randn(size, size, dtype=torch.float64)
+    return 2 * size**3 / lower_decile(lambda: a @ b, reps) / 1e9
+
+
+def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list[dict]:
+    fit_spec = spec.with_k(9)
+    data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
+    X = torch.as_tensor(data.X)
+    y = torch.as_tensor(data.y)
+    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
+    k, p = fit_spec.k, fit_spec.d + 1
+    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
+    Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
+    t_fwd = lower_decile(lambda: torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z), reps)
+    flops = 2 * 2 * R * n * p * 2 * k  # forward + backward products
+    rows = [{"n": n, "kernel": "forward product only", "ms": t_fwd * 1e3, "ratio": 1.0,
+             "GFLOP/s": flops / 2 / t_fwd / 1e9}]
+    eager = MeanKernel.from_spec(fit_spec)
+    t = lower_decile(lambda: eager.value_grad(theta, Xa, y), reps)
+    rows.append({"n": n, "kernel": "fused eager (moestat default)", "ms": t * 1e3, "ratio": t / t_fwd,
+                 "GFLOP/s": flops / t / 1e9})
+    if compile_:
+        comp = MeanKernel.from_spec(fit_spec, compile=True)
+        t0 = time.perf_counter()
+        comp.value_grad(theta, Xa, y)
+        t_c = time.perf_counter() - t0
+        t = lower_decile(lambda: comp.value_grad(theta, Xa, y), reps)
+        rows.append({"n": n, "kernel": f"torch.compile (first call {t_c:.0f} s)", "ms": t * 1e3,
+                     "ratio": t / t_fwd, "GFLOP/s": flops / t / 1e9})
+
+    def autograd():
+        th = theta.reshape(R, 2 * k, p).clone().requires_grad_(True)
+        prm = ms.Params(th[:, :k, 0], th[:, :k, 1:], th[:, k:, 1:], th[:, k:, 0])
+        loss = ((fit_spec.mean_torch(prm, X) - y) ** 2).mean(-1).sum()
+        loss.backward()
+
+    t = lower_decile(autograd, reps)
+    rows.append({"n": n, "kernel": "plain autograd", "ms": t * 1e3, "ratio": t / t_fwd, "GFLOP/s": flops / t / 1e9})
+    return rows
+
+
+def batched_vs_loop(spec, truth, n: int, R: int, max_iter: int, compile_: bool) -> dict:
+    fit_spec = spec.with_k(9)
+    data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "max_iter": max_iter, "condition": False,
+          "compile": compile_}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ms.fit_lse(fit_spec, data.X[:2], data.y[:2], **{**kw, "max_iter": 2})  # warm-up
+        t0 = time.perf_counter()
+        batched = ms.fit_lse(fit_spec, data.X, data.y, **kw)
+        t_batch = time.perf_counter() - t0
+        starts = ms.fit.init.near_truth(fit_spec, truth, R, duplicate=[0], scale=0.05, seed=2)
+        t0 = time.perf_counter()
+        loop = [ms.fit_lse(fit_spec, data.X[r], data.y[r], **{**kw, "init": starts.select(r), "truth": None,
+                                                               "duplicate": None}) for r in range(R)]
+        t_loop = time.perf_counter() - t0
+    obj_loop = np.array([f.objective[0] for f in loop])
+    return {"n": n, "R": R, "max_iter": max_iter, "batched_s": t_batch, "loop_s": t_loop,
+            "speedup": t_loop / t_batch,
+            "max_rel_objective_diff": float(np.max(np.abs(obj_loop - batched.objective) / batched.objective)),
+            "iters_batched": int(batched.n_iter.sum()), "iters_loop": int(sum(f.n_iter[0] for f in loop))}
+
+
+def optimiser_table(spec, truth, n: int, R: int, lbfgs_iter: int, adam_iter: int, compile_: bool) -> list[dict]:
+    fit_spec = spec.with_k(9)
+    data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "condition": False, "compile": compile_}
+    runs = [("lbfgs", {"max_iter": lbfgs_iter}), ("adam", {"max_iter": adam_iter, "lr": 1e-3}),
+            ("sgd", {"epochs": 10, "lr": 0.1, "batch_size": 32})]
+    rows = []
+    for name, extra in runs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            t0 = time.perf_counter()
+            fit = ms.fit_lse(fit_spec, data.X, data.y, optimizer=name, **kw, **extra)
+            wall = time.perf_counter() - t0
+        rows.append({"optimizer": name, "settings": extra, "median_objective": float(np.median(fit.objective)),
+                     "max_objective": float(fit.objective.max()), "median_grad_norm": float(np.median(fit.grad_norm)),
+                     "converged": int(fit.converged.sum()), "wall_s": wall})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--compile", action="store_true", help="also measure the torch.compile'd kernel")
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--parts", default="kernel,loop,optim")
+    args = ap.parse_args()
+    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
+    ns = [200, 1000] if args.quick else [1000, 10_000]
+    R = 4 if args.quick else args.reps
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, R={R}")
+    rate = matmul_rate()
+    print(f"measured float64 matmul rate (512x512): {rate:.1f} GFLOP/s\n")
+    parts = args.parts.split(",")
+    if "kernel" in parts:
+        rows = []
+        for n in ns:
+            rows += kernel_table(spec, truth, n, R, args.compile, reps=10 if args.quick else 30)
+        for r in rows:
+            r["% of matmul rate"] = 100 * r["GFLOP/s"] / rate
+        print("## objective + gradient vs the forward product\n" + table(rows) + "\n", flush=True)
+    if "loop" in parts:
+        rows = [batched_vs_loop(spec, truth, n, R, max_iter=20 if args.quick else (100 if n <= 1000 else 30),
+                                compile_=False) for n in ns]
+        print("## batched fit vs per-replicate loop (L-BFGS, same settings)\n" + table(rows) + "\n", flush=True)
+    if "optim" in parts:
+        n = ns[-1]
+        rows = optimiser_table(spec, truth, n, R, lbfgs_iter=30 if args.quick else 300,
+                               adam_iter=30 if args.quick else 1000, compile_=False)
+        print(f"## optimisers at n={n}\n" + table(rows) + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+r"""Batched optimisers for a batch of independent least-squares problems.
+
+Every optimiser works on a flat parameter tensor of shape (A, P): one row per problem (replicate x
+restart).  Per-problem state (step sizes, curvature pairs, damping) lives in tensors with the same
+leading axis, and each problem has its own convergence test.  A problem that has converged is
+*frozen*: its result is written out and it is removed from the active set, so later iterations cost
+only what the remaining problems need (:meth:`LSProblem.set_active` gathers their data once).
+
+* :func:`lbfgs` — full-batch limited-memory BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5, two-loop
+  recursion) with a backtracking Armijo line search (safeguarded quadratic interpolation), box
+  constraints by projection along the search path and a projected gradient (coordinates at a bound
+  whose gradient points outward are held); curvature pairs with :math:`s^\top y \le 10^{-10}\|s\|\|y\|`
+  are skipped.
+* :func:`adam` — full-batch Adam (Kingma & Ba 2015) with projection.
+* :func:`sgd_protocol` — the papers' protocol (nguyen2024 §4): plain minibatch SGD, fixed epochs,
+  learning rate and batch size, a fresh random permutation per epoch and problem; no convergence test.
+* :func:`levenberg_marquardt` — Gauss-Newton with Levenberg-Marquardt damping (Moré 1978 scaling
+  :math:`D = \max_{\text{iter}} \mathrm{diag}(J^\top J)`, Nielsen's damping update), one batched
+  Cholesky solve per iteration, projection onto the box.
+
+Convergence (per problem): ``gtol`` — sup-norm of the projected gradient :math:`\le` ``gtol``;
+``ftol`` — relative decrease :math:`(L_{k} - L_{k+1}) \le \mathrm{tol}\cdot\max(|L_k|, |L_{k+1}|)`;
+``xtol`` (LM only) — :math:`\|\delta\| \le 10^{-15}(\|\theta\| + 10^{-15})`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ._objective import LSProblem
+
+STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
+          6: "damping", 7: "budget"}
+"""Status codes of a problem; 1-3 count as converged."""
+CONVERGED = (1, 2, 3)
+
+
+@dataclass
+class OptimResult:
+    """Per-problem results of a batched optimisation (all tensors have leading size B)."""
+
+    theta: torch.Tensor
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    n_iter: torch.Tensor
+    status: torch.Tensor
+    history: list = field(default_factory=list)
+    n_evals: int = 0
+
+    @property
+    def converged(self) -> torch.Tensor:
+        return torch.isin(self.status, torch.tensor(CONVERGED, device=self.status.device))
+
+
+def concat_results(parts: list[tuple[int, OptimResult]]) -> OptimResult:
+    """Join the results of consecutive blocks of problems; ``parts`` holds (offset, result) pairs."""
+    res = [r for _, r in parts]
+    history = [(it, act + off, f, g) for off, r in parts for it, act, f, g in r.history]
+    return OptimResult(torch.cat([r.theta for r in res]), torch.cat([r.loss for r in res]),
+                       torch.cat([r.grad_norm for r in res]), torch.cat([r.n_iter for r in res]),
+                       torch.cat([r.status for r in res]), history, sum(r.n_evals for r in res))
+
+
+class _Tracker:
+    """Bookkeeping shared by the optimisers: global results, the active set, history, progress."""
+
+    def __init__(self, problem: LSProblem, theta: torch.Tensor, max_iter: int, history: bool,
+                 progress: bool, desc: str) -> None:
+        B = theta.shape[0]
+        dev = theta.device
+        self.problem = problem
+        self.res = OptimResult(theta.clone(), torch.full((B,), float("nan"), dtype=theta.dtype, device=dev),
+                               torch.full((B,), float("nan"), dtype=theta.dtype, device=dev),
+                               torch.zeros(B, dtype=torch.long, device=dev),
+                               torch.zeros(B, dtype=torch.long, device=dev))
+        self.keep_history = history
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=max_iter, desc=desc, leave=False)
+
+    @property
+    def active(self) -> torch.Tensor:
+        return self.problem.active
+
+    def record(self, it: int, loss: torch.Tensor, gnorm: torch.Tensor) -> None:
+        if self.keep_history:
+            self.res.history.append((it, self.active.clone(), loss.detach().clone(), gnorm.detach().clone()))
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(active=int(self.active.numel()))
+
+    def finish(self, done: torch.Tensor, status: torch.Tensor, theta: torch.Tensor, loss: torch.Tensor,
+               gnorm: torch.Tensor, n_iter: torch.Tensor) -> torch.Tensor:
+        """Write out the problems flagged in ``done`` (local mask); return the mask of those kept."""
+        idx = self.active[done]
+        r = self.res
+        r.theta[idx], r.loss[idx], r.grad_norm[idx] = theta[done], loss[done], gnorm[done]
+        r.n_iter[idx], r.status[idx] = n_iter[done], status[done]
+        keep = ~done
+        if bool(done.any()) and bool(keep.any()):
+            self.problem.set_active(self.active[keep])
+        return keep
+
+    def close(self) -> OptimResult:
+        if self.bar is not None:
+            self.bar.close()
+        self.problem.set_active(torch.arange(self.res.theta.shape[0], device=self.res.theta.device))
+        self.res.n_evals = self.problem.n_evals
+        return self.res
+
+
+def _gnorm(g: torch.Tensor) -> torch.Tensor:
+    return g.abs().amax(1)
+
+
+def _rel_decrease_small(f_old: torch.Tensor, f_new: torch.Tensor, tol: float) -> torch.Tensor:
+    scale = torch.maximum(f_old.abs(), f_new.abs()).clamp_min(torch.finfo(f_old.dtype).tiny)
+    return (f_old - f_new) <= tol * scale
+
+
+def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
+          gtol: float = 1e-10, memory: int = 10, max_ls: int = 30, c1: float = 1e-4,
+          history: bool = False, progress: bool = False) -> OptimResult:
+    """Batched L-BFGS with a backtracking line search and box projection (see module docstring)."""
+    tr = _Tracker(problem, theta, max_iter, history, progress, "L-BFGS")
+    theta = problem.project(theta.clone())
+    A, P = theta.shape
+    dt, dev = theta.dtype, theta.device
+    f, g = problem.value_grad(theta)
+    Sh = torch.zeros(A, memory, P, dtype=dt, device=dev)
+    Yh = torch.zeros_like(Sh)
+    rho = torch.zeros(A, memory, dtype=dt, device=dev)
+    gamma = torch.ones(A, dtype=dt, device=dev)
+    has_hist = torch.zeros(A, dtype=torch.bool, device=dev)
+    n_iter = torch.zeros(A, dtype=torch.long, device=dev)
+    ptr = 0
+    for it in range(max_iter + 1):
+        gp = problem.projected_gradient(theta, g)
+        gn = _gnorm(gp)
+        tr.record(it, f, gn)
+        status = torch.zeros(A, dtype=torch.long, device=dev)
+        status[gn <= gtol] = 1
+        if it == max_iter:
+            status[status == 0] = 4
+        done = status > 0
+        if bool(done.any()):
+            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            if not bool(keep.any()):
+                break
+            theta, f, g, gp = theta[keep], f[keep], g[keep], gp[keep]
+            Sh, Yh, rho, gamma, has_hist, n_iter = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep], \
+                n_iter[keep]
+            A = theta.shape[0]
+        # two-loop recursion (rho = 0 marks an empty or skipped pair: a no-op)
+        q = gp.clone()
+        order = [(ptr - 1 - j) % memory for j in range(memory)]
+        alphas = []
+        for j in order:
+            a = rho[:, j] * (Sh[:, j] * q).sum(1)
+            q.sub_(a.unsqueeze(1) * Yh[:, j])
+            alphas.append(a)
+        q.mul_(gamma.unsqueeze(1))
+        for j, a in zip(reversed(order), reversed(alphas), strict=True):
+            b = rho[:, j] * (Yh[:, j] * q).sum(1)
+            q.add_(Sh[:, j] * (a - b).unsqueeze(1))
+        d = -q
+        d.masked_fill_(gp == 0, 0.0)
+        gd = (d * gp).sum(1)
+        bad = ~(gd < 0)
+        if bool(bad.any()):
+            d[bad] = -gp[bad]
+            rho[bad] = 0.0
+            gamma[bad] = 1.0
+            has_hist[bad] = False
+            gd = (d * gp).sum(1)
+        t = torch.where(has_hist, torch.ones_like(f), (1.0 / d.norm(dim=1)).clamp(max=1.0))
+        # backtracking line search, batched; accepted problems keep their accepted point
+        new_theta, new_f, new_g = theta.clone(), f.clone(), g.clone()
+        pending = torch.ones(A, dtype=torch.bool, device=dev)
+        for _ in range(max_ls):
+            trial = problem.project(theta + t.unsqueeze(1) * d)
+            ft, gt = problem.value_grad(trial)
+            decrease = (gp * (trial - theta)).sum(1)
+            ok = pending & torch.isfinite(ft) & (ft <= f + c1 * decrease)
+            new_theta[ok], new_f[ok], new_g[ok] = trial[ok], ft[ok], gt[ok]
+            pending &= ~ok
+            if not bool(pending.any()):
+                break
+            # safeguarded quadratic interpolation of phi(t) = L(theta + t d)
+            denom = 2.0 * (ft - f - t * gd)
+            t_q = torch.where(torch.isfinite(ft) & (denom > 0), -gd * t * t / denom, 0.1 * t)
+            t = torch.where(pending, torch.minimum(torch.maximum(t_q, 0.1 * t), 0.5 * t), t)
+        n_iter += 1
+        failed = pending
+        s = new_theta - theta
+        yv = new_g - g
+        sy = (s * yv).sum(1)
+        curv = (~failed) & (sy > 1e-10 * s.norm(dim=1) * yv.norm(dim=1))
+        Sh[:, ptr] = s * curv.unsqueeze(1)
+        Yh[:, ptr] = yv * curv.unsqueeze(1)
+        rho[:, ptr] = torch.where(curv, 1.0 / torch.where(curv, sy, torch.ones_like(sy)), torch.zeros_like(sy))
+        gamma = torch.where(curv, sy / (yv * yv).sum(1).clamp_min(torch.finfo(dt).tiny), gamma)
+        has_hist |= curv
+        ptr = (ptr + 1) % memory
+        small = (~failed) & _rel_decrease_small(f, new_f, tol)
+        theta, f, g = new_theta, new_f, new_g
+        status = torch.zeros(A, dtype=torch.long, device=dev)
+        status[small] = 2
+        status[failed] = 5
+        done = status > 0
+        if bool(done.any()):
+            gn = _gnorm(problem.projected_gradient(theta, g))
+            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            if not bool(keep.any()):
+                break
+            theta, f, g = theta[keep], f[keep], g[keep]
+            Sh, Yh, rho, gamma, has_hist, n_iter = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep], \
+                n_iter[keep]
+            A = theta.shape[0]
+    return tr.close()
+
+
+def adam(problem: LSProblem, theta: torch.Tensor, *, lr: float = 1e-2, max_iter: int = 1000,
+         gtol: float = 1e-10, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-12,
+         history: bool = False, progress: bool = False) -> OptimResult:
+    """Batched full-batch Adam with projection; stops per problem on ``gtol`` or after ``max_iter`` steps."""
+    tr = _Tracker(problem, theta, max_iter, history, progress, "Adam")
+    theta = problem.project(theta.clone())
+    b1, b2 = betas
+    m = torch.zeros_like(theta)
+    v = torch.zeros_like(theta)
+    A = theta.shape[0]
+    n_iter = torch.zeros(A, dtype=torch.long, device=theta.device)
+    for it in range(max_iter + 1):
+        f, g = problem.value_grad(theta)
+        gp = problem.projected_gradient(theta, g)
+        gn = _gnorm(gp)
+        tr.record(it, f, gn)
+        status = torch.zeros(A, dtype=torch.long, device=theta.device)
+        status[gn <= gtol] = 1
+        if it == max_iter:
+            status[status == 0] = 4
+        done = status > 0
+        if bool(done.any()):
+            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            if not bool(keep.any()):
+                break
+            theta, g, m, v, n_iter = theta[keep], g[keep], m[keep], v[keep], n_iter[keep]
+            A = theta.shape[0]
+        n_iter += 1
+        step = it + 1
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        mhat = m / (1 - b1**step)
+        vhat = v / (1 - b2**step)
+        theta = problem.project(theta - lr * mhat / (vhat.sqrt() + eps))
+    return tr.close()
+
+
+def sgd_protocol(problem: LSProblem, theta: torch.Tensor, *, epochs: int = 10, lr: float = 0.1,
+                 batch_size: int = 32, gtol: float = 1e-10, generator: torch.Generator | None = None,
+                 history: bool = False, progress: bool = False) -> OptimResult:
+    r"""The papers' procedure: plain minibatch SGD for a fixed number of epochs (nguyen2024 §4, App. C).
+
+    Each epoch draws a fresh permutation of the n observations per problem and takes
+    :math:`\lceil n / \text{batch\_size}\rceil` steps :math:`\theta \leftarrow \Pi(\theta - \text{lr}\,
+    \nabla L_{\text{batch}}(\theta))`.  There is no convergence test; the status is ``"budget"``
+    unless the full-batch gradient at the end is below ``gtol``.
+    """
+    tr = _Tracker(problem, theta, epochs, history, progress, "SGD")
+    theta = problem.project(theta.clone())
+    A, n = theta.shape[0], problem.n
+    X, y = problem.X, problem.y
+    reps = problem.rep_of[problem.active]
+    n_steps = 0
+    for ep in range(epochs):
+        if history:
+            f, g = problem.value_grad(theta)
+            tr.record(ep, f, _gnorm(problem.projected_gradient(theta, g)))
+        elif tr.bar is not None:
+            tr.bar.update(1)
+        perm = torch.rand(A, n, generator=generator, device=theta.device, dtype=theta.dtype).argsort(1)
+        for lo in range(0, n, batch_size):
+            idx = perm[:, lo : lo + batch_size]
+            Xb = X[reps.unsqueeze(1), idx]
+            yb = y[reps.unsqueeze(1), idx]
+            _, g = problem.value_grad_on(theta, Xb, yb)
+            theta = problem.project(theta - lr * g)
+            n_steps += 1
+    f, g = problem.value_grad(theta)
+    gn = _gnorm(problem.projected_gradient(theta, g))
+    tr.record(epochs, f, gn)
+    status = torch.where(gn <= gtol, 1, 7)
+    tr.finish(torch.ones(A, dtype=torch.bool, device=theta.device), status, theta, f, gn,
+              torch.full((A,), n_steps, dtype=torch.long, device=theta.device))
+    return tr.close()
+
+
+def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, tol: float = 1e-12,
+                        gtol: float = 1e-10, xtol: float = 1e-15, damping: float = 1e-3,
+                        history: bool = False, progress: bool = False) -> OptimResult:
+    r"""Batched Gauss-Newton / Levenberg-Marquardt on the free coordinates.
+
+    Each iteration builds :math:`H = J^\top J/n` and :math:`b = J^\top r/n` for every active problem,
+    solves :math:`(H + \lambda D)\delta = -b` with a batched Cholesky factorisation (raising
+    :math:`\lambda` where the factorisation fails), projects the trial point onto the box and accepts
+    it when the gain ratio :math:`\rho = (L - L_{\text{trial}}) / (\lambda\delta^\top D\delta - \delta^\top b)`
+    is positive.  Damping: :math:`\lambda \leftarrow \lambda\max(1/3, 1 - (2\rho - 1)^3)` on success,
+    :math:`\lambda \leftarrow \lambda\nu,\ \nu \leftarrow 2\nu` on failure (Nielsen 1999).
+    """
+    tr = _Tracker(problem, theta, max_iter, history, progress, "LM")
+    theta = problem.project(theta.clone())
+    A = theta.shape[0]
+    dt, dev = theta.dtype, theta.device
+    fidx = problem.free_idx
+    lam = torch.full((A,), damping, dtype=dt, device=dev)
+    nu = torch.full((A,), 2.0, dtype=dt, device=dev)
+    n_iter = torch.zeros(A, dtype=torch.long, device=dev)
+    f, H, b = problem.gauss_newton(theta)
+    D = torch.diagonal(H, dim1=1, dim2=2).clone()
+    for it in range(max_iter + 1):
+        g = torch.zeros_like(theta)
+        g[:, fidx] = 2.0 * b
+        gn = _gnorm(problem.projected_gradient(theta, g))
+        tr.record(it, f, gn)
+        status = torch.zeros(A, dtype=torch.long, device=dev)
+        status[gn <= gtol] = 1
+        status[(status == 0) & (lam > 1e16)] = 6
+        if it == max_iter:
+            status[status == 0] = 4
+        done = status > 0
+        if bool(done.any()):
+            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            if not bool(keep.any()):
+                break
+            theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
+                                                   nu[keep], n_iter[keep])
+            A = theta.shape[0]
+        D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2))
+        Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
+        for _ in range(8):
+            M = H + torch.diag_embed(lam.unsqueeze(1) * Dreg)
+            L, info = torch.linalg.cholesky_ex(M)
+            bad = info > 0
+            if not bool(bad.any()):
+                break
+            lam = torch.where(bad, lam * 10.0, lam)
+        delta = torch.cholesky_solve(-b.unsqueeze(-1), L).squeeze(-1)
+        delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
+        trial = theta.clone()
+        trial[:, fidx] += delta
+        trial = problem.project(trial)
+        delta = (trial - theta)[:, fidx]
+        ft = problem.value(trial)
+        pred = lam * (delta * Dreg * delta).sum(1) - (delta * b).sum(1)
+        rho = (f - ft) / pred
+        accept = torch.isfinite(ft) & (pred > 0) & (rho > 0)
+        lam = torch.where(accept, lam * torch.clamp(1 - (2 * rho - 1) ** 3, min=1.0 / 3.0), lam * nu)
+        nu = torch.where(accept, torch.full_like(nu, 2.0), nu * 2.0)
+        n_iter += 1
+        small_f = accept & _rel_decrease_small(f, ft, tol)
+        small_x = accept & (delta.norm(dim=1) <= xtol * (theta.norm(dim=1) + xtol))
+        theta = torch.where(accept.unsqueeze(1), trial, theta)
+        f_new = torch.where(accept, ft, f)
+        if bool(accept.any()):
+            _, H_new, b_new = problem.gauss_newton(theta)
+            H = torch.where(accept.view(-1, 1, 1), H_new, H)
+            b = torch.where(accept.unsqueeze(1), b_new, b)
+        f = f_new
+        status = torch.zeros(A, dtype=torch.long, device=dev)
+        status[small_x] = 3
+        status[small_f] = 2
+        done = status > 0
+        if bool(done.any()):
+            g = torch.zeros_like(theta)
+            g[:, fidx] = 2.0 * b
+            gn = _gnorm(problem.projected_gradient(theta, g))
+            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            if not bool(keep.any()):
+                break
+            theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
+                                                   nu[keep], n_iter[keep])
+            A = theta.shape[0]
+    return tr.close()

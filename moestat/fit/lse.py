@@ -1,0 +1,505 @@
+r"""Least-squares estimation of a MoE regression, batched over replicates and restarts.
+
+The estimator (nguyen2024 eq. 3) is
+
+.. math:: \hat G_n \in \operatorname*{arg\,min}_{G \in \mathcal G_k(\Theta)}
+          \frac1n \sum_{t=1}^n \big(Y_t - f_G(X_t)\big)^2 ,
+
+over mixing measures with ``k`` atoms whose parameters lie in a compact set :math:`\Theta`.  The
+compact set is part of the estimator: without it the sigmoid LSE can drive a redundant gate to
+:math:`-\infty` or an expert to zero (notes §8 C3) and, at small n, run off to parameter values of
+order :math:`10^3`-:math:`10^6`.  ``box=`` is that set (a projection), and :class:`LSEFit` reports
+which replicates end on its boundary.
+
+R replicates x S restarts are one ``(R*S, 2k, d+1)`` parameter tensor; the objective and its
+gradient come from a fused hand-derived kernel (:mod:`moestat.fit._objective`) and the optimisers
+(:mod:`moestat.fit._optim`) keep per-problem state and convergence masks.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .._torch import Array, resolve_device, resolve_dtype, to_numpy, to_tensor
+from .._validation import check_choice, check_finite, check_int
+from ..model import MoE
+from ..params import Params
+from . import _optim
+from ._objective import LSProblem, MeanKernel
+from .init import from_params, kmeans_init, near_truth, random_init
+
+OPTIMIZERS = ("lbfgs", "adam", "sgd", "lm")
+INITS = ("auto", "near_truth", "random", "kmeans")
+_BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias")
+_DEFAULT_MAX_ITER = {"lbfgs": 1000, "adam": 5000, "lm": 200, "sgd": None}
+_DEFAULT_LR = {"adam": 1e-2, "sgd": 0.1}
+
+
+class ConvergenceWarning(UserWarning):
+    """The best restart of some replicate did not meet the convergence tolerance."""
+
+
+@dataclass
+class LSEFit:
+    """Result of :func:`fit_lse` for R replicates.
+
+    Attributes
+    ----------
+    params : Params
+        Batched numpy Params (R, ...): the restart with the smallest objective per replicate.  Softmax
+        and top-K fits are reported in the normalisation :math:`\\beta_{0k} = 0, \\beta_{1k} = 0_d`.
+    objective : ndarray (R,)
+        :math:`\\frac1n\\sum_t (y_t - f_{\\hat G}(x_t))^2` at ``params``.
+    converged : ndarray of bool (R,)
+        Whether the best restart met ``tol``/``gtol`` (always False for the SGD protocol unless its final
+        gradient is below ``gtol``).
+    status : ndarray of str (R,)
+        ``"gtol"``, ``"ftol"``, ``"xtol"`` (converged); ``"max_iter"``, ``"line_search"``, ``"damping"``,
+        ``"budget"`` (SGD protocol).
+    n_iter : ndarray of int (R,)
+        Iterations (SGD: minibatch steps).
+    grad_norm : ndarray (R,)
+        Sup-norm of the projected gradient at ``params``.
+    cond : ndarray (R,)
+        Condition number :math:`\\lambda_{\\max}/\\lambda_{\\min}` of :math:`J^\\top J` (free coordinates)
+        at ``params``: the conditioning of the observed information; ``inf`` when singular to working
+        precision (:math:`\\lambda_{\\min} \\le \\epsilon\\lambda_{\\max}`, so at most about 1e7 in float32), e.g.
+        flat directions of relu/linear experts at zero gate slopes; NaN when not computed.
+    hit_bound : ndarray of bool (R,)
+        Whether ``params`` has a free coordinate on the box boundary.
+    restarts : DataFrame
+        One row per (rep, restart): objective, converged, status, n_iter, grad_norm, hit_bound, best.
+    restart_params : Params
+        All restarts, batched (R*S, ...), row ``r*S + s``.
+    history : DataFrame or None
+        With ``history=True``: one row per (rep, restart, iter) with objective and grad_norm.
+    settings : dict
+        Every configuration knob (init, init_scale, duplicate, optimizer, tolerances, box, seed, ...).
+    wall_time : float
+        Seconds spent in the optimiser.
+    """
+
+    params: Params
+    objective: np.ndarray
+    converged: np.ndarray
+    status: np.ndarray
+    n_iter: np.ndarray
+    grad_norm: np.ndarray
+    cond: np.ndarray
+    hit_bound: np.ndarray
+    restarts: pd.DataFrame
+    restart_params: Params
+    history: pd.DataFrame | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    wall_time: float = float("nan")
+
+    @property
+    def n_reps(self) -> int:
+        return int(self.objective.shape[0])
+
+    def config_columns(self) -> dict[str, Any]:
+        """The settings as scalar columns (lists are joined with commas)."""
+        out = {}
+        for key, value in self.settings.items():
+            if isinstance(value, (list, tuple)):
+                value = ",".join(str(v) for v in value)
+            elif isinstance(value, dict):
+                value = ";".join(f"{k}={v}" for k, v in value.items())
+            out[key] = value
+        return out
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy frame: one row per (rep, quantity) with ``value`` and every setting as a column."""
+        quantities = {"objective": self.objective, "converged": self.converged.astype(float),
+                      "n_iter": self.n_iter.astype(float), "grad_norm": self.grad_norm, "cond": self.cond,
+                      "hit_bound": self.hit_bound.astype(float)}
+        R = self.n_reps
+        frame = pd.DataFrame({
+            "rep": np.tile(np.arange(R), len(quantities)),
+            "quantity": np.repeat(list(quantities), R),
+            "value": np.concatenate([np.asarray(v, dtype=float) for v in quantities.values()]),
+        })
+        frame["status"] = np.tile(self.status, len(quantities))
+        frame["wall_time"] = self.wall_time
+        for key, value in self.config_columns().items():
+            frame[key] = value
+        return frame
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (f"LSEFit(R={self.n_reps}, gate={s.get('gate')!r}, expert={s.get('expert')!r}, k={s.get('k')}, "
+                f"optimizer={s.get('optimizer')!r}, converged={int(self.converged.sum())}/{self.n_reps}, "
+                f"median objective={np.median(self.objective):.3g})")
+
+
+# ------------------------------------------------------------------ input checks
+def _as_data(X: Array, y: Array, spec: MoE) -> tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]:
+    if not hasattr(X, "shape") or not hasattr(y, "shape"):
+        X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if X.ndim == 2:
+        X = X[None]
+        if y.ndim == 1:
+            y = y[None]
+    if X.ndim != 3:
+        raise ValueError(f"X must have shape (n, d) or (R, n, d), got shape {tuple(X.shape)}.")
+    if tuple(y.shape) != tuple(X.shape[:2]):
+        raise ValueError(f"y has shape {tuple(y.shape)} but X has shape {tuple(X.shape)}; y must have shape "
+                         "(n,) for X (n, d) or (R, n) for X (R, n, d).")
+    if X.shape[-1] != spec.d:
+        raise ValueError(f"X has {X.shape[-1]} columns but spec has d={spec.d}; build the spec with "
+                         "d=X.shape[-1].")
+    if X.shape[1] < 1:
+        raise ValueError("X has no observations (n = 0).")
+    check_finite("X", X)
+    check_finite("y", y)
+    return X, y
+
+
+def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict | None]:
+    """Lower/upper bound tensors (2k, d+1) from ``box`` and its normalised record."""
+    if box is None:
+        return None, None, None
+    if isinstance(box, numbers.Real) and not isinstance(box, bool):
+        box = dict.fromkeys(_BLOCKS, float(box))
+    if not isinstance(box, Mapping):
+        raise TypeError("box must be None, a positive number c (every parameter in [-c, c]) or a dict "
+                        f"mapping blocks {list(_BLOCKS)} to c or (low, high); got {type(box).__name__}.")
+    unknown = set(box) - set(_BLOCKS)
+    if unknown:
+        raise ValueError(f"box has unknown blocks {sorted(unknown)}; valid blocks are {list(_BLOCKS)}.")
+    k, p = spec.k, spec.d + 1
+    lo = torch.full((2 * k, p), -float("inf"), dtype=dtype, device=device)
+    hi = torch.full((2 * k, p), float("inf"), dtype=dtype, device=device)
+    where = {"gate_bias": (slice(0, k), slice(0, 1)), "gate_weight": (slice(0, k), slice(1, p)),
+             "expert_bias": (slice(k, 2 * k), slice(0, 1)), "expert_weight": (slice(k, 2 * k), slice(1, p))}
+    record = {}
+    for name, bound in box.items():
+        if isinstance(bound, numbers.Real) and not isinstance(bound, bool):
+            low, high = -float(bound), float(bound)
+        else:
+            try:
+                low, high = (float(v) for v in bound)
+            except (TypeError, ValueError):
+                raise TypeError(f"box[{name!r}] must be c > 0 or a pair (low, high), got {bound!r}.") from None
+        if not (low < high) or np.isnan(low) or np.isnan(high):
+            raise ValueError(f"box[{name!r}] needs low < high, got ({low}, {high}).")
+        rows, cols = where[name]
+        lo[rows, cols], hi[rows, cols] = low, high
+        record[name] = (low, high)
+    if spec.gate in ("softmax", "topk") and "gate_bias" in record and not (
+            record["gate_bias"][0] <= 0 <= record["gate_bias"][1]):
+        raise ValueError("softmax fits fix the last atom's gate intercept at 0 (translation normalisation); "
+                         "the gate_bias box must contain 0.")
+    if spec.gate in ("softmax", "topk") and "gate_weight" in record and not (
+            record["gate_weight"][0] <= 0 <= record["gate_weight"][1]):
+        raise ValueError("softmax fits fix the last atom's gate slope at 0; the gate_weight box must contain 0.")
+    return lo, hi, record
+
+
+def _free_mask(spec: MoE, device: torch.device) -> torch.Tensor:
+    k, p = spec.k, spec.d + 1
+    free = torch.ones(2 * k, p, dtype=torch.bool, device=device)
+    if spec.gate in ("softmax", "topk"):
+        free[k - 1] = False  # translation normalisation: the last gate row is fixed at 0
+    if not spec.family.input_dependent:
+        free[k:, 1:] = False  # constant experts have no slope
+    return free
+
+
+def _params_to_theta(p: Params, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    gb, gw = to_tensor(p.gate_bias, device=device, dtype=dtype), to_tensor(p.gate_weight, device=device, dtype=dtype)
+    ew, eb = (to_tensor(p.expert_weight, device=device, dtype=dtype),
+              to_tensor(p.expert_bias, device=device, dtype=dtype))
+    gate = torch.cat([gb.unsqueeze(-1), gw], -1)
+    expert = torch.cat([eb.unsqueeze(-1), ew], -1)
+    return torch.cat([gate, expert], -2).reshape(gb.shape[0], -1)
+
+
+def _theta_to_params(theta: torch.Tensor, k: int, d: int) -> Params:
+    t = to_numpy(theta).reshape(-1, 2 * k, d + 1)
+    return Params(t[:, :k, 0], t[:, :k, 1:], t[:, k:, 1:], t[:, k:, 0])
+
+
+def _check_real(name: str, value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}.")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}.")
+    return float(value)
+
+
+def _truth_params(truth: Any) -> Params | None:
+    if truth is None or isinstance(truth, Params):
+        return truth
+    if isinstance(truth, tuple) and len(truth) == 2 and isinstance(truth[1], Params):
+        return truth[1]  # a presets Truth (spec, params)
+    raise TypeError(f"truth must be a moestat.Params (or a presets Truth), got {type(truth).__name__}.")
+
+
+def _replicates_per_block(block_bytes: Any, dev: torch.device, R: int, n: int, d: int, itemsize: int) -> int:
+    """How many replicates one batched program takes (all of them unless a CPU cache budget says otherwise)."""
+    if block_bytes == "auto":
+        block_bytes = None if dev.type == "cuda" else 2**23
+    if block_bytes is None:
+        return R
+    if isinstance(block_bytes, bool) or not isinstance(block_bytes, numbers.Integral) or block_bytes < 1:
+        raise ValueError(f"block_bytes must be 'auto', None or a positive integer, got {block_bytes!r}.")
+    return max(1, min(R, int(block_bytes) // max(1, n * (d + 1) * itemsize)))
+
+
+def _torch_seed(seed: Any) -> int:
+    """A torch seed derived from ``seed`` (int, None, SeedSequence or a list of them)."""
+    if isinstance(seed, (list, tuple)):
+        entropy = [int(s.generate_state(1)[0]) for s in seed]
+        ss = np.random.SeedSequence(entropy)
+    elif isinstance(seed, np.random.SeedSequence):
+        ss = seed
+    else:
+        ss = np.random.SeedSequence(seed)
+    return int(ss.generate_state(1, dtype=np.uint64)[0] % (2**63))
+
+
+# ------------------------------------------------------------------ estimator
+def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth: Params | None = None,
+            duplicate: Sequence[int] | None = None, init_scale: float | None = None, restarts: int = 1,
+            optimizer: str = "lbfgs", max_iter: int | None = None, tol: float = 1e-12, gtol: float = 1e-10,
+            box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
+            batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
+            seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
+            compile: bool = False, block_bytes: int | str | None = "auto") -> LSEFit:
+    r"""Least-squares estimator of a MoE regression for R replicates at once.
+
+    Parameters
+    ----------
+    spec : MoE
+        The fitted model (gate, expert family, number of atoms ``k``, ``d``).
+    X : array, shape (n, d) or (R, n, d)
+    y : array, shape (n,) or (R, n)
+    init : {"auto", "near_truth", "random", "kmeans"} or Params
+        Starting values (:mod:`moestat.fit.init`).  ``"auto"``: ``"near_truth"`` when ``truth`` is given,
+        else ``"kmeans"``.  A Params is used as given (unbatched: shared by all replicates; batched with
+        R or R*restarts rows).
+    truth : Params, optional
+        True parameters (k* atoms), needed by ``init="near_truth"``.
+    duplicate : list of int, optional
+        For ``near_truth`` with k > k*: the ``k - k*`` true atoms that get an extra fitted copy, with a
+        weight-preserving split (sigmoid :math:`\operatorname{logit}(\sigma(\beta_0)/m)`, softmax
+        :math:`\beta_0 - \log m`).  Decides the regime of an over-specified fit; recorded.
+    init_scale : float, optional
+        Perturbation sd: near_truth default 0.05, random default 1.0 (a scale factor), kmeans and user
+        Params default 0 (restarts > 1 from a user Params need > 0).
+    restarts : int
+        Starts per replicate; the one with the smallest objective is returned.
+    optimizer : {"lbfgs", "adam", "sgd", "lm"}
+        Full-batch L-BFGS (default, run to convergence), full-batch Adam, the papers' minibatch SGD
+        protocol (``epochs``, ``lr``, ``batch_size``) or Gauss-Newton/Levenberg-Marquardt (per-problem
+        :math:`J^\top J` and a batched Cholesky solve; memory :math:`O(P^2)` per problem).
+    max_iter : int, optional
+        Iteration cap (defaults: lbfgs 1000, adam 5000, lm 200; unused by sgd).
+    tol : float
+        Relative objective decrease below which a problem is converged (``"ftol"``; lbfgs and lm).
+    gtol : float
+        Sup-norm of the projected gradient below which a problem is converged (``"gtol"``).
+    box : float or dict, optional
+        The compact parameter set: ``c`` puts every coordinate in [-c, c]; a dict maps blocks
+        (``gate_bias``, ``gate_weight``, ``expert_weight``, ``expert_bias``) to ``c`` or ``(low, high)``.
+        Enforced by projection; ``hit_bound`` reports replicates on the boundary.
+    epochs, lr, batch_size :
+        SGD protocol settings (the paper: 10 epochs, lr 0.1; batch size unstated, moestat default 32).
+        ``lr`` is also Adam's step (default 1e-2).
+    device : "auto", "cpu", "cuda" or torch.device
+    dtype : torch dtype, optional
+        float64 on CPU by default, float32 on CUDA.
+    seed : int, SeedSequence or list of SeedSequence
+        Seeds the starting values (replicate r uses ``SeedSequence(seed).spawn(R)[r]``) and the SGD
+        permutations.
+    progress : bool
+        Show a tqdm bar.
+    history : bool
+        Keep the objective and gradient norm of every iteration (``fit.history``).
+    condition : bool
+        Compute ``fit.cond`` (one :math:`J^\top J` per replicate: :math:`O(nP^2)` work).
+    compile : bool
+        Use a ``torch.compile``'d objective+gradient (fuses the element-wise work; about 20 s of
+        compilation once per process and model, worth it for long studies at large n; see
+        docs/performance/lse.md).  The default eager kernel is already fused by hand.
+    block_bytes : "auto", int or None
+        Cache blocking over replicates: one batched program takes as many replicates as have inputs of
+        at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
+        a batch whose data exceed the cache is memory-bound and slower than fitting the replicates one
+        by one; see docs/performance/lse.md), everything at once on CUDA.  ``None``: one program.
+        Results do not depend on it.
+
+    Returns
+    -------
+    LSEFit
+
+    Raises
+    ------
+    ValueError, TypeError
+        Shape/NaN problems, ``init="near_truth"`` without ``truth``, bad ``duplicate``, ``restarts < 1``,
+        unknown optimiser or init, malformed ``box``.
+
+    Examples
+    --------
+    >>> import moestat as ms
+    >>> spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="gelu", seed=0)
+    >>> data = ms.simulate(spec, truth, n=2000, reps=4, seed=1)
+    >>> fit = ms.fit_lse(spec.with_k(9), data.X, data.y, init="near_truth", truth=truth, duplicate=[0],
+    ...                  seed=2, box=10.0)
+    >>> fit.params.n_reps
+    4
+    """
+    if not isinstance(spec, MoE):
+        raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    restarts = check_int("restarts", restarts)
+    truth = _truth_params(truth)
+    if isinstance(init, Params):
+        init_name = "params"
+    else:
+        check_choice("init", init, INITS)
+        init_name = init if init != "auto" else ("near_truth" if truth is not None else "kmeans")
+    if init_name == "near_truth" and truth is None:
+        raise ValueError("init='near_truth' needs truth= (the true Params); pass truth or use init='kmeans'.")
+    if duplicate is not None and init_name != "near_truth":
+        raise ValueError("duplicate= only applies to init='near_truth'.")
+    max_iter = _DEFAULT_MAX_ITER[optimizer] if max_iter is None else check_int("max_iter", max_iter)
+    tol, gtol = _check_real("tol", tol), _check_real("gtol", gtol)
+    lr = _DEFAULT_LR.get(optimizer) if lr is None else _check_real("lr", lr, positive=True)
+    epochs, batch_size = check_int("epochs", epochs), check_int("batch_size", batch_size)
+    default_scale = {"near_truth": 0.05, "random": 1.0}.get(init_name, 0.0)
+    init_scale = default_scale if init_scale is None else _check_real("init_scale", init_scale)
+
+    X, y = _as_data(X, y, spec)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    Xn, yn = to_numpy(X).astype(np.float64), to_numpy(y).astype(np.float64)
+    R, n, d = Xn.shape
+    if n <= spec.n_params():
+        warnings.warn(f"n={n} observations per replicate do not exceed the {spec.n_params()} mean parameters; "
+                      "the least-squares solution is not unique.", UserWarning, stacklevel=2)
+    lower, upper, box_record = _box_bounds(box, spec, dt, dev)
+
+    # starting values (numpy, R*S rows)
+    if init_name == "near_truth":
+        start = near_truth(spec, truth, R, restarts, duplicate=duplicate, scale=init_scale, seed=seed)
+        dup_record = list(duplicate) if duplicate is not None else []
+    elif init_name == "random":
+        start = random_init(spec, yn, restarts, scale=init_scale, seed=seed)
+        dup_record = []
+    elif init_name == "kmeans":
+        start = kmeans_init(spec, Xn, yn, restarts, scale=init_scale, seed=seed)
+        dup_record = []
+    else:
+        start = from_params(spec, init, R, restarts, scale=init_scale, seed=seed)
+        dup_record = []
+    dup_record = [int(j) for j in dup_record]
+
+    Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
+    kernel = MeanKernel.from_spec(spec, compile=bool(compile))
+    free = _free_mask(spec, dev)
+    problem = LSProblem(kernel, Xt, yt, restarts, free, lower, upper)
+    theta0 = _params_to_theta(start, dt, dev)
+    if optimizer == "sgd" and batch_size > n:
+        raise ValueError(f"batch_size={batch_size} exceeds n={n}; choose batch_size <= n.")
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(_torch_seed(seed))
+    group = _replicates_per_block(block_bytes, dev, R, n, d, Xt.element_size())
+
+    def run(prob: LSProblem, th: torch.Tensor) -> _optim.OptimResult:
+        if optimizer == "lbfgs":
+            return _optim.lbfgs(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history, progress=progress)
+        if optimizer == "lm":
+            return _optim.levenberg_marquardt(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history,
+                                              progress=progress)
+        if optimizer == "adam":
+            return _optim.adam(prob, th, lr=lr, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
+        return _optim.sgd_protocol(prob, th, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
+                                   generator=gen, history=history, progress=progress)
+
+    t0 = time.perf_counter()
+    if group >= R:
+        res = run(problem, theta0)
+    else:
+        parts = []
+        for lo in range(0, R, group):
+            hi = min(R, lo + group)
+            sub = LSProblem(kernel, Xt[lo:hi], yt[lo:hi], restarts, free, lower, upper)
+            parts.append((lo * restarts, run(sub, theta0[lo * restarts : hi * restarts])))
+        res = _optim.concat_results(parts)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    wall = time.perf_counter() - t0
+
+    S = restarts
+    loss = res.loss.reshape(R, S)
+    loss_sel = torch.where(torch.isfinite(loss), loss, torch.full_like(loss, float("inf")))
+    best_s = loss_sel.argmin(1)
+    best = torch.arange(R, device=dev) * S + best_s
+    hit_all = problem.at_bound(res.theta)
+    converged_all = res.converged
+    status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
+
+    cond = np.full(R, np.nan)
+    if condition:
+        problem.set_active(best)
+        _, H, _ = problem.gauss_newton(res.theta[best])
+        ev = torch.linalg.eigvalsh(H)
+        lam_min, lam_max = ev[:, 0], ev[:, -1]
+        c = torch.where(lam_min > lam_max * torch.finfo(dt).eps, lam_max / lam_min,
+                        torch.full_like(lam_min, float("inf")))
+        cond = to_numpy(c).astype(float)
+
+    all_params = _theta_to_params(res.theta, spec.k, d)
+    best_np = to_numpy(best)
+    rep_idx, rs_idx = np.repeat(np.arange(R), S), np.tile(np.arange(S), R)
+    restarts_frame = pd.DataFrame({
+        "rep": rep_idx, "restart": rs_idx, "objective": to_numpy(res.loss).astype(float),
+        "converged": to_numpy(converged_all), "status": status_all, "n_iter": to_numpy(res.n_iter),
+        "grad_norm": to_numpy(res.grad_norm).astype(float), "hit_bound": to_numpy(hit_all),
+        "best": np.isin(np.arange(R * S), best_np),
+    })
+    hist_frame = None
+    if history:
+        rows = []
+        for it, act, f, gn in res.history:
+            a = to_numpy(act)
+            rows.append(pd.DataFrame({"rep": a // S, "restart": a % S, "iter": it,
+                                      "objective": to_numpy(f).astype(float), "grad_norm": to_numpy(gn).astype(float)}))
+        hist_frame = pd.concat(rows, ignore_index=True).sort_values(["rep", "restart", "iter"], ignore_index=True)
+
+    settings = {
+        "estimator": "lse", "gate": spec.gate, "expert": spec.expert, "k": spec.k, "d": spec.d, "n": n,
+        "top_k": spec.top_k, "temperature": spec.temperature, "init": init_name, "init_scale": init_scale,
+        "duplicate": dup_record, "restarts": S, "optimizer": optimizer, "max_iter": max_iter, "tol": tol,
+        "gtol": gtol, "box": box_record if box_record is not None else "none",
+        "epochs": epochs if optimizer == "sgd" else None, "lr": lr,
+        "batch_size": batch_size if optimizer == "sgd" else None,
+        "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
+        "dtype": str(dt).replace("torch.", ""), "compile": bool(compile),
+        "replicates_per_block": group, "n_evals": res.n_evals,
+    }
+    fit = LSEFit(
+        params=all_params.select(best_np), objective=to_numpy(res.loss[best]).astype(float),
+        converged=to_numpy(converged_all[best]), status=status_all[best_np],
+        n_iter=to_numpy(res.n_iter[best]), grad_norm=to_numpy(res.grad_norm[best]).astype(float), cond=cond,
+        hit_bound=to_numpy(hit_all[best]), restarts=restarts_frame, restart_params=all_params,
+        history=hist_frame, settings=settings, wall_time=wall,
+    )
+    if optimizer != "sgd" and not fit.converged.all():
+        bad = int((~fit.converged).sum())
+        warnings.warn(f"{bad} of {R} replicates did not converge (status: "
+                      f"{sorted(set(fit.status[~fit.converged]))}); raise max_iter or loosen tol/gtol.",
+                      ConvergenceWarning, stacklevel=2)
+    return fit

@@ -1,0 +1,176 @@
+"""Plots for rate studies (matplotlib; safe under the Agg backend, never calls ``plt.show``).
+
+* :func:`plot_rate` — the papers' Figure 1 style: log-log points with replicate spread, fitted lines,
+  exponent and CI in the legend (nguyen2024 Fig. 1-2).
+* :func:`plot_window` — exponent and CI as the smallest / largest n are dropped (window sensitivity).
+* :func:`plot_sample_complexity` — n* with its bootstrap CI against a design variable (chowdhury2023 Fig. 5).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .rates import RateResult, SampleComplexityResult, WindowSensitivity
+
+__all__ = ["plot_rate", "plot_sample_complexity", "plot_window"]
+
+_LINESTYLES = {"power": "-.", "power_log": "--", "inverse_log": ":"}
+
+
+def _axes(ax: Any) -> Any:
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=(6.0, 4.2))
+    return ax
+
+
+def _label(key: tuple, by: list[str]) -> str:
+    return ", ".join(str(v) for v in key) if by else ""
+
+
+def _rate_text(model: str, exponent: float, lo: float, hi: float) -> str:
+    base = {"power": "n", "power_log": "(n/log n)", "inverse_log": "(log n)"}[model]
+    return f"{base}^-{exponent:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def plot_rate(result: RateResult, ax: Any = None, *, models: list[str] | None = None, spread: str = "2sd",
+              points: bool = True, colors: list[str] | None = None) -> Any:
+    """Log-log plot of a :class:`~moestat.rates.RateResult` in the papers' Figure 1 style.
+
+    Per group: replicate values (faint dots, ``points=True``), a per-n centre with error bars and the
+    fitted line of each model with ``exponent [ci_low, ci_high]`` in the legend (red dash-dot as in the papers
+    for a single group and model; otherwise in the group's colour, one line style per model).  The centre matches the
+    fit: geometric mean for replicate-level and ``logmean`` fits, mean or median for ``agg="mean"`` /
+    ``"median"``.  ``spread="2sd"`` draws centre x/÷ exp(2 sd of log y) (geometric) or mean -/+ 2 sd
+    clipped to positive values (the papers' +-2 SD bars); ``"range"`` draws min to max; ``"none"`` no bars.
+
+    Returns
+    -------
+    matplotlib Axes
+    """
+    from .rates import regressor
+
+    if spread not in ("2sd", "range", "none"):
+        raise ValueError(f"spread={spread!r} is not supported; use '2sd', 'range' or 'none'.")
+    ax = _axes(ax)
+    cfg = result.config
+    by, x, y, agg = cfg["by"], cfg["x"], cfg["y"], cfg["agg"]
+    models = list(cfg["models"]) if models is None else list(models)
+    details = result.details
+    groups = result.data.groupby(by, sort=True) if by else [((), result.data)]
+    palette = colors or [f"C{i}" for i in range(10)]
+    single = len(models) == 1 and result.data.groupby(by).ngroups == 1 if by else len(models) == 1
+    for gi, (key, sub) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        key = key if by else ()
+        color = palette[gi % len(palette)]
+        label = _label(key, by)
+        cells = sub.groupby(x, sort=True)[y]
+        ns = np.asarray(list(cells.groups.keys()), dtype=np.float64)
+        if points:
+            ax.scatter(sub[x], sub[y], s=6, alpha=0.25, color=color, linewidths=0)
+        if agg in (None, "logmean"):
+            logs = cells.apply(lambda v: np.log(v.to_numpy(float)))
+            centre = np.exp(np.array([v.mean() for v in logs]))
+            sd = np.array([v.std(ddof=1) if len(v) > 1 else 0.0 for v in logs])
+            low, high = centre * np.exp(-2 * sd), centre * np.exp(2 * sd)
+        else:
+            centre = (cells.mean() if agg == "mean" else cells.median()).to_numpy(float)
+            sd = cells.std(ddof=1).fillna(0.0).to_numpy(float)
+            low, high = np.maximum(centre - 2 * sd, centre * 1e-3), centre + 2 * sd
+        if spread == "range":
+            low, high = cells.min().to_numpy(float), cells.max().to_numpy(float)
+        yerr = None if spread == "none" else np.vstack([centre - low, high - centre])
+        ax.errorbar(ns, centre, yerr=yerr, fmt="o-", color=color, ms=4, lw=1.2, capsize=2,
+                    label=f"{label} data" if label else "data")
+        mask = np.ones(len(details), dtype=bool)
+        for b, v in zip(by, key, strict=True):
+            mask &= (details[b] == v).to_numpy()
+        grid = np.logspace(np.log10(ns.min()), np.log10(ns.max()), 100)
+        for _, row in details[mask].iterrows():
+            if row["model"] not in models:
+                continue
+            fitted = np.exp(row["intercept"] - row["exponent"] * regressor(row["model"], grid))
+            text = _rate_text(row["model"], row["exponent"], row["ci_low"], row["ci_high"])
+            ax.plot(grid, fitted, _LINESTYLES[row["model"]], color="red" if single else color, lw=1.4,
+                    label=f"{label}: {text}" if label else text)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"sample size {x}")
+    ax.set_ylabel(y)
+    ax.legend(fontsize=7, frameon=False)
+    return ax
+
+
+def plot_window(ws: WindowSensitivity, ax: Any = None) -> Any:
+    """Exponent with CI bars against the number of dropped smallest / largest n values.
+
+    A flat profile with overlapping intervals supports one asymptotic exponent; a drift means the fitted
+    "rate" is pre-asymptotic curvature (peers-and-conventions B.8).
+    """
+    ax = _axes(ax)
+    tab = ws.table
+    by = ws.config["by"]
+    groups = tab.groupby(by, sort=True) if by else [((), tab)]
+    for gi, (key, sub) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        label = _label(key if by else (), by)
+        full = sub[sub["side"] == "full"]
+        for side, marker, shift in (("smallest", "o", -0.08), ("largest", "s", 0.08)):
+            part = pd.concat([full, sub[sub["side"] == side]]).sort_values("dropped")
+            if len(part) <= len(full):
+                continue
+            xs = part["dropped"].to_numpy(float) + shift
+            est = part["exponent"].to_numpy(float)
+            err = np.vstack([est - part["ci_low"].to_numpy(float), part["ci_high"].to_numpy(float) - est])
+            ax.errorbar(xs, est, yerr=err, fmt=marker + ("-" if side == "smallest" else "--"), color=f"C{gi % 10}",
+                        ms=4, capsize=2, label=f"{label + ': ' if label else ''}drop {side} n")
+    ax.set_xlabel("number of n values dropped")
+    ax.set_ylabel(f"exponent ({ws.config['model']})")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.legend(fontsize=7, frameon=False)
+    return ax
+
+
+def plot_sample_complexity(res: SampleComplexityResult, ax: Any = None, *, design: str | None = None) -> Any:
+    """n* with bootstrap CI against ``design`` (a ``by`` column) on log-log axes; censored points as triangles.
+
+    Right-censored n* (target never reached) are drawn at ``n_max`` with an upward triangle; left-censored
+    at ``n_min`` with a downward triangle.
+    """
+    ax = _axes(ax)
+    tab = res.table
+    by = res.config["by"]
+    if design is None:
+        if not by:
+            raise ValueError("design= must name a by column of the sample-complexity result to plot against.")
+        design = by[-1]
+    if design not in by:
+        raise ValueError(f"design={design!r} is not a by column ({by}).")
+    rest = [c for c in by if c != design]
+    groups = tab.groupby(rest, sort=True) if rest else [((), tab)]
+    for gi, (key, sub) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        color = f"C{gi % 10}"
+        label = _label(key if rest else (), rest) or res.config["metric"]
+        ok = sub[sub["censored"] == "none"]
+        hi = ok["ci_high"].to_numpy(float)
+        hi_plot = np.where(np.isfinite(hi), hi, ok["n_max"].to_numpy(float))
+        err = np.vstack([ok["n_star"] - ok["ci_low"].clip(lower=1e-12), hi_plot - ok["n_star"]])
+        ax.errorbar(ok[design], ok["n_star"], yerr=err, fmt="o-", color=color, ms=4, capsize=2, label=label)
+        right = sub[sub["censored"] == "right"]
+        left = sub[sub["censored"] == "left"]
+        ax.scatter(right[design], right["n_max"], marker="^", color=color)
+        ax.scatter(left[design], left["n_min"], marker="v", color=color)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(design)
+    ax.set_ylabel(f"n* ({res.config['metric']} {'>=' if res.config['direction'] == 'above' else '<='} "
+                  f"{res.config['target']:g})")
+    ax.legend(fontsize=7, frameon=False)
+    return ax

@@ -1,0 +1,420 @@
+"""Tests of the batched least-squares engine: objective kernel, optimisers, fit_lse, starting values."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import moestat as ms
+from moestat.fit import ConvergenceWarning
+from moestat.fit._objective import LSProblem, MeanKernel
+from moestat.fit.init import check_duplicate, near_truth, split_gate_bias
+from moestat.simulators.presets import draw_truth
+
+GATES = [("sigmoid", None), ("softmax", None), ("topk", 2)]
+EXPERTS = ["linear", "relu", "gelu", "tanh", "sigmoid", "poly3", "constant"]
+
+
+def _well_conditioned_truth(gate: str) -> ms.Params:
+    """k = 3 atoms in d = 2 with distinct gate slopes and experts active on about half the inputs."""
+    gb = np.array([0.3, -0.2, 0.0])
+    gw = np.array([[1.5, -0.5], [-1.0, 1.2], [0.0, 0.0]]) if gate != "sigmoid" else \
+        np.array([[1.5, -0.5], [-1.0, 1.2], [0.4, 1.0]])
+    ew = np.array([[1.0, 0.5], [-0.8, 1.1], [0.3, -1.2]])
+    eb = np.array([0.2, -0.4, 0.6])
+    return ms.Params(gb, gw, ew, eb)
+
+
+def _theta_params(theta: torch.Tensor, k: int, d: int) -> ms.Params:
+    t = theta.reshape(-1, 2 * k, d + 1)
+    return ms.Params(t[:, :k, 0], t[:, :k, 1:], t[:, k:, 1:], t[:, k:, 0])
+
+
+def _max_param_error(a: ms.Params, b: ms.Params) -> float:
+    a, b = a.numpy(), b.numpy()
+    return max(float(np.abs(getattr(a, n) - getattr(b, n)).max())
+               for n in ("gate_bias", "gate_weight", "expert_weight", "expert_bias"))
+
+
+# ------------------------------------------------------------------ kernel
+@pytest.mark.parametrize(("gate", "top_k"), GATES)
+@pytest.mark.parametrize("expert", EXPERTS)
+def test_kernel_matches_model_and_autograd(gate, top_k, expert):
+    """The fused objective and hand-derived gradient equal MoE.mean_torch + autograd (chunked and not)."""
+    torch.manual_seed(0)
+    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, top_k=top_k, temperature=0.7)
+    G, s, n, d, k = 2, 3, 600, 2, 3
+    X = torch.rand(G, n, d, dtype=torch.float64) * 2 - 1
+    Xa = torch.cat([torch.ones(G, n, 1, dtype=X.dtype), X], -1)
+    y = torch.randn(G, n, dtype=X.dtype)
+    theta = torch.randn(G, s, 2 * k, d + 1, dtype=X.dtype)
+    if expert == "constant":
+        theta[..., k:, 1:] = 0.0
+    p = _theta_params(theta.reshape(G * s, -1), k, d)
+    pt = p.to_torch("cpu", torch.float64)
+    blocks = [pt.gate_bias, pt.gate_weight, pt.expert_weight, pt.expert_bias]
+    for b in blocks:
+        b.requires_grad_(True)
+    pt = ms.Params(*blocks)
+    loss_ref = ((spec.mean_torch(pt, X.repeat_interleave(s, 0)) - y.repeat_interleave(s, 0)) ** 2).mean(-1)
+    loss_ref.sum().backward()
+    ew_grad = pt.expert_weight.grad if pt.expert_weight.grad is not None else torch.zeros_like(pt.expert_weight)
+    g_ref = torch.cat([torch.cat([pt.gate_bias.grad.unsqueeze(-1), pt.gate_weight.grad], -1),
+                       torch.cat([pt.expert_bias.grad.unsqueeze(-1), ew_grad], -1)], -2)
+    if expert == "constant":
+        g_ref[..., k:, 1:] = 0.0
+    for chunk_bytes in (2**24, 40_000):  # one chunk; chunks of 26 observations
+        K = MeanKernel.from_spec(spec, chunk_bytes=chunk_bytes, chunk_min_elems=1)
+        assert (K._chunk_rows(G, s, n, d + 1, 8) < n) == (chunk_bytes < 2**24)
+        loss, grad = K.value_grad(theta, Xa, y)
+        if expert == "constant":
+            grad[..., k:, 1:] = 0.0
+        # float64 round-off of sums over n = 600 terms
+        assert torch.allclose(loss.reshape(-1), loss_ref.detach(), rtol=1e-12, atol=1e-14)
+        assert torch.allclose(K.value(theta, Xa, y).reshape(-1), loss_ref.detach(), rtol=1e-12, atol=1e-14)
+        assert torch.allclose(grad.reshape(G * s, 2 * k, d + 1), g_ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("gate", "top_k"), GATES)
+@pytest.mark.parametrize("expert", ["gelu", "relu", "tanh"])
+def test_gradient_matches_finite_differences(gate, top_k, expert):
+    """Central differences (float64, h = 1e-6) agree with the analytic gradient."""
+    torch.manual_seed(1)
+    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, top_k=top_k)
+    K = MeanKernel.from_spec(spec)
+    n, d, k = 200, 2, 3
+    X = torch.rand(1, n, d, dtype=torch.float64) * 2 - 1
+    Xa = torch.cat([torch.ones(1, n, 1, dtype=X.dtype), X], -1)
+    y = torch.randn(1, n, dtype=X.dtype)
+    theta = torch.randn(1, 1, 2 * k, d + 1, dtype=X.dtype)
+    _, grad = K.value_grad(theta, Xa, y)
+    h = 1e-6
+    flat = theta.reshape(-1)
+    fd = torch.empty_like(flat)
+    for j in range(flat.numel()):
+        e = torch.zeros_like(flat)
+        e[j] = h
+        fd[j] = (K.value((flat + e).reshape(theta.shape), Xa, y) - K.value((flat - e).reshape(theta.shape), Xa, y)
+                 ).item() / (2 * h)
+    # FD truncation O(h^2) plus round-off O(eps/h); kinks of relu/top-K can sit within h of a data point
+    assert torch.allclose(grad.reshape(-1), fd, rtol=1e-5, atol=1e-6)
+
+
+def test_gauss_newton_matches_gradient_and_explicit_jacobian():
+    """b = J^T r / n is half the gradient, and H = J^T J / n matches an autograd Jacobian."""
+    torch.manual_seed(2)
+    spec = ms.MoE(gate="softmax", expert="gelu", k=3, d=2)
+    K = MeanKernel.from_spec(spec)
+    R, n, d, k = 2, 300, 2, 3
+    X = torch.rand(R, n, d, dtype=torch.float64) * 2 - 1
+    y = torch.randn(R, n, dtype=torch.float64)
+    free = torch.ones(2 * k, d + 1, dtype=torch.bool)
+    prob = LSProblem(K, X, y, 1, free)
+    theta = torch.randn(R, prob.P, dtype=torch.float64)
+    loss, H, b = prob.gauss_newton(theta, max_bytes=5000)  # several chunks
+    f, g = prob.value_grad(theta)
+    assert torch.allclose(loss, f, rtol=1e-12)
+    assert torch.allclose(2 * b, g, rtol=1e-10, atol=1e-13)
+
+    def resid(th):
+        return spec.mean_torch(_theta_params(th, k, d), X[:1]).reshape(-1) - y[0]
+
+    J = torch.autograd.functional.jacobian(resid, theta[0])
+    assert torch.allclose(H[0], J.T @ J / n, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ starting values
+def test_weight_preserving_split():
+    b = np.array([-3.0, 0.0, 2.5])
+    for m in (2, 3):
+        sig = 1 / (1 + np.exp(-split_gate_bias("sigmoid", b, m)))
+        np.testing.assert_allclose(m * sig, 1 / (1 + np.exp(-b)), rtol=1e-13)
+        np.testing.assert_allclose(m * np.exp(split_gate_bias("softmax", b, m)), np.exp(b), rtol=1e-13)
+
+
+def test_near_truth_duplicates_and_split():
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=5, d=2)
+    p = near_truth(spec, truth, R=2, S=3, duplicate=[1, 1], scale=0.0, seed=0)
+    assert p.n_reps == 6
+    # atoms 3, 4 are copies of true atom 1; the three copies share sigma(b0)/3
+    np.testing.assert_allclose(p.gate_weight[:, [1, 3, 4]], np.broadcast_to(truth.gate_weight[1], (6, 3, 2)))
+    w = 1 / (1 + np.exp(-p.gate_bias[:, [1, 3, 4]]))
+    np.testing.assert_allclose(w.sum(1), 1 / (1 + np.exp(-truth.gate_bias[1])), rtol=1e-12)
+    np.testing.assert_allclose(p.gate_bias[:, 0], truth.gate_bias[0])
+    # perturbations are reproducible per replicate and differ between restarts
+    q1 = near_truth(spec, truth, R=2, S=3, duplicate=[1, 1], scale=0.1, seed=5)
+    q2 = near_truth(spec, truth, R=2, S=3, duplicate=[1, 1], scale=0.1, seed=5)
+    assert q1.allclose(q2, rtol=0, atol=0)
+    assert not np.allclose(q1.expert_bias[0], q1.expert_bias[1])
+
+
+def test_softmax_near_truth_is_normalised_and_fixed():
+    truth = _well_conditioned_truth("softmax")
+    spec = ms.MoE(gate="softmax", expert="gelu", k=4, d=2)
+    p = near_truth(spec, truth, R=1, S=2, duplicate=[0], scale=0.1, seed=0)
+    np.testing.assert_array_equal(p.gate_bias[:, -1], 0.0)
+    np.testing.assert_array_equal(p.gate_weight[:, -1], 0.0)
+
+
+@pytest.mark.parametrize(("dup", "err"), [(None, "duplicate="), ([3], "out of range"), ([0, 1], "exactly 1"),
+                                          (["a"], "integer")])
+def test_duplicate_validation(dup, err):
+    with pytest.raises((ValueError, TypeError), match=err):
+        check_duplicate(dup, 3, 4)
+
+
+# ------------------------------------------------------------------ recovery
+@pytest.mark.parametrize("gate", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("optimizer", ["lbfgs", "lm"])
+def test_noise_free_recovery(gate, optimizer):
+    """k = k*, noise-free, well-conditioned truth: the LSE is the truth (to 1e-6) from a near-truth start."""
+    truth = _well_conditioned_truth(gate)
+    if gate == "softmax":
+        truth = truth.normalize_softmax()
+    spec = ms.MoE(gate=gate, expert="gelu", k=3, d=2, noise_sd=0.0)
+    data = ms.simulate(spec, truth, n=1000, reps=2, seed=1, inputs="gaussian")
+    fit = ms.fit_lse(spec, data.X, data.y, truth=truth, init_scale=0.05, seed=3, optimizer=optimizer,
+                     tol=0.0, gtol=1e-12, max_iter=3000 if optimizer == "lbfgs" else 100)
+    assert fit.converged.all()
+    assert _max_param_error(fit.params, truth.batched(2)) < 1e-6
+    assert np.all(np.isfinite(fit.cond)) and np.all(fit.cond > 1)
+
+
+def test_noise_free_recovery_topk():
+    """Top-K gates: the objective is discontinuous where an observation changes its selected set, so the
+    check starts inside the region where no observation of the sample changes selection."""
+    truth = _well_conditioned_truth("softmax").normalize_softmax()
+    spec = ms.MoE(gate="topk", expert="gelu", k=3, d=2, top_k=2, noise_sd=0.0)
+    data = ms.simulate(spec, truth, n=1000, reps=1, seed=1, inputs="gaussian")
+    logits = data.X[0] @ truth.gate_weight.T + truth.gate_bias
+    srt = np.sort(logits, 1)
+    margin = float((srt[:, 1] - srt[:, 0]).min())  # distance of the 2nd-largest from the smallest logit
+    scale = margin / (10 * (1 + np.abs(data.X).max()) * 3)
+    fit = ms.fit_lse(spec, data.X, data.y, truth=truth, init_scale=scale, seed=3, optimizer="lm", tol=0.0,
+                     gtol=1e-12, max_iter=100)
+    assert _max_param_error(fit.params, truth.batched(1)) < 1e-6
+    assert fit.objective[0] < 1e-20
+
+
+@pytest.mark.parametrize("expert", ["gelu", "linear", "tanh"])
+def test_lm_beats_lbfgs_on_badly_conditioned_problems(expert):
+    """Noise-free, k = k*, X ~ U[-1,1], nguyen2024 parameter distribution (gate slopes of size ~0.1, here
+    none exactly zero so that linear experts have no exactly flat direction): cond(J^T J) ~ 1e7-1e11.
+
+    L-BFGS stalls at an objective ~1e-11 with parameter errors of order 1e-2; Gauss-Newton/LM must end at
+    least 100x closer to the truth."""
+    truth = draw_truth(4, 3, gate_var=0.01 / 4, expert_var=1 / 4, zero_slope=[], rng=np.random.default_rng(0))
+    spec = ms.MoE(gate="sigmoid", expert=expert, k=3, d=4, noise_sd=0.0)
+    data = ms.simulate(spec, truth, n=2000, reps=2, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        lb = ms.fit_lse(spec, data.X, data.y, truth=truth, init_scale=0.05, seed=3, optimizer="lbfgs",
+                        max_iter=1000)
+        lm = ms.fit_lse(spec, data.X, data.y, truth=truth, init_scale=0.05, seed=3, optimizer="lm", max_iter=300)
+    e_lb = _max_param_error(lb.params, truth.batched(2))
+    e_lm = _max_param_error(lm.params, truth.batched(2))
+    assert e_lm * 100 <= e_lb
+    assert np.all(lm.cond > 1e6)  # the diagnostic flags the conditioning
+
+
+# ------------------------------------------------------------------ batched vs loop, protocol
+def test_batched_equals_loop():
+    """Fitting R replicates together equals fitting each alone from the same start (objective 1e-10 rel.)."""
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="tanh", k=3, d=2, noise_sd=0.3)
+    data = ms.simulate(spec, truth, n=400, reps=3, seed=4, inputs="gaussian")
+    start = near_truth(spec, truth, R=3, S=1, scale=0.2, seed=9)
+    kw = {"optimizer": "lbfgs", "max_iter": 500, "tol": 1e-13, "gtol": 1e-9, "condition": False}
+    batched = ms.fit_lse(spec, data.X, data.y, init=start, **kw)
+    for r in range(3):
+        alone = ms.fit_lse(spec, data.X[r], data.y[r], init=start.select(r), **kw)
+        np.testing.assert_allclose(alone.objective[0], batched.objective[r], rtol=1e-10)
+        assert alone.n_iter[0] == batched.n_iter[r] or abs(alone.objective[0] - batched.objective[r]) < 1e-12
+
+
+def test_cache_blocks_do_not_change_results():
+    """Splitting the replicates into blocks (block_bytes) gives the same fits as one batched program."""
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=3, d=2, noise_sd=0.3)
+    data = ms.simulate(spec, truth, n=300, reps=5, seed=4, inputs="gaussian")
+    kw = {"truth": truth, "seed": 1, "max_iter": 200, "restarts": 2, "history": True, "condition": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        one = ms.fit_lse(spec, data.X, data.y, block_bytes=None, **kw)
+        blocks = ms.fit_lse(spec, data.X, data.y, block_bytes=2 * 300 * 3 * 8, **kw)
+    assert one.settings["replicates_per_block"] == 5 and blocks.settings["replicates_per_block"] == 2
+    np.testing.assert_allclose(blocks.objective, one.objective, rtol=1e-10)
+    np.testing.assert_array_equal(blocks.n_iter, one.n_iter)
+    assert len(blocks.history) == len(one.history)
+
+
+def test_lbfgs_beats_sgd_protocol():
+    """On the same data and start, L-BFGS reaches an objective <= the papers' SGD protocol."""
+    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=8, k=3, seed=0)
+    data = ms.simulate(spec, truth, n=2000, reps=2, seed=1)
+    fit_spec = spec.with_k(4)
+    kw = {"truth": truth, "duplicate": [0], "seed": 5, "condition": False}
+    sgd = ms.fit_lse(fit_spec, data.X, data.y, optimizer="sgd", epochs=10, lr=0.1, batch_size=32, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        lb = ms.fit_lse(fit_spec, data.X, data.y, optimizer="lbfgs", max_iter=500, **kw)
+    assert np.all(lb.objective <= sgd.objective)
+    assert sgd.settings["batch_size"] == 32 and sgd.settings["epochs"] == 10
+    assert np.all(sgd.n_iter == 10 * int(np.ceil(2000 / 32)))
+
+
+def test_adam_decreases_objective():
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=3, d=2, noise_sd=0.1)
+    data = ms.simulate(spec, truth, n=300, reps=2, seed=1, inputs="gaussian")
+    start = near_truth(spec, truth, R=2, scale=0.3, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = ms.fit_lse(spec, data.X, data.y, init=start, optimizer="adam", max_iter=300, lr=1e-2,
+                         history=True, condition=False)
+    h = fit.history
+    first = h[h.iter == 0].objective.to_numpy()
+    assert np.all(fit.objective < first)
+
+
+# ------------------------------------------------------------------ result object, box, restarts
+def test_result_frames_restarts_and_history():
+    truth = _well_conditioned_truth("softmax").normalize_softmax()
+    spec = ms.MoE(gate="softmax", expert="linear", k=4, d=2, noise_sd=0.2)
+    data = ms.simulate(spec.with_k(3), truth, n=300, reps=2, seed=1, inputs="gaussian")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = ms.fit_lse(spec, data.X, data.y, truth=truth, duplicate=[2], restarts=3, seed=0, history=True,
+                         max_iter=50, gtol=1e-6)
+    assert fit.params.n_reps == 2 and fit.params.k == 4
+    assert len(fit.restarts) == 6 and fit.restarts.groupby("rep").best.sum().eq(1).all()
+    best = fit.restarts[fit.restarts.best].objective.to_numpy()
+    np.testing.assert_allclose(best, fit.restarts.groupby("rep").objective.min().to_numpy())
+    np.testing.assert_allclose(best, fit.objective)
+    np.testing.assert_allclose(spec.residual_loss(fit.params, data.X, data.y), fit.objective, rtol=1e-10)
+    frame = fit.to_frame()
+    assert set(frame.quantity) == {"objective", "converged", "n_iter", "grad_norm", "cond", "hit_bound"}
+    assert len(frame) == 2 * 6
+    assert (frame.duplicate == "2").all() and (frame.init == "near_truth").all()
+    assert (frame.optimizer == "lbfgs").all()
+    assert {"rep", "restart", "iter", "objective", "grad_norm"} <= set(fit.history.columns)
+    assert fit.restart_params.n_reps == 6
+    # softmax fits are reported normalised
+    np.testing.assert_array_equal(fit.params.gate_bias[:, -1], 0.0)
+
+
+def test_box_projection_and_hit_bound():
+    """Small n, noisy data: the sigmoid LSE pushes parameters out; the box holds them and reports it."""
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="linear", k=3, d=2, noise_sd=1.0)
+    data = ms.simulate(spec, truth, n=60, reps=3, seed=2, inputs="gaussian")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = ms.fit_lse(spec, data.X, data.y, truth=truth, box=1.0, max_iter=300, seed=1)
+    for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias"):
+        assert np.abs(getattr(fit.params, name)).max() <= 1.0 + 1e-12
+    on_boundary = np.array([any(np.isclose(np.abs(getattr(fit.params, b)[r]), 1.0).any()
+                                for b in ("gate_bias", "gate_weight", "expert_weight", "expert_bias"))
+                            for r in range(3)])
+    np.testing.assert_array_equal(fit.hit_bound, on_boundary)
+    assert fit.hit_bound.any()
+    assert fit.settings["box"]["gate_bias"] == (-1.0, 1.0)
+    # block-wise box
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit2 = ms.fit_lse(spec, data.X, data.y, truth=truth, box={"gate_bias": (-0.5, 0.5)}, max_iter=20,
+                          seed=1, condition=False)
+    assert np.abs(fit2.params.gate_bias).max() <= 0.5 + 1e-12
+
+
+def test_relu_zero_slope_atom_flagged_by_cond():
+    """A relu expert under a zero gate slope has an exactly flat direction (notes §8 C1): cond is inf/huge."""
+    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=3, k=2, seed=0)
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=2, d=3, noise_sd=0.0)
+    data = ms.simulate(spec, truth, n=500, reps=1, seed=1)
+    start = near_truth(spec, truth, R=1, scale=0.0)
+    fit = ms.fit_lse(spec, data.X, data.y, init=start, max_iter=1)
+    assert fit.cond[0] > 1e12
+
+
+@pytest.mark.parametrize("init", ["random", "kmeans"])
+def test_data_driven_inits_run_and_are_seeded(init):
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2, noise_sd=0.1)
+    data = ms.simulate(spec, truth, n=200, reps=2, seed=1, inputs="gaussian")
+    kw = {"init": init, "restarts": 2, "seed": 4, "max_iter": 30, "condition": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        a = ms.fit_lse(spec, data.X, data.y, **kw)
+        b = ms.fit_lse(spec, data.X, data.y, **kw)
+    assert a.params.allclose(b.params, rtol=0, atol=0)
+    assert np.all(np.isfinite(a.objective)) and a.settings["init"] == init
+
+
+def test_sgd_history_and_progress_bar():
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2, noise_sd=0.1)
+    data = ms.simulate(spec, truth, n=200, reps=2, seed=1, inputs="gaussian")
+    fit = ms.fit_lse(spec, data.X, data.y, truth=truth, optimizer="sgd", epochs=3, batch_size=50, history=True,
+                     progress=True, seed=0, condition=False)
+    assert sorted(fit.history.iter.unique()) == [0, 1, 2, 3]  # one full-batch objective per epoch + final
+    assert set(fit.status) <= {"budget", "gtol"} and np.all(fit.n_iter == 3 * 4)
+    last = fit.history[fit.history.iter == 3].sort_values("rep").objective.to_numpy()
+    np.testing.assert_allclose(last, fit.objective, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.fixture
+def small():
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=3, d=2)
+    data = ms.simulate(spec, truth, n=50, reps=2, seed=1)
+    return spec, truth, data
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "match"), [
+    ({"init": "near_truth"}, ValueError, "needs truth"),
+    ({"restarts": 0}, ValueError, "restarts"),
+    ({"optimizer": "newton"}, ValueError, "optimizer"),
+    ({"init": "bogus"}, ValueError, "init"),
+    ({"box": -1.0}, ValueError, "low < high"),
+    ({"box": {"slope": 1.0}}, ValueError, "unknown blocks"),
+    ({"box": "wide"}, TypeError, "box"),
+    ({"tol": -1.0}, ValueError, "tol"),
+    ({"optimizer": "sgd", "batch_size": 500}, ValueError, "batch_size"),
+])
+def test_bad_arguments(small, kwargs, exc, match):
+    spec, _, data = small
+    with pytest.raises(exc, match=match):
+        ms.fit_lse(spec, data.X, data.y, **kwargs)
+
+
+def test_bad_data_and_truth(small):
+    spec, truth, data = small
+    X = data.X.copy()
+    X[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        ms.fit_lse(spec, X, data.y, truth=truth)
+    with pytest.raises(ValueError, match="y has shape"):
+        ms.fit_lse(spec, data.X, data.y[:, :-1], truth=truth)
+    with pytest.raises(ValueError, match="columns"):
+        ms.fit_lse(spec, data.X[..., :1], data.y, truth=truth)
+    with pytest.raises(ValueError, match="duplicate"):
+        ms.fit_lse(spec.with_k(4), data.X, data.y, truth=truth)  # k > k* without duplicate
+    with pytest.raises(ValueError, match="out of range"):
+        ms.fit_lse(spec.with_k(4), data.X, data.y, truth=truth, duplicate=[7])
+    with pytest.raises(ValueError, match="k - k"):
+        ms.fit_lse(spec.with_k(5), data.X, data.y, truth=truth, duplicate=[0])
+    with pytest.raises(TypeError, match="spec"):
+        ms.fit_lse("sigmoid", data.X, data.y)
+
+
+def test_unconverged_warns(small):
+    spec, truth, data = small
+    with pytest.warns(ConvergenceWarning):
+        fit = ms.fit_lse(spec, data.X, data.y, truth=truth, max_iter=1, tol=0.0, gtol=0.0, condition=False)
+    assert not fit.converged.any() and set(fit.status) == {"max_iter"}
