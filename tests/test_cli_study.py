@@ -148,3 +148,20 @@ def test_installed_vignettes_are_discovered():
     for v in found.values():
         mod = vindex.load(v)
         assert mod.NAME == v.name and callable(mod.run)
+
+
+def test_rates_command_prints_table_and_writes_csv_and_png(study_toml, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["study", "run", str(study_toml), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["rates", str(out), "--y", "slope_error", "--by", "fit"]) == 0
+    printed = capsys.readouterr().out
+    assert "exponent" in printed and "ridge=0.0" in printed
+    table = pd.read_csv(out / "rates_slope_error.csv")
+    assert set(table["fit"]) == {"ridge=0.0", "ridge=4.0"}
+    # OLS slope errors shrink like n^-1/2: 4 replicates x 3 n values give a wide but informative interval
+    ols = table[table["fit"] == "ridge=0.0"].iloc[0]
+    assert ols["ci_low"] < 0.5 < ols["ci_high"]
+    assert (out / "rates_slope_error.png").stat().st_size > 1000
+    assert main(["rates", str(out), "--y", "nope"]) == 2
+    assert "columns ['nope'] are not in the results" in capsys.readouterr().err
