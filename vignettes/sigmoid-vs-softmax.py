@@ -60,7 +60,7 @@ SIZES: dict[str, dict[str, Any]] = {
     # the paper: n from 1e3 to 1e5 (grid unstated), 20 replicates
     "full": {"n": [1000, 3162, 10000, 31623, 100000], "reps": 20, "max_iter": 1000},
     # the largest size rendered in docs/vignettes on the shared 2-core machine
-    "medium": {"n": [1000, 2000, 4000], "reps": 4, "max_iter": 150},
+    "medium": {"n": [1000, 2000, 4000, 8000, 16000], "reps": 4, "max_iter": 150},
     # n must exceed the 594 mean parameters of the k = 9 fit
     "quick": {"n": [1000, 1400, 2000], "reps": 2, "max_iter": 60},
 }
