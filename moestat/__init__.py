@@ -7,9 +7,12 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates, metrics, plots, rates
+from . import deep, experts, gates, hermite, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .fit import LSEFit, fit_lse
+from .fit._gated import GatedFit
+from .fit.gated_baselines import fit_em_gated, fit_l2_gated
+from .fit.tensor import fit_tensor
 from .gates import GATES
 from .metrics import (
     GBarResult,
@@ -24,6 +27,7 @@ from .metrics import (
     voronoi_cells,
     voronoi_loss,
 )
+from .metrics.gated import gating_error, regressor_error
 from .model import MoE
 from .params import Params
 from .rates import (
@@ -41,7 +45,8 @@ from .rates import (
     theory_rates,
     window_sensitivity,
 )
-from .simulators import Dataset, PatchData, presets, simulate, simulate_patches
+from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
+from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
 from .study import Study
 
 try:
@@ -52,9 +57,13 @@ except PackageNotFoundError:  # running from a source tree without installation
 __all__ = [
     "EXPERTS",
     "GATES",
+    "ClusterData",
     "Dataset",
     "ExpertFamily",
     "GBarResult",
+    "GatedFit",
+    "GatedNNData",
+    "GatedNNTruth",
     "LSEFit",
     "MoE",
     "Params",
@@ -73,10 +82,15 @@ __all__ = [
     "deep",
     "estimate_gbar",
     "experts",
+    "fit_em_gated",
+    "fit_l2_gated",
     "fit_lse",
     "fit_rate",
+    "fit_tensor",
     "gates",
+    "gating_error",
     "get_expert",
+    "hermite",
     "l2_distance",
     "match_atoms",
     "metrics",
@@ -85,9 +99,12 @@ __all__ = [
     "plots",
     "presets",
     "rates",
+    "regressor_error",
     "sample_complexity",
     "scaling_exponent",
     "simulate",
+    "simulate_clusters",
+    "simulate_gated_nn",
     "simulate_patches",
     "sup_expert_error",
     "test_exponent",

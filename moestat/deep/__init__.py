@@ -1,5 +1,17 @@
 """Deep MoE experiments: MoE of CNN experts (chen2022) and patch-level routing (chowdhury2023)."""
 
+from . import metrics
+from .cluster_moe import (
+    ACTIVATIONS,
+    ClusterMoEFit,
+    expert_outputs,
+    fit_cluster_moe,
+    fit_single_cnn,
+    initial_expert_weights,
+    moe_forward,
+    routed_expert_output,
+)
+from .metrics import dispatch_counts, dispatch_entropy, dispatch_table
 from .patch_moe import (
     PatchFit,
     cnn_logits,
@@ -11,11 +23,23 @@ from .patch_moe import (
 )
 
 __all__ = [
+    "ACTIVATIONS",
+    "ClusterMoEFit",
     "PatchFit",
     "cnn_logits",
+    "dispatch_counts",
+    "dispatch_entropy",
+    "dispatch_table",
     "expert_choice_topl",
+    "expert_outputs",
+    "fit_cluster_moe",
     "fit_cnn",
     "fit_pmoe",
+    "fit_single_cnn",
+    "initial_expert_weights",
+    "metrics",
+    "moe_forward",
     "pmoe_logits",
+    "routed_expert_output",
     "router_gradient_eq26",
 ]

@@ -1,0 +1,34 @@
+"""Smoke test of vignettes/gated-nn-recovery.py at its tiny "smoke" size (the --quick size takes minutes)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "vignettes" / "gated-nn-recovery.py"
+
+
+@pytest.fixture(scope="module")
+def vignette():
+    spec = importlib.util.spec_from_file_location("gated_nn_recovery", PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)      # importing computes nothing
+    return mod
+
+
+def test_vignette_runs_and_resumes(vignette, tmp_path, monkeypatch):
+    assert vignette.NAME == "gated-nn-recovery"
+    monkeypatch.setitem(vignette.SIZES, "quick", vignette.SIZES["smoke"])
+    vignette.run(tmp_path, quick=True)
+    for name in ("results.csv", "rates.csv", "provenance.json", "compare_summary.csv", "fig_vs_n.png",
+                 "fig_compare_iterations.png"):
+        assert (tmp_path / name).exists(), name
+    res = pd.read_csv(tmp_path / "results.csv")
+    assert {"part", "metric", "value", "method"} <= set(res.columns)
+    assert set(res["part"]) == {"compare", "vs_n", "sigma", "nonlinear", "scaling", "nongauss"}
+    assert json.loads((tmp_path / "provenance.json").read_text())["config"]["size"] == "quick"
+    stamp = (tmp_path / "pieces" / "vs_n.csv").stat().st_mtime_ns
+    vignette.run(tmp_path, quick=True)              # resume: finished pieces are not recomputed
+    assert (tmp_path / "pieces" / "vs_n.csv").stat().st_mtime_ns == stamp
