@@ -47,6 +47,7 @@ from .rates import (
 )
 from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
 from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
+from .study import Study
 
 try:
     __version__ = version("moestat")
@@ -70,6 +71,7 @@ __all__ = [
     "RateResult",
     "RateWarning",
     "SampleComplexityResult",
+    "Study",
     "WindowSensitivity",
     "__version__",
     "calibrate_design",

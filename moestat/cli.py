@@ -1,8 +1,13 @@
 """The ``moestat`` command line.
 
-``moestat --version``; ``moestat simulate`` draws data from a paper preset and prints a tidy
-frame.  Further sub-commands (studies, rates, vignettes) register themselves in
-:func:`build_parser`.
+* ``moestat simulate`` — draw data from a paper preset and print a tidy frame;
+* ``moestat study run STUDY.toml --out DIR [--resume] [--workers N] [--device auto|cpu|cuda]`` and
+  ``moestat study check STUDY.toml``;
+* ``moestat rates DIR --y D1 --by gate,expert`` — the rate table (printed, CSV and PNG);
+* ``moestat vignette list`` and ``moestat vignette run NAME [--quick] [--out DIR]``.
+
+Exit codes: 0 success; 2 a usage or input error (message on stderr, prefixed ``moestat: error:``);
+130 interrupted (finished work is kept); 1 an unexpected failure (traceback).
 """
 
 from __future__ import annotations
@@ -44,12 +49,139 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- study
+
+def _cmd_study_run(args: argparse.Namespace) -> int:
+    from .study import Study
+
+    study = Study.from_toml(args.study)
+    out = Path(args.out) if args.out else Path("out") / Path(args.study).stem
+    existing = out / "cells"
+    if existing.is_dir() and any(existing.glob("*.parquet")) and not (args.resume or args.overwrite):
+        raise _UsageError(f"{out} already holds results of a study; pass --resume to continue it or "
+                          "--overwrite to recompute every cell.")
+    executor = "processes" if args.workers and args.workers > 1 else None
+    print(f"{study!r}\nwriting to {out}", flush=True)
+    try:
+        frame = study.run(out, resume=not args.overwrite, executor=executor, workers=args.workers,
+                          progress=not args.quiet, device=args.device)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished cells are saved in {out}; rerun with --resume to continue.",
+              file=sys.stderr)
+        return 130
+    _print_summary(frame)
+    print(f"\nwrote {len(frame)} rows: {out / 'results.parquet'}, {out / 'results.csv'}, "
+          f"{out / 'provenance.json'}")
+    return 0
+
+
+def _print_summary(frame: pd.DataFrame) -> None:
+    skip = {"rep", "seed", "k", "n", "wall_time", "fit_wall_time", "objective", "converged"}
+    numeric = [c for c in frame.select_dtypes("number").columns
+               if c not in skip and not c.startswith("truth_") and frame[c].nunique() > 1]
+    keys = [c for c in ("truth", "fit", "n") if c in frame.columns]
+    cols = [c for c in ("objective", *numeric) if c in frame.columns][:6]
+    agg = frame.groupby(keys, sort=False)[cols].mean()
+    if "converged" in frame.columns:
+        agg["converged"] = frame.groupby(keys, sort=False)["converged"].mean()
+    print("\nmeans over replicates:")
+    print(agg.to_string(float_format=lambda v: f"{v:.4g}"))
+
+
+def _cmd_study_check(args: argparse.Namespace) -> int:
+    from .study import Study
+
+    study = Study.from_toml(args.study)
+    print(repr(study))
+    for c in study.cells:
+        print(f"  {c['id']}")
+    print(f"{len(study.cells)} cells x {study.reps} replicates; configuration is valid.")
+    return 0
+
+
+# --------------------------------------------------------------------------- rates
+
+def _cmd_rates(args: argparse.Namespace) -> int:
+    from .study import load_results
+
+    try:
+        from .rates import fit_rate
+    except ImportError as exc:  # pragma: no cover - depends on the rates module being present
+        raise _UsageError(f"moestat rates needs moestat.rates ({exc}).") from exc
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frame = load_results(args.results)
+    by = [b for b in (args.by or "").split(",") if b]
+    missing = [c for c in [args.y, args.x, *by] if c not in frame.columns]
+    if missing:
+        raise _UsageError(f"columns {missing} are not in the results; available: {sorted(frame.columns)}.")
+    kwargs = {"y": args.y, "x": args.x, "by": by or None, "model": args.model, "ci": args.ci}
+    if args.method:
+        kwargs["method"] = args.method
+    if args.seed is not None:
+        kwargs["seed"] = args.seed
+    result = fit_rate(frame, **kwargs)
+    table = result.table
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    base = Path(args.out) if args.out else (Path(args.results) if Path(args.results).is_dir()
+                                            else Path(args.results).parent) / f"rates_{args.y}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(base.with_suffix(".csv"), index=False)
+    ax = result.plot()
+    fig = ax.figure if hasattr(ax, "figure") else plt.gcf()
+    fig.savefig(base.with_suffix(".png"), dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    print(f"\nwrote {base.with_suffix('.csv')} and {base.with_suffix('.png')}")
+    return 0
+
+
+# ------------------------------------------------------------------------ vignettes
+
+def _cmd_vignette_list(args: argparse.Namespace) -> int:
+    from ._vignette_index import discover
+
+    found = discover()
+    if not found:
+        print("no vignettes are installed.")
+        return 0
+    width = max(len(v.name) for v in found)
+    for v in found:
+        print(f"{v.name:<{width}}  {v.title}")
+    return 0
+
+
+def _cmd_vignette_run(args: argparse.Namespace) -> int:
+    from ._vignette_index import find, load
+
+    info = find(args.name)
+    module = load(info)
+    out = Path(args.out) if args.out else Path("out") / info.name
+    print(f"running vignette {info.name}{' (quick)' if args.quick else ''} -> {out}", flush=True)
+    try:
+        module.run(out, quick=args.quick, resume=not args.no_resume)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished pieces are saved in {out}; rerun the same command to continue.",
+              file=sys.stderr)
+        return 130
+    files = sorted(p.name for p in out.iterdir() if p.is_file()) if out.is_dir() else []
+    print(f"{info.name}: wrote {', '.join(files)} in {out}")
+    return 0
+
+
+class _UsageError(ValueError):
+    """A mistake in the command line or its inputs (exit code 2)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser = argparse.ArgumentParser(
         prog="moestat",
         description="Mixtures of experts as statistical models: simulate, fit, score, estimate rates.",
+        epilog="Start with: moestat vignette run sigmoid-vs-softmax --quick --out out/sigmoid-vs-softmax",
     )
     parser.add_argument("--version", action="version", version=f"moestat {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -66,6 +198,61 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--truth-seed", type=int, default=0, help="seed of the parameter draw (default 0)")
     sim.add_argument("--out", default=None, help="folder to write data.csv and truth.csv into")
     sim.set_defaults(func=_cmd_simulate)
+
+    study = sub.add_parser("study", help="run a simulation study described in a TOML file",
+                           description="Run or check a declarative simulation study (see docs/studies.md).")
+    study_sub = study.add_subparsers(dest="study_command", metavar="SUBCOMMAND")
+    run = study_sub.add_parser("run", help="run every cell of a study, checkpointing each as it finishes",
+                               description="Run a study: one batched fit per (truth, fitted model, n) cell; "
+                                           "each finished cell is saved in OUT/cells/ so --resume continues "
+                                           "an interrupted run.")
+    run.add_argument("study", metavar="STUDY.toml", help="study file")
+    run.add_argument("--out", metavar="DIR", help="output folder (default out/<study file name>)")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue a run in DIR, skipping finished cells")
+    mode.add_argument("--overwrite", action="store_true", help="recompute every cell even if DIR holds results")
+    run.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="worker processes (default: run cells in this process)")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                     help="device for the fits (default: the study's, usually auto)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=_cmd_study_run)
+    check = study_sub.add_parser("check", help="validate a study file and list its cells",
+                                 description="Validate a study file and list its cells without running them.")
+    check.add_argument("study", metavar="STUDY.toml", help="study file")
+    check.set_defaults(func=_cmd_study_check)
+    study.set_defaults(func=None, _sub_parser=study)
+
+    rates = sub.add_parser("rates", help="estimate convergence exponents from a study's results",
+                           description="Fit y ~ n^-alpha per group of a study's results; print the rate table "
+                                       "and write it as CSV with a log-log plot (PNG).")
+    rates.add_argument("results", metavar="DIR", help="study output folder (or a results .parquet/.csv file)")
+    rates.add_argument("--y", required=True, help="error column, e.g. D1")
+    rates.add_argument("--x", default="n", help="sample-size column (default n)")
+    rates.add_argument("--by", default="truth,fit", help="comma-separated grouping columns (default truth,fit)")
+    rates.add_argument("--model", default="power", choices=("power", "power_log", "inverse_log"),
+                       help="rate model (default power: log y = c - alpha log n)")
+    rates.add_argument("--method", default=None, choices=("cluster_bootstrap", "robust"),
+                       help="interval method (default: moestat.fit_rate's)")
+    rates.add_argument("--ci", type=float, default=0.95, help="confidence level (default 0.95)")
+    rates.add_argument("--seed", type=int, default=None, help="bootstrap seed")
+    rates.add_argument("--out", metavar="PREFIX", default=None,
+                       help="write PREFIX.csv and PREFIX.png (default DIR/rates_<y>)")
+    rates.set_defaults(func=_cmd_rates)
+
+    vig = sub.add_parser("vignette", help="list or run the vignettes that reproduce the papers",
+                         description="List or run moestat's vignettes (installed with the package).")
+    vig_sub = vig.add_subparsers(dest="vignette_command", metavar="SUBCOMMAND")
+    vl = vig_sub.add_parser("list", help="list the installed vignettes", description="List the installed vignettes.")
+    vl.set_defaults(func=_cmd_vignette_list)
+    vr = vig_sub.add_parser("run", help="run a vignette", description="Run a vignette; it writes results.csv, "
+                            "rates.csv, figures (PNG) and provenance.json into --out.")
+    vr.add_argument("name", metavar="NAME", help="vignette name (see 'moestat vignette list')")
+    vr.add_argument("--quick", action="store_true", help="reduced size (minutes on 2 CPU cores)")
+    vr.add_argument("--out", metavar="DIR", default=None, help="output folder (default out/NAME)")
+    vr.add_argument("--no-resume", action="store_true", help="recompute pieces already saved in DIR")
+    vr.set_defaults(func=_cmd_vignette_run)
+    vig.set_defaults(func=None, _sub_parser=vig)
     return parser
 
 
@@ -74,13 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
+        return 2
+    if args.func is None:  # a command group without its sub-command
+        args._sub_parser.print_help(sys.stderr)
         return 2
     pd.set_option("display.width", 120)
     np.set_printoptions(precision=4)
     try:
         return int(args.func(args))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"moestat: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,92 @@
+"""Benchmark: the Figure-1 study, batched cells vs fitting one replicate at a time.
+
+Runs a sub-grid of the sigmoid-vs-softmax study (``--experts``, ``--gates``, ``--n``, ``--reps``) twice
+on the same data and settings:
+
+* **batched** — ``Study.run``: one ``fit_lse`` call per cell fits all R replicates together;
+* **loop** — the same fits one replicate at a time (``fit_lse`` with R = 1, the replicate's own data
+  and seed child), the way a script without a batched engine runs them.
+
+Both run a fixed number of L-BFGS iterations (``tol = gtol = 0``) so they do the same optimisation
+work; the ratio loop / batched is the speed-up of batching.  It also extrapolates the full Figure-1
+study (n = 1e3..1e5, 20 replicates, 2 gates x 2 experts) from the measured per-observation cost.
+
+    python benchmarks/study_fig1.py                      # default sub-grid
+    python benchmarks/study_fig1.py --n 1000 4000 --reps 20 --iters 50
+
+Absolute times depend on the machine and its load (the development machine was shared by several
+jobs); the ratio is measured in one run and is the figure to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from moestat._cells import CellContext, build_truth
+from moestat.fit.lse import fit_lse
+from moestat.study import Study
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experts", nargs="+", default=["relu"])
+    ap.add_argument("--gates", nargs="+", default=["sigmoid", "softmax"])
+    ap.add_argument("--n", nargs="+", type=int, default=[1000, 2000])
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    opts = {"init": "near_truth", "optimizer": "lbfgs", "max_iter": args.iters, "tol": 0.0, "gtol": 0.0,
+            "box": 10.0, "condition": False}
+    study = Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "seed": 0, "stream": "{expert}",
+                         "grid": {"expert": args.experts, "truth_gate": args.gates}},
+                  fit={"label": "lse", "k": "truth+1", "options": opts}, n=args.n, reps=args.reps, seed=1,
+                  device=args.device)
+    print(f"torch threads {torch.get_num_threads()}, device {args.device}; {len(study.cells)} cells x "
+          f"{args.reps} replicates, {args.iters} L-BFGS iterations each")
+    # warm-up: kernel selection/compilation and allocator caches are paid once, outside both timings
+    warm = Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "seed": 0, "expert": args.experts[0]},
+                 fit={"label": "lse", "k": "truth+1", "options": {**opts, "max_iter": 2}}, n=[min(args.n)],
+                 reps=args.reps, seed=99, device=args.device)
+    warm.run(progress=False)
+    wt = build_truth(warm.truths[0])
+    fit_lse(wt.spec.with_k(9), np.zeros((1, min(args.n), 32)) + 0.1, np.zeros((1, min(args.n))), truth=wt.params,
+            duplicate=wt.info["duplicate"], seed=0, device=args.device, **{**opts, "max_iter": 2})
+    t0 = time.perf_counter()
+    frame = study.run(progress=False)
+    batched = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    loop_obj = []
+    for cell in study.cells:
+        truth = build_truth(cell["truth"])
+        ctx = CellContext(cell["truth"], cell["fit"], cell["n"], args.reps,
+                          np.random.SeedSequence(study.seed, spawn_key=cell["data_key"]),
+                          np.random.SeedSequence(study.seed, spawn_key=cell["fit_key"]),
+                          np.random.SeedSequence(study.seed, spawn_key=cell["metric_key"]), args.device)
+        data = ctx.data()
+        spec = ctx.fit_spec()
+        children = np.random.SeedSequence(study.seed, spawn_key=cell["fit_key"]).spawn(args.reps)
+        for r in range(args.reps):  # the same start as replicate r of the batched call
+            fit = fit_lse(spec, data.X[r:r + 1], data.y[r:r + 1], truth=truth.params,
+                          duplicate=truth.info["duplicate"], seed=[children[r]], device=args.device, **opts)
+            loop_obj.append(float(fit.objective[0]))
+    loop = time.perf_counter() - t0
+    obs = sum(c["n"] for c in study.cells) * args.reps
+    print(f"batched study: {batched:8.2f} s   loop over replicates: {loop:8.2f} s   speed-up x{loop / batched:.2f}")
+    print(f"median objective batched {np.median(frame['objective']):.6g} vs loop {np.median(loop_obj):.6g}")
+    full_obs = sum([1000, 3162, 10000, 31623, 100000]) * 20 * 4
+    per_obs_iter = batched / (obs * args.iters)
+    print(f"batched cost {per_obs_iter * 1e9:.1f} ns per observation-iteration; the full Figure-1 LSE study "
+          f"(4 truths, n = 1e3..1e5, 20 reps) at 1000 iterations would take about "
+          f"{per_obs_iter * full_obs * 1000 / 3600:.1f} h here")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,475 @@
+r"""What one cell of a study computes: truths, estimators, metrics and the built-in cell.
+
+A *cell* of a :class:`moestat.Study` is one (truth, fitted model, n) combination; it
+simulates ``reps`` replicate data sets and fits all of them in **one batched call**.
+Estimators and metrics are looked up by name in two small registries:
+
+* an estimator is ``fn(spec, X, y, *, truth, seed, device, **options) -> Estimate``
+  (``X (R, n, d)``, ``y (R, n)``; ``truth`` is the :class:`~moestat.simulators.presets.Truth`);
+* a metric is ``fn(ctx: MetricContext, **options)`` returning an ``(R,)`` array (one column
+  named after the metric) or a dict ``{column: (R,) array}``.
+
+Both registries accept new entries (:func:`register_estimator`, :func:`register_metric`);
+a study also accepts the functions themselves (module-level, so that worker processes can
+import them) and, for experiments that are not "simulate, fit, score", a whole cell callable
+(:class:`CellContext` in, tidy frame out).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .model import MoE
+from .params import Params
+from .simulators import presets as _presets
+from .simulators.presets import Truth
+from .simulators.regression import Dataset, simulate
+
+# ---------------------------------------------------------------------------- truths
+
+TRUTH_SIM_KEYS = ("inputs", "low", "high", "model")
+"""Simulation knobs a truth entry may carry (passed to :func:`moestat.simulate`)."""
+
+EXPLICIT_TRUTH_KEYS = ("gate", "expert", "k", "d", "noise_sd", "top_k", "temperature", "params")
+"""Keys of an explicit truth (an :class:`~moestat.MoE` and its parameters)."""
+
+
+def preset_keys(name: str) -> tuple[str, ...]:
+    """Keyword arguments accepted by preset ``name`` (from its signature)."""
+    fn = _presets.PRESETS[name]
+    return tuple(p.name for p in inspect.signature(fn).parameters.values())
+
+
+def build_truth(cfg: Mapping[str, Any]) -> Truth:
+    """The true model described by a (validated) truth entry of a study."""
+    if cfg.get("preset") is not None:
+        kwargs = {k: v for k, v in cfg.items() if k in preset_keys(cfg["preset"])}
+        return _presets.PRESETS[cfg["preset"]](**kwargs)
+    spec = MoE(**{k: cfg[k] for k in ("gate", "expert", "k", "d", "noise_sd", "top_k", "temperature")
+                  if cfg.get(k) is not None})
+    params = Params(**{k: np.asarray(v, dtype=np.float64) for k, v in cfg["params"].items()})
+    spec.check_params(params)
+    zero = np.flatnonzero(np.all(np.asarray(params.numpy().gate_weight) == 0, axis=-1))
+    info = {"source": "explicit", "duplicate": [], "zero_slope_atoms": [int(i) for i in zero]}
+    return Truth(spec, params, info)
+
+
+def simulate_cell(truth: Truth, truth_cfg: Mapping[str, Any], n: int, reps: int,
+                  seed: np.random.SeedSequence) -> Dataset:
+    """Replicate data sets of one cell (replicate r uses child r of ``seed``)."""
+    spec, params = truth
+    kw = {k: truth_cfg[k] for k in TRUTH_SIM_KEYS if truth_cfg.get(k) is not None}
+    return simulate(spec, params, n=n, reps=reps, seed=seed, **kw)
+
+
+# ------------------------------------------------------------------------ estimators
+
+@dataclass
+class Estimate:
+    """What an estimator returns to the study runner.
+
+    Attributes
+    ----------
+    params : Params
+        Fitted parameters, batched over the R replicates (numpy or torch).
+    objective : ndarray, shape (R,)
+        Final value of the estimator's objective (e.g. the mean squared residual).
+    converged : ndarray of bool, shape (R,)
+        Per-replicate convergence flags.
+    info : dict of str to ndarray (R,)
+        Further per-replicate diagnostics (iterations, gradient norm, conditioning, ...);
+        each becomes a column of the study frame.
+    settings : dict of str to scalar
+        The estimator's resolved settings (defaults filled in); each becomes a column.
+    """
+
+    params: Params
+    objective: np.ndarray
+    converged: np.ndarray
+    info: dict[str, np.ndarray] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def ols_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | None = None,
+                  seed: np.random.SeedSequence | None = None, device: str = "cpu",
+                  ridge: float = 0.0) -> Estimate:
+    r"""Closed-form least squares for a one-expert linear model (the exact LSE of that model).
+
+    With ``k = 1`` and a softmax gate the gate weight is identically 1, so
+    :math:`f(x) = a^\top x + b` and eq. (3) of nguyen2024 is ordinary least squares:
+    :math:`(\hat a, \hat b) = \arg\min \sum_t (y_t - a^\top x_t - b)^2`, solved for all
+    replicates at once with a batched SVD solve (``torch.linalg.lstsq``, driver ``gelsd``); ``ridge > 0`` adds
+    :math:`\lambda\|a\|^2` (normal equations).  A baseline and a cheap, exact estimator for
+    testing study machinery.
+    """
+    if spec.k != 1 or spec.expert != "linear" or spec.gate != "softmax":
+        raise ValueError("estimator 'ols' fits the one-expert linear model only: use k=1, expert='linear', "
+                         f"gate='softmax' (got k={spec.k}, expert={spec.expert!r}, gate={spec.gate!r}).")
+    dev = torch.device(device)
+    Xt = torch.as_tensor(X, dtype=torch.float64, device=dev)
+    yt = torch.as_tensor(y, dtype=torch.float64, device=dev)
+    R, n, d = Xt.shape
+    Z = torch.cat([Xt, torch.ones(R, n, 1, dtype=Xt.dtype, device=dev)], dim=-1)
+    if ridge > 0:
+        pen = torch.eye(d + 1, dtype=Xt.dtype, device=dev) * ridge
+        pen[d, d] = 0.0
+        coef = torch.linalg.solve(Z.transpose(1, 2) @ Z + pen, Z.transpose(1, 2) @ yt.unsqueeze(-1))[..., 0]
+    else:
+        # gelsd (SVD) is deterministic run to run; the default pivoted-QR driver is not bitwise reproducible
+        coef = torch.linalg.lstsq(Z, yt.unsqueeze(-1), driver="gelsd").solution[..., 0]
+    resid = yt - (Z @ coef.unsqueeze(-1))[..., 0]
+    zeros = np.zeros((R, 1, d))
+    params = Params(np.zeros((R, 1)), zeros, coef[:, None, :d].cpu().numpy(), coef[:, d:].cpu().numpy())
+    return Estimate(params, (resid**2).mean(-1).cpu().numpy(), np.ones(R, dtype=bool),
+                    {"rank": torch.linalg.matrix_rank(Z).cpu().numpy()})
+
+
+def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | None = None,
+                  seed: np.random.SeedSequence | None = None, device: str = "auto",
+                  **options: Any) -> Estimate:
+    """The least-squares estimator :func:`moestat.fit_lse` as a study estimator.
+
+    With ``init="near_truth"`` (the default when a truth is known) the true parameters are passed on;
+    when the fitted model has more experts than the truth and ``duplicate`` is not given, the
+    preset's default duplicated atoms (``truth.info["duplicate"]``) are used.  The resolved settings
+    of the fit (``duplicate``, ``init_scale``, ``max_iter``, tolerances, ...) become columns.
+    """
+    from .fit.lse import fit_lse
+
+    opts = dict(options)
+    init = opts.get("init", "near_truth" if truth is not None else "auto")
+    opts["init"] = init
+    if init == "near_truth" and truth is not None:
+        opts.setdefault("truth", truth.params)
+        extra = spec.k - truth.spec.k
+        if extra > 0 and "duplicate" not in opts:
+            dup = list(truth.info.get("duplicate", []))
+            if len(dup) < extra:
+                raise ValueError(f"the fit has {extra} more experts than the truth; give options.duplicate, the "
+                                 f"{extra} true atoms (0-based) that get an extra fitted copy.")
+            opts["duplicate"] = dup[:extra]
+    fit = fit_lse(spec, X, y, seed=seed, device=device, **opts)
+    return estimate_from_fit(fit)
+
+
+def estimate_from_fit(fit: Any) -> Estimate:
+    """Convert a fit (``params``, ``objective``, ``converged``, diagnostics, ``settings``) to :class:`Estimate`."""
+    def arr(value: Any) -> np.ndarray:
+        return np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+
+    R = fit.params.numpy().n_reps
+    info: dict[str, np.ndarray] = {}
+    for name in ("status", "n_iter", "grad_norm", "cond", "hit_bound"):
+        value = getattr(fit, name, None)
+        if value is not None and arr(value).shape == (R,):
+            info[name] = arr(value)
+    settings = fit.config_columns() if hasattr(fit, "config_columns") else dict(getattr(fit, "settings", {}))
+    return Estimate(fit.params.numpy(), arr(fit.objective).astype(float), arr(fit.converged).astype(bool), info,
+                    settings)
+
+
+ESTIMATORS: dict[str, Callable[..., Estimate]] = {"lse": lse_estimator, "ols": ols_estimator}
+"""Estimator registry: name -> function (see the module docstring for the signature)."""
+
+
+def register_estimator(name: str, fn: Callable[..., Estimate]) -> None:
+    """Add an estimator to the registry (in this process; pass the function itself to use process pools)."""
+    if not callable(fn):
+        raise TypeError(f"register_estimator: fn must be callable, got {type(fn).__name__}.")
+    ESTIMATORS[name] = fn
+
+
+# --------------------------------------------------------------------------- metrics
+
+@dataclass
+class MetricContext:
+    """Everything a metric may use to score the fits of one cell.
+
+    Attributes
+    ----------
+    fit : Estimate
+        The estimator's output (fitted ``params`` batched over R replicates).
+    fit_spec, truth_spec : MoE
+        Fitted and true model specifications.
+    truth : Params
+        True parameters (unbatched).
+    truth_info : dict
+        The truth's metadata (regime, zero-slope atoms, duplicated atoms, ...).
+    data : Dataset
+        The replicate data sets of the cell.
+    seed : numpy.random.SeedSequence
+        A stream reserved for the metric (e.g. a Monte-Carlo sample).
+    """
+
+    fit: Estimate
+    fit_spec: MoE
+    truth_spec: MoE
+    truth: Params
+    truth_info: dict[str, Any]
+    data: Dataset
+    seed: np.random.SeedSequence
+
+
+def _voronoi(kind: str) -> Callable[..., np.ndarray]:
+    def metric(ctx: MetricContext, **options: Any) -> np.ndarray:
+        from .metrics import voronoi_loss
+
+        return np.asarray(voronoi_loss(ctx.fit.params, ctx.truth, kind=kind, **options), dtype=float)
+
+    metric.__name__ = kind
+    metric.__doc__ = f"Voronoi loss {kind} of the fit against the truth (:func:`moestat.voronoi_loss`)."
+    return metric
+
+
+def l2_metric(ctx: MetricContext, n_mc: int = 20_000) -> np.ndarray:
+    r"""Monte-Carlo :math:`\|f_{\hat G} - f_{G^*}\|_{L^2(\mu)}` on one input sample shared by the cell."""
+    from .metrics import l2_distance
+
+    rng = np.random.default_rng(ctx.seed)
+    X_mc = rng.uniform(-1.0, 1.0, size=(n_mc, ctx.truth_spec.d))
+    return np.asarray(l2_distance(ctx.fit_spec, ctx.fit.params, ctx.truth, X_mc, spec_b=ctx.truth_spec),
+                      dtype=float)
+
+
+def parameter_error_metric(ctx: MetricContext) -> dict[str, np.ndarray]:
+    r"""Per-replicate summaries of :func:`moestat.parameter_errors` for over- and exact-specified atoms.
+
+    Columns ``err_<specified>_<block>``: the largest error of a fitted atom against its true atom, over
+    over-specified cells (:math:`|A_j| \ge 2`, ``specified="over"``) or exact cells (:math:`|A_j| = 1`),
+    per block (``gate_bias``, ``gate_weight``, ``expert_weight``, ``expert_bias``, ``expert`` = the whole
+    :math:`\eta`) and ``err_over_weight_sum`` (the cell weight-sum gap).  nguyen2024 (Remark after Thm 2;
+    notes §8 C8) predicts :math:`n^{-1/4}` for over-specified slopes and experts, :math:`n^{-1/2}` for
+    exact-specified parameters and weight sums, and no rate for individual over-specified intercepts.
+    NaN where a replicate has no cell of that kind.
+    """
+    from .metrics import parameter_errors
+
+    frame = parameter_errors((ctx.fit_spec, ctx.fit.params), (ctx.truth_spec, ctx.truth))
+    return summarise_parameter_errors(frame, ctx.fit.params.numpy().n_reps)
+
+
+def summarise_parameter_errors(frame: pd.DataFrame, reps: int) -> dict[str, np.ndarray]:
+    """Reduce a tidy ``parameter_errors`` frame to per-replicate maxima by cell type and block."""
+    out: dict[str, np.ndarray] = {}
+    f = frame[frame["specified"].isin(["over", "exact"])]
+    for (kind, block), sub in f.groupby(["specified", "block"], sort=True):
+        out[f"err_{kind}_{block}"] = sub.groupby("rep")["error"].max().reindex(range(reps)).to_numpy(float)
+    return out
+
+
+def split_family(truth: Params, duplicate: Sequence[int], ts: Sequence[float] | np.ndarray) -> Params:
+    r"""Exact over-specified representations of a sigmoid MoE with positively homogeneous experts.
+
+    For :math:`\varphi` positively 1-homogeneous (linear, relu), duplicating true atom :math:`j` with its
+    gate unchanged and its expert split,
+
+    .. math:: \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,[\varphi(t z) + \varphi((1-t) z)]
+              = \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,\varphi(z),\qquad z = a^{*\top}_j x + b^*_j,
+
+    for every :math:`t \in [0, 1]`, so :math:`f_{\bar G_t} = f_{G^*}` with :math:`k^* + 1` atoms (notes §8 C2).
+    The regime-2 limit :math:`\bar G` of nguyen2024 Thm 5 is therefore not unique; this returns the family
+    :math:`\{\bar G_t\}` on the grid ``ts`` as batched Params (S, k* + 1, ...), the set over which
+    :func:`moestat.voronoi_loss` (``kind="D3"``, ``gbar=``) takes the infimum.  For linear experts every
+    additive split :math:`\eta_a + \eta_b = \eta^*` is exact, so the infimum over this sub-family is an
+    upper bound of :math:`\inf_{\bar G} D_3`.
+    """
+    dup = [int(j) for j in duplicate]
+    if len(dup) != 1:
+        raise ValueError(f"split_family handles one duplicated atom (k = k* + 1); got duplicate={dup}.")
+    p = truth.numpy()
+    if p.is_batched:
+        raise ValueError("split_family needs unbatched true Params.")
+    j = dup[0]
+    if not 0 <= j < p.k:
+        raise ValueError(f"duplicate atom {j} is out of range for k*={p.k}.")
+    t = np.asarray(ts, dtype=float)
+    S = len(t)
+    order = [*range(p.k), j]
+
+    def tile(a: np.ndarray) -> np.ndarray:
+        return np.repeat(a[order][None], S, axis=0)
+
+    ew, eb = tile(p.expert_weight), tile(p.expert_bias)
+    ew[:, j] *= t[:, None]
+    eb[:, j] *= t
+    ew[:, -1] *= (1 - t)[:, None]
+    eb[:, -1] *= 1 - t
+    return Params(tile(p.gate_bias), tile(p.gate_weight), ew, eb)
+
+
+def _duplicates(ctx: MetricContext) -> list[int]:
+    dup = ctx.fit.settings.get("duplicate")
+    if isinstance(dup, str):
+        return [int(v) for v in dup.split(",") if v.strip()]
+    if dup is not None:
+        return [int(v) for v in np.atleast_1d(dup)]
+    return [int(v) for v in ctx.truth_info.get("duplicate", [])][: max(0, ctx.fit_spec.k - ctx.truth_spec.k)]
+
+
+def gate_matched_loss(ctx: MetricContext, n_split: int = 201) -> dict[str, np.ndarray]:
+    r"""The Voronoi loss each theory uses for the fitted gate, in one column ``loss`` (kind in ``loss_kind``).
+
+    * softmax fits: the softmax Voronoi loss against :math:`G^*` (``kind="softmax"``; translation removed);
+    * sigmoid fits whose duplicated atoms all have zero gate slope (regime 1): :math:`D_1(\hat G, G^*)`;
+    * sigmoid fits in regime 2 with linear/relu experts: :math:`\inf_t D_3(\hat G, \bar G_t)` over the exact
+      split family :func:`split_family` (``n_split`` values of t in [0, 1]);
+    * sigmoid fits in regime 2 with other experts: NaN (:math:`\bar G` must be estimated; see
+      ``moestat.metrics``), ``loss_kind = "D3 (G-bar unknown)"``.
+    """
+    from .metrics import voronoi_loss
+
+    R = ctx.fit.params.numpy().n_reps
+    if ctx.fit_spec.gate != "sigmoid":
+        value = voronoi_loss(ctx.fit.params, ctx.truth, kind="softmax")
+        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "softmax", dtype=object)}
+    dup = _duplicates(ctx)
+    slopes = np.linalg.norm(ctx.truth.numpy().gate_weight, axis=-1)
+    if ctx.fit_spec.k == ctx.truth_spec.k or all(slopes[j] == 0 for j in dup):
+        value = voronoi_loss(ctx.fit.params, ctx.truth, kind="D1")
+        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D1", dtype=object)}
+    if ctx.fit_spec.family.homogeneous and ctx.fit_spec.k == ctx.truth_spec.k + 1:
+        gbar = split_family(ctx.truth, dup, np.linspace(0.0, 1.0, n_split))
+        value = voronoi_loss(ctx.fit.params, None, kind="D3", gbar=gbar)
+        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D3 split family", dtype=object)}
+    return {"loss": np.full(R, np.nan), "loss_kind": np.full(R, "D3 (G-bar unknown)", dtype=object)}
+
+
+METRICS: dict[str, Callable[..., Any]] = {
+    "D1": _voronoi("D1"),
+    "D2": _voronoi("D2"),
+    "D3": _voronoi("D3"),
+    "l2": l2_metric,
+    "parameter_errors": parameter_error_metric,
+    "loss": gate_matched_loss,
+}
+"""Metric registry: name -> function (see the module docstring for the signature)."""
+
+
+def register_metric(name: str, fn: Callable[..., Any]) -> None:
+    """Add a metric to the registry (in this process; pass the function itself to use process pools)."""
+    if not callable(fn):
+        raise TypeError(f"register_metric: fn must be callable, got {type(fn).__name__}.")
+    METRICS[name] = fn
+
+
+def metric_name(metric: str | Callable[..., Any]) -> str:
+    return metric if isinstance(metric, str) else getattr(metric, "__name__", repr(metric))
+
+
+# ----------------------------------------------------------------------------- cells
+
+@dataclass
+class CellContext:
+    """One cell of a study, handed to a custom cell callable (and used by the built-in cell).
+
+    Attributes
+    ----------
+    truth_cfg, fit_cfg : dict
+        The validated truth and fit entries of the study (``fit_cfg["options"]`` holds the
+        estimator options).
+    n, reps : int
+        Sample size and number of replicates.
+    data_seed, fit_seed, metric_seed : numpy.random.SeedSequence
+        The cell's streams: the data stream is shared by every fit of the same truth and n
+        (common random numbers, "under the same data" as nguyen2024 Fig. 1); replicate r
+        of the data uses its child r.
+    device : str
+        Device requested by the study.
+    metrics : list
+        Metric names or callables; ``metric_options`` their keyword arguments.
+    """
+
+    truth_cfg: dict[str, Any]
+    fit_cfg: dict[str, Any]
+    n: int
+    reps: int
+    data_seed: np.random.SeedSequence
+    fit_seed: np.random.SeedSequence
+    metric_seed: np.random.SeedSequence
+    device: str = "cpu"
+    metrics: list[Any] = field(default_factory=list)
+    metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _truth: Truth | None = None
+    _data: Dataset | None = None
+
+    def truth(self) -> Truth:
+        """The true model (built once)."""
+        if self._truth is None:
+            self._truth = build_truth(self.truth_cfg)
+        return self._truth
+
+    def data(self) -> Dataset:
+        """The cell's R replicate data sets (simulated once)."""
+        if self._data is None:
+            self._data = simulate_cell(self.truth(), self.truth_cfg, self.n, self.reps, self.data_seed)
+        return self._data
+
+    def fit_spec(self) -> MoE:
+        """The fitted model: the truth's spec with the fit entry's gate, expert and k."""
+        spec = self.truth().spec
+        f = self.fit_cfg
+        k = resolve_k(f.get("k"), spec.k)
+        return MoE(gate=f.get("gate") or spec.gate, expert=f.get("expert") or spec.expert, k=k, d=spec.d,
+                   noise_sd=spec.noise_sd, top_k=f.get("top_k"), temperature=f.get("temperature") or 1.0)
+
+
+def resolve_k(k: int | str | None, k_true: int) -> int:
+    """``None``/"truth" -> k*, "truth+m" -> k* + m, an int -> itself."""
+    if k is None or k == "truth":
+        return k_true
+    if isinstance(k, str):
+        return k_true + int(k.split("+", 1)[1])
+    return int(k)
+
+
+def estimator_cell(ctx: CellContext) -> pd.DataFrame:
+    """The built-in cell: simulate R data sets, fit them in one batched estimator call, score them.
+
+    Returns one row per replicate with the objective, convergence flag, the estimator's
+    diagnostics, the fit's wall time and one column per metric value.
+    """
+    truth = ctx.truth()
+    data = ctx.data()
+    spec = ctx.fit_spec()
+    est = ctx.fit_cfg.get("estimator", "lse")
+    fn = ESTIMATORS[est] if isinstance(est, str) else est
+    t0 = time.perf_counter()
+    fit = fn(spec, data.X, data.y, truth=truth, seed=ctx.fit_seed, device=ctx.device,
+             **ctx.fit_cfg.get("options", {}))
+    wall = time.perf_counter() - t0
+    R = ctx.reps
+    cols: dict[str, Any] = {
+        "rep": np.arange(R),
+        "objective": np.asarray(fit.objective, dtype=float),
+        "converged": np.asarray(fit.converged, dtype=bool),
+    }
+    for name, value in fit.info.items():
+        cols[name] = np.asarray(value)
+    cols["fit_wall_time"] = np.full(R, wall / R)
+    skip = {"gate", "expert", "k", "d", "seed", "truth", "device", "n", "rep", "progress", "history"}
+    for name, value in fit.settings.items():
+        if name in cols or name in skip or value is None:
+            continue
+        cols[name] = [value if isinstance(value, (str, bool, int, float, np.generic)) else str(value)] * R
+    mctx = MetricContext(fit, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed)
+    for m in ctx.metrics:
+        fn_m = METRICS[m] if isinstance(m, str) else m
+        value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))
+        if isinstance(value, Mapping):
+            for col, v in value.items():
+                cols[col] = np.asarray(v)
+        else:
+            cols[metric_name(m)] = np.asarray(value, dtype=float)
+    for col, v in cols.items():
+        if np.shape(v) != (R,):
+            raise ValueError(f"cell column {col!r} has shape {np.shape(v)}; estimators and metrics must return "
+                             f"one value per replicate, shape ({R},).")
+    return pd.DataFrame(cols)

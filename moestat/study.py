@@ -1,0 +1,779 @@
+r"""Declarative simulation studies: a grid of (truth x fitted model x n) cells, run reproducibly.
+
+A :class:`Study` names one or more true models (a paper preset or an explicit MoE and its
+parameters), one or more fitted models (gate, expert family, number of experts, estimator and
+its options), a grid of sample sizes, a number of replicates, the metrics to record and a
+master seed.  :meth:`Study.run` fits every cell — all replicates of a cell in **one batched
+estimator call** — and returns a tidy frame with one row per (cell, replicate) and every
+configuration knob as a column.
+
+Reproducibility and fault tolerance
+-----------------------------------
+* Seeds.  With master seed ``s``, the data of (truth ``t``, sample size ``n``) come from
+  ``SeedSequence(s, spawn_key=(0, crc32(t), n))`` (``t`` is the truth's ``stream`` if it has one, else
+  its label) (replicate ``r`` uses its child ``r``), so every
+  fitted model of one truth sees the same data ("under the same data", nguyen2024 Fig. 1); the fit of
+  cell (t, f, n) gets its own child ``SeedSequence(s, spawn_key=(1, crc32(t), crc32(f), n))`` and
+  metrics a shared Monte-Carlo stream ``(2, crc32(t), n)``.  Keys use labels and ``n`` rather than
+  positions, so adding a fitted model, a truth or a sample size never changes existing cells.
+* Checkpoints.  With ``checkpoint=DIR`` each finished cell is written to ``DIR/cells/<id>.parquet``
+  atomically (temporary file + ``os.replace``), so a run killed at any moment (even by SIGKILL)
+  leaves only complete cells; ``resume=True`` skips them.  The final frame is always assembled from
+  the stored cells, so an interrupted-and-resumed run returns the same frame as an uninterrupted one.
+  Cell ids carry a hash of the cell's full configuration: changing a knob recomputes that cell.
+* Executors.  ``executor=None`` runs cells in this process; ``"processes"`` uses a spawn-context
+  :class:`concurrent.futures.ProcessPoolExecutor`; any :class:`concurrent.futures.Executor` works,
+  including Dask's ``Client.get_executor()``.  Cells are independent and seeded by key, so the frame
+  is the same for every executor (bit for bit at an equal number of torch threads per cell; set
+  ``threads``).  Only ``wall_time``-type columns differ between runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import copy
+import hashlib
+import importlib
+import io
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import _cells
+from ._cells import (
+    ESTIMATORS,
+    EXPLICIT_TRUTH_KEYS,
+    METRICS,
+    TRUTH_SIM_KEYS,
+    CellContext,
+    Estimate,
+    MetricContext,
+    estimator_cell,
+    metric_name,
+    preset_keys,
+    register_estimator,
+    register_metric,
+)
+from .experts import EXPERTS, get_expert
+from .gates import GATES
+from .simulators.presets import PRESETS
+
+__all__ = [
+    "ESTIMATORS",
+    "METRICS",
+    "CellContext",
+    "Estimate",
+    "MetricContext",
+    "Study",
+    "StudyConfigError",
+    "load_results",
+    "register_estimator",
+    "register_metric",
+]
+
+STUDY_KEYS = ("name", "description", "seed", "reps", "n", "truth", "fit", "metrics", "metric_options",
+              "device", "threads", "cell")
+FIT_KEYS = ("label", "estimator", "gate", "expert", "k", "top_k", "temperature", "options", "grid")
+FORMAT_VERSION = 1
+_RESERVED = ("study", "cell", "truth", "fit", "n", "rep", "seed", "data_seed", "fit_seed", "device",
+             "estimator", "gate", "expert", "k", "objective", "converged", "wall_time")
+
+
+class StudyConfigError(ValueError):
+    """An invalid study configuration; the message names the key and the valid values."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _import_ref(ref: str, what: str) -> Callable[..., Any]:
+    """Resolve ``"package.module:function"``."""
+    mod, _, attr = ref.partition(":")
+    if not mod or not attr:
+        raise StudyConfigError(f"{what}={ref!r} is neither a registered name nor an import path "
+                               "'package.module:function'.")
+    try:
+        obj = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise StudyConfigError(f"{what}={ref!r} could not be imported: {exc}.") from exc
+    if not callable(obj):
+        raise StudyConfigError(f"{what}={ref!r} is not callable.")
+    return obj
+
+
+def _resolve(ref: Any, registry: Mapping[str, Callable[..., Any]], what: str) -> Any:
+    if callable(ref):
+        return ref
+    if isinstance(ref, str):
+        if ref in registry:
+            return ref
+        if ":" in ref:
+            return _import_ref(ref, what)
+    raise StudyConfigError(f"{what}={ref!r} is not known; valid values are {sorted(registry)} "
+                           "or an import path 'package.module:function'.")
+
+
+def _check_keys(where: str, entry: Mapping[str, Any], valid: Iterable[str]) -> None:
+    if not isinstance(entry, Mapping):
+        raise StudyConfigError(f"{where} must be a table (dict), got {type(entry).__name__}.")
+    valid = list(valid)
+    for key in entry:
+        if key not in valid:
+            raise StudyConfigError(f"{where}: unknown key {key!r}; valid keys are {sorted(valid)}.")
+
+
+def _crc(label: str) -> int:
+    return zlib.crc32(label.encode())
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
+    return value
+
+
+def _scalar(value: Any) -> Any:
+    """A frame-cell representation of a knob (lists and tables as compact JSON)."""
+    if isinstance(value, (list, tuple, dict, np.ndarray)):
+        return json.dumps(_jsonable(value), sort_keys=True, separators=(",", ":"))
+    if callable(value):
+        return _jsonable(value)
+    return value
+
+
+def _expand(where: str, entries: Any, valid: Sequence[str]) -> list[dict[str, Any]]:
+    """Normalise a truth/fit section to a list of entries, expanding each entry's ``grid`` table."""
+    if isinstance(entries, Mapping):
+        entries = [entries]
+    if not isinstance(entries, (list, tuple)) or not entries:
+        raise StudyConfigError(f"study.{where} must be a table or a non-empty list of tables.")
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        _check_keys(f"study.{where}[{i}]", entry, valid)
+        entry = copy.deepcopy(dict(entry))
+        grid = entry.pop("grid", None) or {}
+        if not isinstance(grid, Mapping) or any(not isinstance(v, (list, tuple)) or not v for v in grid.values()):
+            raise StudyConfigError(f"study.{where}[{i}].grid must map keys to non-empty lists of values.")
+        for key in grid:
+            top = key.split(".", 1)[0]
+            if top not in valid or top == "grid":
+                raise StudyConfigError(f"study.{where}[{i}].grid: unknown key {key!r}; valid keys are "
+                                       f"{sorted(k for k in valid if k != 'grid')} (options as 'options.NAME').")
+        keys = list(grid)
+        for combo in itertools.product(*(grid[k] for k in keys)) if keys else [()]:
+            e = copy.deepcopy(entry)
+            for key, value in zip(keys, combo, strict=True):
+                if key.startswith("options."):
+                    e.setdefault("options", {})[key.split(".", 1)[1]] = value
+                else:
+                    e[key] = value
+            if keys:
+                suffix = "-".join(f"{k.split('.', 1)[1]}={v}" if k.startswith("options.") else str(v)
+                                  for k, v in zip(keys, combo, strict=True))
+                e["label"] = f"{entry['label']}-{suffix}" if entry.get("label") else suffix
+            e["_source"] = i
+            out.append(e)
+    return out
+
+
+# --------------------------------------------------------------------------- the study
+
+@dataclass
+class Study:
+    """A simulation study over a grid of true models, fitted models and sample sizes.
+
+    Parameters
+    ----------
+    truth : dict or list of dict
+        True model(s).  A preset: ``{"preset": "sigmoid_vs_softmax", "regime": 2, "expert": "relu",
+        "truth_gate": "sigmoid", "seed": 0}`` (any keyword of the preset).  Or explicit:
+        ``{"gate", "expert", "k", "d", "noise_sd", "params": {"gate_bias": ..., "gate_weight": ...,
+        "expert_weight": ..., "expert_bias": ...}}``.  Simulation knobs ``inputs``, ``low``,
+        ``high``, ``model`` go to :func:`moestat.simulate`.  Optional ``label``, and ``stream``: truths
+        with the same stream share their data seeds (same inputs and noise draws; e.g. a sigmoid- and a
+        softmax-gated truth with the same parameters, so that fits of the two gates are paired); it may
+        name keys of the entry, e.g. ``"{expert}"`` with a grid over ``expert`` and ``truth_gate``.
+    fit : dict or list of dict
+        Fitted model(s): ``estimator`` (registry name, import path or callable; default ``"lse"``),
+        ``gate``, ``expert`` (default: the truth's), ``k`` (int, ``"truth"`` or ``"truth+1"``;
+        default the truth's k), ``options`` (estimator keyword arguments), optional ``label``.
+    n : sequence of int
+        Sample sizes.
+    reps : int
+        Replicates per cell (fitted together in one batched call).
+    metrics : sequence of str or callable
+        Metric names (:data:`METRICS`: ``"D1"``, ``"D2"``, ``"D3"``, ``"l2"``, ``"parameter_errors"``),
+        import paths or callables; ``metric_options`` maps a metric name to its keyword arguments.
+    seed : int
+        Master seed (see the module docstring for how cells derive their streams).
+    name, description : str
+        Recorded in the frame (``study`` column) and the provenance.
+    device : {"auto", "cpu", "cuda"}
+        Passed to the estimators.
+    threads : int, optional
+        Torch threads per cell (fix it to compare executors bit for bit).
+    cell : callable or str, optional
+        A custom cell ``fn(ctx: CellContext) -> DataFrame`` replacing "simulate, fit, score" (an
+        import path ``"package.module:function"`` in TOML).  Its frame needs a ``rep`` column.
+
+    Any entry of ``truth``/``fit`` may carry a ``grid`` table mapping keys to lists: the entry is
+    expanded into one entry per combination (``"options.lr"`` reaches into the options), labelled
+    by the values.
+
+    Examples
+    --------
+    >>> import moestat as ms
+    >>> study = ms.Study(
+    ...     truth={"preset": "sigmoid_vs_softmax", "regime": 2, "grid": {"expert": ["relu", "linear"]}},
+    ...     fit={"k": "truth+1", "grid": {"gate": ["sigmoid", "softmax"]}},
+    ...     n=[1000, 10000], reps=20, metrics=["D1"], seed=1)
+    >>> len(study.cells)
+    8
+    """
+
+    truth: Any
+    fit: Any = field(default_factory=lambda: {})
+    n: Sequence[int] = (1000,)
+    reps: int = 20
+    metrics: Sequence[Any] = ()
+    metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seed: int = 0
+    name: str = "study"
+    description: str = ""
+    device: str = "auto"
+    threads: int | None = None
+    cell: Any = None
+
+    def __post_init__(self) -> None:
+        self.truths = self._validate_truths()
+        self.fits = self._validate_fits()
+        self.n = self._validate_n()
+        if isinstance(self.reps, bool) or not isinstance(self.reps, (int, np.integer)) or self.reps < 1:
+            raise StudyConfigError(f"study.reps must be an integer >= 1, got {self.reps!r}.")
+        self.reps = int(self.reps)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise StudyConfigError(f"study.seed must be a non-negative integer, got {self.seed!r}.")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise StudyConfigError(f"study.device={self.device!r} is not valid; valid values are "
+                                   "['auto', 'cpu', 'cuda'].")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise StudyConfigError(f"study.threads must be a positive integer or absent, got {self.threads!r}.")
+        if isinstance(self.metrics, (str, bytes)) or not isinstance(self.metrics, Sequence):
+            raise StudyConfigError("study.metrics must be a list of metric names, e.g. ['D1', 'l2'].")
+        self.metrics = [_resolve(m, METRICS, f"study.metrics[{i}]") for i, m in enumerate(self.metrics)]
+        names = [metric_name(m) for m in self.metrics]
+        if not isinstance(self.metric_options, Mapping):
+            raise StudyConfigError("study.metric_options must map metric names to tables of options.")
+        for key, opts in self.metric_options.items():
+            if key not in names:
+                raise StudyConfigError(f"study.metric_options: {key!r} is not among the study's metrics {names}.")
+            if not isinstance(opts, Mapping):
+                raise StudyConfigError(f"study.metric_options.{key} must be a table of keyword arguments.")
+        if self.cell is not None:
+            if isinstance(self.cell, str):
+                self.cell = _import_ref(self.cell, "study.cell")
+            elif not callable(self.cell):
+                raise StudyConfigError(f"study.cell must be a callable or 'package.module:function', "
+                                       f"got {type(self.cell).__name__}.")
+
+    # ----------------------------------------------------------------- validation
+    def _validate_truths(self) -> list[dict[str, Any]]:
+        presets = sorted(PRESETS)
+        entries = _expand("truth", self.truth, ["label", "stream", "preset", "grid", *EXPLICIT_TRUTH_KEYS,
+                                                 *TRUTH_SIM_KEYS, *{k for p in presets for k in preset_keys(p)}])
+        for i, e in enumerate(entries):
+            where = f"study.truth[{e['_source']}]"
+            if e.get("preset") is not None:
+                if e["preset"] not in PRESETS:
+                    raise StudyConfigError(f"{where}.preset={e['preset']!r} is not valid; valid values are {presets}.")
+                _check_keys(where, {k: v for k, v in e.items() if k != "_source"},
+                            ["label", "stream", "preset", *preset_keys(e["preset"]), *TRUTH_SIM_KEYS])
+                if "expert" in e:
+                    self._check_expert(f"{where}.expert", e["expert"])
+                if "truth_gate" in e and e["truth_gate"] not in ("sigmoid", "softmax"):
+                    raise StudyConfigError(f"{where}.truth_gate={e['truth_gate']!r} is not valid; valid values "
+                                           "are ['sigmoid', 'softmax'].")
+                if "regime" in e and e["regime"] not in (1, 2):
+                    raise StudyConfigError(f"{where}.regime={e['regime']!r} is not valid; valid values are [1, 2].")
+                default = "-".join(str(e[k]) for k in ("regime", "expert", "truth_gate") if k in e)
+                e.setdefault("label", f"{e['preset']}" + (f"-{default}" if default else f"-{i}"))
+            else:
+                _check_keys(where, {k: v for k, v in e.items() if k != "_source"},
+                            ["label", "stream", *EXPLICIT_TRUTH_KEYS, *TRUTH_SIM_KEYS])
+                missing = [k for k in ("gate", "expert", "k", "d", "params") if k not in e]
+                if missing:
+                    raise StudyConfigError(f"{where} needs 'preset' (valid: {presets}) or an explicit model with "
+                                           f"keys gate, expert, k, d, params; missing {missing}.")
+                if e["gate"] not in GATES:
+                    raise StudyConfigError(f"{where}.gate={e['gate']!r} is not valid; valid values are {list(GATES)}.")
+                self._check_expert(f"{where}.expert", e["expert"])
+                if not isinstance(e["params"], Mapping):
+                    raise StudyConfigError(f"{where}.params must be a table with gate_bias, gate_weight, "
+                                           "expert_weight, expert_bias (and optionally noise_sd).")
+                e.setdefault("label", f"truth{i}")
+            if e.get("stream") is not None:
+                try:
+                    e["stream"] = str(e["stream"]).format(**e)
+                except (KeyError, IndexError, ValueError) as exc:
+                    raise StudyConfigError(f"{where}.stream={e['stream']!r}: placeholders must name keys of the "
+                                           f"truth entry ({exc}).") from None
+            if "inputs" in e and e["inputs"] not in ("uniform", "gaussian"):
+                raise StudyConfigError(f"{where}.inputs={e['inputs']!r} is not valid; valid values are "
+                                       "['gaussian', 'uniform'].")
+            if "model" in e and e["model"] not in ("regression", "mixture"):
+                raise StudyConfigError(f"{where}.model={e['model']!r} is not valid; valid values are "
+                                       "['mixture', 'regression'].")
+        self._check_unique("truth", entries)
+        try:  # build each truth once so that bad values fail now, not inside a worker
+            for e in entries:
+                _cells.build_truth(e)
+        except (TypeError, ValueError) as exc:
+            raise StudyConfigError(f"study.truth[{e['_source']}] ({e['label']}): {exc}") from exc
+        return entries
+
+    def _validate_fits(self) -> list[dict[str, Any]]:
+        entries = _expand("fit", self.fit, FIT_KEYS)
+        for i, e in enumerate(entries):
+            where = f"study.fit[{e['_source']}]"
+            e["estimator"] = _resolve(e.get("estimator", "lse"), ESTIMATORS, f"{where}.estimator")
+            if e.get("gate") is not None and e["gate"] not in GATES:
+                raise StudyConfigError(f"{where}.gate={e['gate']!r} is not valid; valid values are {list(GATES)}.")
+            if e.get("expert") is not None:
+                self._check_expert(f"{where}.expert", e["expert"])
+            k = e.get("k")
+            if k is not None and not (isinstance(k, int) and not isinstance(k, bool) and k >= 1) and not (
+                    isinstance(k, str) and re.fullmatch(r"truth(\+[0-9]+)?", k)):
+                raise StudyConfigError(f"{where}.k={k!r} is not valid; use a positive integer, 'truth' or "
+                                       "'truth+m' (e.g. 'truth+1' for one extra expert).")
+            opts = e.setdefault("options", {})
+            if not isinstance(opts, Mapping):
+                raise StudyConfigError(f"{where}.options must be a table of estimator keyword arguments.")
+            if not e.get("label"):
+                est = metric_name(e["estimator"])
+                parts = [str(e[key]) for key in ("gate", "expert") if e.get(key)]
+                e["label"] = "-".join([*parts, est]) if parts else f"{est}{i}"
+        self._check_unique("fit", entries)
+        return entries
+
+    @staticmethod
+    def _check_expert(where: str, name: Any) -> None:
+        try:
+            get_expert(name)
+        except ValueError:
+            raise StudyConfigError(f"{where}={name!r} is not valid; valid values are {list(EXPERTS)} "
+                                   "(or 'polyP').") from None
+
+    @staticmethod
+    def _check_unique(what: str, entries: list[dict[str, Any]]) -> None:
+        labels = [e["label"] for e in entries]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        if dup:
+            raise StudyConfigError(f"study.{what}: labels must be unique, {dup} repeat; give each entry a 'label'.")
+
+    def _validate_n(self) -> list[int]:
+        n = [self.n] if isinstance(self.n, (int, np.integer)) else self.n
+        if isinstance(n, (str, bytes)) or not isinstance(n, Iterable):
+            raise StudyConfigError(f"study.n must be a list of sample sizes, got {self.n!r}.")
+        n = list(n)
+        if not n or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in n):
+            raise StudyConfigError(f"study.n must be a non-empty list of positive integers, got {n!r}.")
+        if len(set(n)) != len(n):
+            raise StudyConfigError(f"study.n has repeated values {n}; list each sample size once.")
+        return [int(v) for v in n]
+
+    # ----------------------------------------------------------------- TOML
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as a plain dict (the TOML document)."""
+        def strip(entries: Any) -> Any:
+            entries = [entries] if isinstance(entries, Mapping) else list(entries)
+            return [{k: _jsonable(v) for k, v in e.items() if v is not None} for e in entries]
+
+        out: dict[str, Any] = {"name": self.name, "seed": self.seed, "reps": self.reps, "n": list(self.n),
+                               "device": self.device}
+        if self.description:
+            out["description"] = self.description
+        if self.threads is not None:
+            out["threads"] = self.threads
+        out["metrics"] = [_jsonable(m) if callable(m) else m for m in self.metrics]
+        if self.metric_options:
+            out["metric_options"] = _jsonable(self.metric_options)
+        if self.cell is not None:
+            out["cell"] = _jsonable(self.cell)
+        out["truth"] = strip(self.truth)
+        out["fit"] = strip(self.fit)
+        return out
+
+    def to_toml(self, path: str | os.PathLike | None = None) -> str:
+        """The study as a TOML document (written to ``path`` if given).
+
+        Callables (custom cells, estimators, metrics) are written as ``"module:qualname"`` import
+        paths; lambdas and nested functions cannot be re-imported and raise a ``ValueError``.
+        """
+        import tomli_w
+
+        doc = self.to_dict()
+        bad = [v for v in json.dumps(doc).split('"') if ":<" in v or "<locals>" in v or "<lambda>" in v]
+        if bad:
+            raise ValueError(f"to_toml: {bad[0]!r} is not importable; use module-level functions.")
+        text = tomli_w.dumps(doc)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_toml(cls, source: str | os.PathLike) -> Study:
+        """Read a study from a TOML file path (or a TOML string containing a newline)."""
+        import tomllib
+
+        if isinstance(source, str) and "\n" in source:
+            text, where = source, "<string>"
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise FileNotFoundError(f"study file {str(path)!r} does not exist.")
+            text, where = path.read_text(), str(path)
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise StudyConfigError(f"{where} is not valid TOML: {exc}.") from exc
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Study:
+        """Build a study from a parsed TOML document."""
+        _check_keys("study", doc, STUDY_KEYS)
+        if "truth" not in doc:
+            raise StudyConfigError("study needs a [truth] table (or [[truth]] tables).")
+        if "n" not in doc:
+            raise StudyConfigError("study needs n, the list of sample sizes, e.g. n = [1000, 10000].")
+        return cls(**dict(doc))
+
+    # ----------------------------------------------------------------- cells
+    @property
+    def cells(self) -> list[dict[str, Any]]:
+        """The cells in run order (truth, then fit, then n), each with its id and seed keys."""
+        out = []
+        for t, f, n in itertools.product(self.truths, self.fits, self.n):
+            key = {
+                "format": FORMAT_VERSION, "truth": _jsonable({k: v for k, v in t.items() if k != "_source"}),
+                "fit": _jsonable({k: v for k, v in f.items() if k != "_source"}), "n": n, "reps": self.reps,
+                "seed": self.seed, "metrics": [metric_name(m) for m in self.metrics],
+                "metric_options": _jsonable(self.metric_options), "cell": _jsonable(self.cell),
+                "threads": self.threads,
+            }
+            digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+            out.append({
+                "id": f"{_slug(t['label'])}__{_slug(f['label'])}__n{n}__{digest}",
+                "truth": t, "fit": f, "n": n,
+                "data_key": (0, _crc(t.get("stream") or t["label"]), n),
+                "fit_key": (1, _crc(t["label"]), _crc(f["label"]), n),
+                "metric_key": (2, _crc(t.get("stream") or t["label"]), n),
+            })
+        return out
+
+    def _payload(self, cell: dict[str, Any], device: str) -> dict[str, Any]:
+        return {
+            "cell": cell, "study": self.name, "seed": self.seed, "reps": self.reps, "device": device,
+            "metrics": self.metrics, "metric_options": dict(self.metric_options), "threads": self.threads,
+            "fn": self.cell,
+        }
+
+    # ----------------------------------------------------------------- running
+    def run(self, checkpoint: str | os.PathLike | None = None, *, resume: bool = True,
+            executor: str | cf.Executor | None = None, workers: int | None = None,
+            progress: bool = True, device: str | None = None) -> pd.DataFrame:
+        """Run every cell and return the tidy frame (one row per cell x replicate).
+
+        Parameters
+        ----------
+        checkpoint : path, optional
+            Folder for ``cells/*.parquet``, ``results.parquet``, ``results.csv``, ``study.toml`` and
+            ``provenance.json``.  Without it nothing is written.
+        resume : bool
+            Skip cells already stored in ``checkpoint`` (``False`` recomputes and overwrites them).
+        executor : None, "processes" or concurrent.futures.Executor
+            Where cells run (see the module docstring); a given executor is not shut down.
+        workers : int, optional
+            Worker processes for ``executor="processes"`` (default: the CPU count).
+        progress : bool
+            Show a tqdm progress bar over cells.
+        device : str, optional
+            Override the study's device ("auto", "cpu", "cuda").
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns: ``study, cell, truth, fit, n, rep``, the truth's knobs (``truth_*``), the fitted
+            model's knobs (``estimator, gate, expert, k`` and each estimator option), seeds
+            (``seed, data_seed, fit_seed``), ``device``, the cell's outputs (``objective,
+            converged``, diagnostics, metric columns) and ``wall_time`` (seconds for the cell,
+            divided by its replicates).
+        """
+        from tqdm.auto import tqdm
+
+        from ._torch import resolve_device
+        from .provenance import write_json_atomic, write_provenance
+
+        dev = str(resolve_device(device or self.device))
+        cells = self.cells
+        ckpt = Path(checkpoint) if checkpoint is not None else None
+        done: dict[str, pd.DataFrame] = {}
+        if ckpt is not None:
+            cell_dir = ckpt / "cells"
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            for stale in cell_dir.glob(".*.tmp*"):
+                stale.unlink(missing_ok=True)
+            if resume:
+                for c in cells:
+                    path = cell_dir / f"{c['id']}.parquet"
+                    if path.is_file():
+                        done[c["id"]] = pd.read_parquet(path)
+            self._write_config(ckpt)
+            write_provenance(ckpt, self._provenance(cells, dev, status="running"), device=dev)
+        todo = [c for c in cells if c["id"] not in done]
+        t_start = time.perf_counter()
+        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=self.name, unit="cell",
+                   disable=not progress)
+        try:
+            for cid, frame in self._execute(todo, dev, executor, workers):
+                frame = _roundtrip(frame)
+                if ckpt is not None:
+                    _write_parquet_atomic(frame, ckpt / "cells" / f"{cid}.parquet")
+                done[cid] = frame
+                bar.update(1)
+        finally:
+            bar.close()
+        result = pd.concat([done[c["id"]] for c in cells], ignore_index=True)
+        if ckpt is not None:
+            _write_parquet_atomic(result, ckpt / "results.parquet")
+            _write_csv_atomic(result, ckpt / "results.csv")
+            prov = self._provenance(cells, dev, status="complete")
+            prov["run_wall_time_s"] = time.perf_counter() - t_start
+            prov["cells_resumed"] = len(cells) - len(todo)
+            write_provenance(ckpt, prov, device=dev)
+            write_json_atomic(ckpt / "cells.json", {"cells": [c["id"] for c in cells]})
+        return result
+
+    def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None):
+        if not todo:
+            return
+        if executor is None:
+            for c in todo:
+                yield c["id"], run_cell(self._payload(c, device))
+            return
+        owned = False
+        if executor == "processes":
+            n = workers or os.cpu_count() or 1
+            executor = cf.ProcessPoolExecutor(max_workers=min(n, len(todo)),
+                                              mp_context=multiprocessing.get_context("spawn"))
+            owned = True
+        elif not isinstance(executor, cf.Executor):
+            raise ValueError(f"executor must be None, 'processes' or a concurrent.futures.Executor, "
+                             f"got {executor!r}.")
+        futures: dict[cf.Future, str] = {}
+        try:
+            for c in todo:
+                futures[executor.submit(run_cell, self._payload(c, device))] = c["id"]
+            for fut in cf.as_completed(futures):
+                yield futures[fut], fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+        finally:
+            if owned:
+                executor.shutdown(wait=True, cancel_futures=True)
+
+    def _write_config(self, ckpt: Path) -> None:
+        try:
+            text = self.to_toml()
+        except ValueError:
+            return
+        tmp = ckpt / ".study.toml.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, ckpt / "study.toml")
+
+    def _provenance(self, cells: list[dict[str, Any]], device: str, status: str) -> dict[str, Any]:
+        return {
+            "kind": "moestat.Study", "status": status, "study": _jsonable(self.to_dict()),
+            "n_cells": len(cells), "device": device,
+            "seeds": {"master": self.seed, "scheme": "SeedSequence(seed, spawn_key=(0, crc32(truth), n)) data; "
+                      "(1, crc32(truth), crc32(fit), n) fit; (2, crc32(truth), n) metrics; child r = replicate r"},
+            "cells": [{"id": c["id"], "truth": c["truth"]["label"], "fit": c["fit"]["label"], "n": c["n"],
+                       "data_key": list(c["data_key"]), "fit_key": list(c["fit_key"])} for c in cells],
+        }
+
+    def __repr__(self) -> str:
+        return (f"Study(name={self.name!r}, truths={[t['label'] for t in self.truths]}, "
+                f"fits={[f['label'] for f in self.fits]}, n={self.n}, reps={self.reps}, cells={len(self.cells)})")
+
+
+# ------------------------------------------------------------------ cell execution
+
+def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
+    """Run one cell (in this process or a worker) and return its frame with every knob as a column."""
+    import torch
+
+    cell = payload["cell"]
+    seed = payload["seed"]
+    threads = payload.get("threads")
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        ctx = CellContext(
+            truth_cfg={k: v for k, v in cell["truth"].items() if k != "_source"},
+            fit_cfg={k: v for k, v in cell["fit"].items() if k != "_source"},
+            n=cell["n"], reps=payload["reps"],
+            data_seed=np.random.SeedSequence(seed, spawn_key=cell["data_key"]),
+            fit_seed=np.random.SeedSequence(seed, spawn_key=cell["fit_key"]),
+            metric_seed=np.random.SeedSequence(seed, spawn_key=cell["metric_key"]),
+            device=payload["device"], metrics=list(payload["metrics"]),
+            metric_options=payload["metric_options"],
+        )
+        fn = payload.get("fn") or estimator_cell
+        t0 = time.perf_counter()
+        try:
+            frame = fn(ctx)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"study cell {cell['id']}: {exc}") from exc
+        wall = time.perf_counter() - t0
+    finally:
+        if threads:
+            torch.set_num_threads(old_threads)
+    if not isinstance(frame, pd.DataFrame) or "rep" not in frame.columns:
+        raise TypeError(f"study cell {cell['id']}: the cell function must return a DataFrame with a 'rep' column.")
+    return _decorate(frame.reset_index(drop=True), ctx, payload, wall)
+
+
+def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wall: float) -> pd.DataFrame:
+    cell = payload["cell"]
+    R = payload["reps"]
+    cols: dict[str, Any] = {"study": payload["study"], "cell": cell["id"], "truth": ctx.truth_cfg["label"],
+                            "fit": ctx.fit_cfg["label"], "n": ctx.n}
+    truth = ctx.truth()
+    t = ctx.truth_cfg
+    if t.get("preset"):
+        import inspect
+
+        bound = inspect.signature(PRESETS[t["preset"]]).bind(
+            **{k: v for k, v in t.items() if k in preset_keys(t["preset"])})
+        bound.apply_defaults()
+        cols["truth_preset"] = t["preset"]
+        for k, v in bound.arguments.items():
+            cols[k if k.startswith("truth_") else f"truth_{k}"] = _scalar(v)
+        cols["truth_duplicate_default"] = _scalar(truth.info.get("duplicate", []))
+    else:
+        cols["truth_preset"] = "explicit"
+        for k in ("gate", "expert", "k", "d", "noise_sd"):
+            cols[f"truth_{k}"] = getattr(truth.spec, k)
+    for k in (*TRUTH_SIM_KEYS, "stream"):
+        if t.get(k) is not None:
+            cols[f"truth_{k}"] = _scalar(t[k])
+    f = ctx.fit_cfg
+    spec = ctx.fit_spec()
+    cols["estimator"] = metric_name(f.get("estimator", "lse")) if payload.get("fn") is None else \
+        metric_name(payload["fn"])
+    cols["gate"], cols["expert"], cols["k"] = spec.gate, spec.expert, spec.k
+    for k in ("top_k", "temperature"):
+        if f.get(k) is not None:
+            cols[k] = f[k]
+    for k, v in f.get("options", {}).items():
+        if k in frame.columns:  # the estimator reported its resolved value of this option
+            continue
+        cols[k if k not in _RESERVED else f"opt_{k}"] = _scalar(v)
+    data_seed = np.random.SeedSequence(payload["seed"], spawn_key=cell["data_key"])
+    cols["seed"] = payload["seed"]
+    cols["fit_seed"] = "/".join(map(str, cell["fit_key"]))
+    cols["device"] = payload["device"]
+    head = pd.DataFrame({k: [v] * len(frame) for k, v in cols.items() if k not in frame.columns})
+    out = pd.concat([head, frame], axis=1)
+    reps = out["rep"].to_numpy()
+    if len(reps) and (reps.min() < 0 or reps.max() >= R):
+        raise ValueError(f"study cell {cell['id']}: rep values must lie in [0, {R}); got {reps.min()}..{reps.max()}.")
+    keys = data_seed.spawn_key
+    out.insert(out.columns.get_loc("seed") + 1, "data_seed",
+               ["/".join(map(str, (*keys, int(r)))) for r in reps])
+    out["wall_time"] = wall / max(R, 1)
+    return out
+
+
+# ----------------------------------------------------------------------- file I/O
+
+def _roundtrip(frame: pd.DataFrame) -> pd.DataFrame:
+    """Pass a frame through parquet so in-memory and stored cells have identical dtypes."""
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    buf.seek(0)
+    return pd.read_parquet(buf)
+
+
+def _fsync_replace(tmp: str, path: Path) -> None:
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.to_parquet(tmp, index=False)
+        _fsync_replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, index=False)
+        _fsync_replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_results(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a study's frame from a checkpoint folder (``results.parquet``, else its cells) or a file."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "results.parquet").is_file():
+            return pd.read_parquet(p / "results.parquet")
+        cells = sorted((p / "cells").glob("*.parquet")) if (p / "cells").is_dir() else []
+        if cells:
+            return pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
+        if (p / "results.csv").is_file():
+            return pd.read_csv(p / "results.csv")
+        raise FileNotFoundError(f"{str(p)!r} holds no study results (results.parquet, cells/*.parquet or "
+                                "results.csv); run a study with checkpoint= or --out there first.")
+    if p.suffix == ".parquet":
+        return pd.read_parquet(p)
+    if p.suffix == ".csv":
+        return pd.read_csv(p)
+    raise FileNotFoundError(f"{str(p)!r} is neither a study folder nor a .parquet/.csv file.")

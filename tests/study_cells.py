@@ -1,0 +1,44 @@
+"""Importable helpers for tests/test_study*.py (worker processes import them by module path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+LINEAR_TRUTH = {
+    "label": "lin",
+    "gate": "softmax",
+    "expert": "linear",
+    "k": 1,
+    "d": 3,
+    "noise_sd": 0.5,
+    "params": {
+        "gate_bias": [0.0],
+        "gate_weight": [[0.0, 0.0, 0.0]],
+        "expert_weight": [[1.0, -2.0, 0.5]],
+        "expert_bias": [0.3],
+    },
+}
+
+
+def normal_equations_cell(ctx) -> pd.DataFrame:
+    """A custom cell: least squares of a one-expert linear model by the normal equations (numpy).
+
+    Independent of the built-in 'ols' estimator (torch QR), so the two can be checked against each
+    other; returns the slope error per replicate and the residual mean square.
+    """
+    data = ctx.data()
+    truth = ctx.truth().params.numpy()
+    X, y = data.X, data.y
+    Z = np.concatenate([X, np.ones((*X.shape[:2], 1))], axis=-1)
+    coef = np.linalg.solve(np.einsum("rni,rnj->rij", Z, Z), np.einsum("rni,rn->ri", Z, y)[..., None])[..., 0]
+    resid = y - np.einsum("rni,ri->rn", Z, coef)
+    slope_err = np.linalg.norm(coef[:, :-1] - truth.expert_weight[0], axis=-1)
+    return pd.DataFrame({"rep": np.arange(ctx.reps), "slope_error": slope_err,
+                         "objective": (resid**2).mean(-1)})
+
+
+def slope_error(ctx) -> np.ndarray:
+    """Metric: Euclidean error of the fitted expert slope (k = 1 models)."""
+    fitted = ctx.fit.params.numpy().expert_weight[:, 0, :]
+    return np.linalg.norm(fitted - ctx.truth.numpy().expert_weight[0], axis=-1)

@@ -1,0 +1,167 @@
+"""The moestat command line: study run/check, rates, vignette list/run, exit codes, --help."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import moestat._vignette_index as vindex
+from moestat.cli import main
+from moestat.study import Study
+from tests.study_cells import LINEAR_TRUTH
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def study_toml(tmp_path) -> Path:
+    s = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 4.0]}}, n=[40, 160, 640],
+              reps=4, seed=2, name="cli", metrics=["tests.study_cells:slope_error"], threads=1)
+    path = tmp_path / "cli.toml"
+    s.to_toml(path)
+    return path
+
+
+def test_study_run_writes_results_and_refuses_to_clobber(study_toml, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["study", "run", str(study_toml), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "means over replicates" in printed and "slope_error" in printed
+    frame = pd.read_parquet(out / "results.parquet")
+    assert len(frame) == 2 * 3 * 4
+    assert (out / "results.csv").is_file() and (out / "provenance.json").is_file() and (out / "study.toml").is_file()
+    # a second run without --resume/--overwrite refuses and says what to do
+    assert main(["study", "run", str(study_toml), "--out", str(out), "--quiet"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["study", "run", str(study_toml), "--out", str(out), "--quiet", "--resume"]) == 0
+    assert main(["study", "run", str(study_toml), "--out", str(out), "--quiet", "--overwrite"]) == 0
+    pd.testing.assert_frame_equal(frame.drop(columns=["wall_time", "fit_wall_time"]),
+                                  pd.read_parquet(out / "results.parquet").drop(columns=["wall_time", "fit_wall_time"]))
+
+
+def test_study_check_lists_cells(study_toml, capsys):
+    assert main(["study", "check", str(study_toml)]) == 0
+    out = capsys.readouterr().out
+    assert "6 cells x 4 replicates" in out and "lin__ridge-4.0__n640" in out
+
+
+def test_errors_have_messages_and_exit_codes(tmp_path, capsys):
+    assert main(["study", "run", str(tmp_path / "none.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("n = [10]\nreps = 2\n[truth]\npreset = 'sigmoid_vs_softmax'\n[fit]\ngate = 'sigmod'\n")
+    assert main(["study", "run", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moestat: error: study.fit[0].gate='sigmod' is not valid; valid values are")
+    assert main([]) == 2
+    assert main(["study"]) == 2
+    assert main(["vignette"]) == 2
+    assert main(["vignette", "run", "no-such-vignette"]) == 2
+    assert "no vignette named 'no-such-vignette'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["study", "run"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [[], ["study"], ["study", "run"], ["study", "check"], ["rates"], ["vignette"],
+                                  ["vignette", "list"], ["vignette", "run"], ["simulate"]])
+def test_help_everywhere(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0
+    assert "usage: moestat" in capsys.readouterr().out
+
+
+def test_console_entry_point_via_subprocess(study_toml, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    run = subprocess.run([sys.executable, "-m", "moestat", "--version"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("moestat ")
+    out = tmp_path / "sub"
+    run = subprocess.run([sys.executable, "-m", "moestat", "study", "run", str(study_toml), "--out", str(out),
+                          "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert len(pd.read_parquet(out / "results.parquet")) == 24
+    run = subprocess.run([sys.executable, "-m", "moestat", "study", "run", str(tmp_path / "x.toml")], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "moestat: error:" in run.stderr and "Traceback" not in run.stderr
+
+
+# ------------------------------------------------------------------------- vignettes
+
+_FAKE = '''# %% [markdown]
+# A tiny vignette used to test discovery.
+# %%
+from pathlib import Path
+
+NAME = "tiny-demo"
+TITLE = "A tiny demonstration"
+
+
+def run(out, quick: bool = False, resume: bool = True) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.csv").write_text(f"quick,resume\\n{quick},{resume}\\n")
+'''
+
+
+@pytest.fixture
+def fake_vignettes(tmp_path, monkeypatch) -> Path:
+    pkg = tmp_path / "vigs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tiny-demo.py").write_text(_FAKE)
+    (pkg / "_private.py").write_text("NAME = 'hidden'\n")
+    (pkg / "notes.py").write_text("x = 1\n")  # no NAME: not a vignette
+    monkeypatch.setattr(vindex, "_roots", lambda: [pkg])
+    return pkg
+
+
+def test_vignette_list_and_run_from_a_package_folder(fake_vignettes, tmp_path, capsys):
+    assert main(["vignette", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "tiny-demo" in listed and "A tiny demonstration" in listed and "hidden" not in listed
+    out = tmp_path / "v"
+    assert main(["vignette", "run", "tiny-demo", "--quick", "--out", str(out)]) == 0
+    assert (out / "results.csv").read_text().splitlines()[1] == "True,True"
+    assert main(["vignette", "run", "tiny-demo", "--out", str(out), "--no-resume"]) == 0
+    assert (out / "results.csv").read_text().splitlines()[1] == "False,False"
+
+
+def test_package_resource_root_is_scanned(fake_vignettes, monkeypatch):
+    """Installed from a wheel (no checkout beside the package), importlib.resources finds the vignettes."""
+    monkeypatch.undo()
+    monkeypatch.setattr(vindex.importlib.resources, "files", lambda package: fake_vignettes)
+    monkeypatch.setattr(vindex, "__file__", "/nonexistent/site-packages/moestat/_vignette_index.py")
+    assert [v.name for v in vindex.discover()] == ["tiny-demo"]
+
+
+def test_installed_vignettes_are_discovered():
+    """Every vignettes/*.py with NAME is found and importable without computing anything."""
+    names = {p.stem for p in (ROOT / "vignettes").glob("*.py") if not p.name.startswith("_")}
+    found = {v.path.stem: v for v in vindex.discover()}
+    assert names <= set(found)
+    for v in found.values():
+        mod = vindex.load(v)
+        assert mod.NAME == v.name and callable(mod.run)
+
+
+def test_rates_command_prints_table_and_writes_csv_and_png(study_toml, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["study", "run", str(study_toml), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["rates", str(out), "--y", "slope_error", "--by", "fit"]) == 0
+    printed = capsys.readouterr().out
+    assert "exponent" in printed and "ridge=0.0" in printed
+    table = pd.read_csv(out / "rates_slope_error.csv")
+    assert set(table["fit"]) == {"ridge=0.0", "ridge=4.0"}
+    # OLS slope errors shrink like n^-1/2: 4 replicates x 3 n values give a wide but informative interval
+    ols = table[table["fit"] == "ridge=0.0"].iloc[0]
+    assert ols["ci_low"] < 0.5 < ols["ci_high"]
+    assert (out / "rates_slope_error.png").stat().st_size > 1000
+    assert main(["rates", str(out), "--y", "nope"]) == 2
+    assert "columns ['nope'] are not in the results" in capsys.readouterr().err

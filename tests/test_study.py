@@ -1,0 +1,323 @@
+"""Study runner: grid, seeds, checkpoints, resume after SIGKILL, executors, config errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import moestat as ms
+import moestat.study as study_mod
+from moestat.study import Study, StudyConfigError, load_results
+from tests.study_cells import LINEAR_TRUTH, normal_equations_cell, slope_error
+
+TIMING = ["wall_time", "fit_wall_time"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ols_study(**kw) -> Study:
+    base = dict(truth=LINEAR_TRUTH, fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 5.0]}},
+                n=[50, 200, 800], reps=6, metrics=[slope_error], seed=11, threads=1)
+    base.update(kw)
+    return Study(**base)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(a.drop(columns=TIMING, errors="ignore"), b.drop(columns=TIMING, errors="ignore"))
+
+
+# ------------------------------------------------------------------ grid and seeds
+
+def test_grid_expansion_labels_and_cells():
+    s = Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "grid": {"expert": ["relu", "linear"]}},
+              fit={"k": "truth+1", "grid": {"gate": ["sigmoid", "softmax"]}}, n=[1000, 10000], reps=20,
+              metrics=["D1"], seed=1)
+    assert [t["label"] for t in s.truths] == ["relu", "linear"]
+    assert [f["label"] for f in s.fits] == ["sigmoid", "softmax"]
+    assert len(s.cells) == 8
+    assert len({c["id"] for c in s.cells}) == 8
+    # every fit of one truth and n shares the data stream ("under the same data")
+    by_truth_n = {}
+    for c in s.cells:
+        by_truth_n.setdefault((c["truth"]["label"], c["n"]), set()).add(c["data_key"])
+    assert all(len(v) == 1 for v in by_truth_n.values())
+    assert len({c["fit_key"] for c in s.cells}) == 8
+
+
+def test_builtin_ols_matches_independent_normal_equations():
+    """The batched torch SVD-solve estimator and a numpy normal-equations cell give the same LSE (float64)."""
+    a = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[40, 400], reps=5, metrics=[slope_error], seed=3,
+              threads=1).run(progress=False)
+    b = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[40, 400], reps=5, seed=3,
+              cell=normal_equations_cell).run(progress=False)
+    # both cells see the same data streams, so the two least-squares solutions agree to rounding
+    np.testing.assert_allclose(a["slope_error"], b["slope_error"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(a["objective"], b["objective"], rtol=1e-9)
+    assert (b["estimator"] == "normal_equations_cell").all()
+
+
+def test_slope_error_shrinks_at_root_n():
+    """E||a_hat - a|| is proportional to n^-1/2 for OLS: 64x more data -> 8x smaller mean error."""
+    df = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[100, 6400], reps=100, metrics=[slope_error],
+               seed=5, threads=1).run(progress=False)
+    m = df.groupby("n")["slope_error"].mean()
+    ratio = m[100] / m[6400]
+    # a chi_3-like error has sd/mean 0.42, so each mean over 100 reps has relative sd 4.2% and the ratio about 6%:
+    # 6..10.7 is more than 4 sd either side of 8
+    assert 6 < ratio < 10.7, ratio
+
+
+def test_seeds_are_reproducible_and_keyed_by_label():
+    a = _ols_study().run(progress=False)
+    b = _ols_study().run(progress=False)
+    _same(a, b)
+    c = _ols_study(seed=12).run(progress=False)
+    assert not np.allclose(a["slope_error"], c["slope_error"])
+    # adding a fitted model and a sample size leaves the existing cells unchanged
+    d = _ols_study(fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 5.0, 50.0]}}, n=[50, 200, 800, 3200]
+                   ).run(progress=False)
+    keep = d[d["fit"].isin(a["fit"].unique()) & d["n"].isin(a["n"].unique())]
+    np.testing.assert_array_equal(keep.set_index(["fit", "n", "rep"]).sort_index()["slope_error"],
+                                  a.set_index(["fit", "n", "rep"]).sort_index()["slope_error"])
+    # the two fits of a cell see the same data: same residual-free quantities for ridge 0 vs ridge 0 copies
+    assert a["data_seed"].nunique() == 3 * 6
+
+
+def test_frame_columns_record_every_knob():
+    df = _ols_study().run(progress=False)
+    for col in ["study", "cell", "truth", "fit", "n", "rep", "truth_preset", "truth_gate", "truth_expert",
+                "truth_k", "truth_d", "truth_noise_sd", "estimator", "gate", "expert", "k", "ridge", "seed",
+                "data_seed", "fit_seed", "device", "objective", "converged", "slope_error", "wall_time"]:
+        assert col in df.columns, col
+    assert len(df) == 2 * 3 * 6
+    assert set(df["ridge"]) == {0.0, 5.0}
+    assert not df.duplicated(["cell", "rep"]).any()
+
+
+# --------------------------------------------------------------- checkpoint/resume
+
+def test_checkpoint_files_provenance_and_toml(tmp_path):
+    s = _ols_study()
+    df = s.run(tmp_path, progress=False)
+    cells = sorted((tmp_path / "cells").glob("*.parquet"))
+    assert len(cells) == len(s.cells)
+    _same(df, load_results(tmp_path))
+    _same(df, pd.concat([pd.read_parquet(tmp_path / "cells" / f"{c['id']}.parquet") for c in s.cells],
+                        ignore_index=True))
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    assert prov["config"]["status"] == "complete"
+    assert prov["config"]["n_cells"] == 6
+    assert prov["config"]["study"]["seed"] == 11
+    assert (tmp_path / "results.csv").is_file()
+    assert not list((tmp_path / "cells").glob(".*tmp*"))
+
+
+def test_resume_skips_finished_cells_and_rehashes_changed_ones(tmp_path, monkeypatch):
+    s = _ols_study()
+    full = s.run(tmp_path, progress=False)
+    calls = []
+    real = study_mod.run_cell
+
+    def spy(payload):
+        calls.append(payload["cell"]["id"])
+        return real(payload)
+
+    monkeypatch.setattr(study_mod, "run_cell", spy)
+    again = s.run(tmp_path, progress=False)
+    assert calls == []
+    _same(full, again)
+    # removing one cell file: only that cell runs
+    victim = s.cells[2]["id"]
+    (tmp_path / "cells" / f"{victim}.parquet").unlink()
+    _same(full, s.run(tmp_path, progress=False))
+    assert calls == [victim]
+    # a changed knob gives new cell ids for the affected cells only
+    calls.clear()
+    s2 = _ols_study(fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 6.0]}})
+    s2.run(tmp_path, progress=False)
+    assert len(calls) == 3 and all("ridge-6.0" in c for c in calls)
+    # resume=False recomputes everything
+    calls.clear()
+    s.run(tmp_path, resume=False, progress=False)
+    assert len(calls) == 6
+
+
+def test_leftover_temporary_files_are_ignored(tmp_path):
+    s = _ols_study()
+    full = s.run(tmp_path, progress=False)
+    cid = s.cells[0]["id"]
+    (tmp_path / "cells" / f"{cid}.parquet").unlink()
+    (tmp_path / "cells" / f".{cid}.parquet.abc.tmp").write_bytes(b"PAR1 truncated")
+    _same(full, s.run(tmp_path, progress=False))
+    assert not list((tmp_path / "cells").glob(".*tmp*"))
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    from moestat.study import Study
+    study = Study.from_toml(sys.argv[1])
+    study.run(sys.argv[2], progress=False)
+""")
+
+
+def _kill_study_toml(path: Path) -> Path:
+    s = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 0.5, 2.0, 8.0]}},
+              n=[400, 800, 1600, 3200, 6400, 12800, 25600], reps=8, seed=7, threads=1, name="killme")
+    return Path(s.to_toml(path) and path)
+
+
+def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path):
+    """Kill a real study process with SIGKILL several times, resume each time: same frame, no lost/duplicate rows."""
+    toml = _kill_study_toml(tmp_path / "study.toml")
+    study = Study.from_toml(toml)
+    reference = study.run(tmp_path / "reference", progress=False)
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    rng = np.random.default_rng(0)
+    kills = 0
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(toml), str(out)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        target = len(list((out / "cells").glob("*.parquet"))) + int(rng.integers(1, 5)) if out.exists() else 1
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if out.exists() and len(list((out / "cells").glob("*.parquet"))) >= target:
+                time.sleep(float(rng.uniform(0, 0.02)))  # land anywhere, including inside the next write
+                break
+            time.sleep(0.002)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        proc.stderr.close()
+        if (out / "results.parquet").exists():
+            break
+    assert kills >= 2, "the study finished before it could be killed twice; make it larger"
+    n_done = len(list((out / "cells").glob("*.parquet")))
+    assert 0 < n_done < len(study.cells) or (out / "results.parquet").exists()
+    resumed = study.run(out, resume=True, progress=False)
+    _same(reference, resumed)
+    assert not resumed.duplicated(["cell", "rep"]).any()
+    assert len(resumed) == len(study.cells) * study.reps
+
+
+# ----------------------------------------------------------------------- executors
+
+def test_frames_identical_serial_and_process_pool(tmp_path):
+    s = _ols_study(n=[50, 200])
+    serial = s.run(progress=False)
+    _same(serial, s.run(tmp_path / "p", executor="processes", workers=2, progress=False))
+
+
+@pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_frames_identical_on_dask_local_cluster(tmp_path, processes):
+    distributed = pytest.importorskip("distributed")
+    s = _ols_study(n=[50, 200])
+    serial = s.run(progress=False)
+    with distributed.LocalCluster(n_workers=2 if processes else 1, threads_per_worker=1, processes=processes,
+                                  dashboard_address=None) as cl, distributed.Client(cl) as client:
+        on_dask = s.run(tmp_path / "d", executor=client.get_executor(), progress=False)
+    _same(serial, on_dask)
+
+
+def test_bad_executor():
+    with pytest.raises(ValueError, match="executor"):
+        _ols_study(n=[50]).run(executor="threads", progress=False)
+
+
+# --------------------------------------------------------------------- TOML/config
+
+def test_toml_roundtrip(tmp_path):
+    s = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols", "grid": {"options.ridge": [0.0, 1.0]}}, n=[30, 60],
+              reps=3, seed=9, metrics=["tests.study_cells:slope_error"], name="rt", threads=1)
+    path = tmp_path / "s.toml"
+    s.to_toml(path)
+    s2 = Study.from_toml(path)
+    assert [c["id"] for c in s2.cells] == [c["id"] for c in s.cells]
+    _same(s.run(progress=False), s2.run(progress=False))
+    # from a string, and with a custom cell given as an import path
+    text = path.read_text().replace('metrics = [\n    "tests.study_cells:slope_error",\n]',
+                                    'metrics = []\ncell = "tests.study_cells:normal_equations_cell"')
+    s3 = Study.from_toml(text)
+    assert s3.cell is normal_equations_cell
+    assert "slope_error" in s3.run(progress=False).columns
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(truth={"preset": "nope"}), r"preset='nope' is not valid; valid values are \['sigmoid_vs_softmax'\]"),
+    (dict(truth={"preset": "sigmoid_vs_softmax", "regim": 2}), r"unknown key 'regim'; valid keys are"),
+    (dict(truth={"preset": "sigmoid_vs_softmax", "regime": 3}), r"regime=3 is not valid; valid values are \[1, 2\]"),
+    (dict(truth={"preset": "sigmoid_vs_softmax", "expert": "relux"}), r"expert='relux' is not valid; valid values"),
+    (dict(truth={"gate": "softmax", "expert": "linear", "k": 1}), r"missing \['d', 'params'\]"),
+    (dict(fit={"gate": "sigmod"}),
+     r"study.fit\[0\].gate='sigmod' is not valid; valid values are \['softmax', 'sigmoid', 'topk'\]"),
+    (dict(fit={"estimator": "nls"}), r"estimator='nls' is not known; valid values are \['lse', 'ols'"),
+    (dict(fit={"k": "nine"}), r"k='nine' is not valid; use a positive integer, 'truth' or 'truth\+m'"),
+    (dict(fit={"lr": 0.1}), r"unknown key 'lr'; valid keys are .*'options'"),
+    (dict(fit=[{"label": "a"}, {"label": "a"}]), r"labels must be unique, \['a'\] repeat"),
+    (dict(n=[100, 0]), r"study.n must be a non-empty list of positive integers"),
+    (dict(n=[100, 100]), r"repeated values"),
+    (dict(reps=0), r"study.reps must be an integer >= 1"),
+    (dict(metrics=["D9"]), r"metrics\[0\]='D9' is not known; valid values are \['D1', 'D2', 'D3'"),
+    (dict(metrics="D1"), r"study.metrics must be a list"),
+    (dict(device="tpu"), r"device='tpu' is not valid; valid values are \['auto', 'cpu', 'cuda'\]"),
+    (dict(fit={"grid": {"gatee": ["sigmoid"]}}), r"grid: unknown key 'gatee'"),
+    (dict(metric_options={"D2": {"r": 2}}, metrics=["D1"]), r"metric_options: 'D2' is not among"),
+    (dict(truth={"preset": "sigmoid_vs_softmax", "gate_var": -1.0}), r"study.truth\[0\] .*non-negative"),
+])
+def test_config_errors_name_key_and_valid_values(kwargs, match):
+    base = dict(truth={"preset": "sigmoid_vs_softmax"}, fit={}, n=[100], reps=2)
+    base.update(kwargs)
+    with pytest.raises(StudyConfigError, match=match):
+        Study(**base)
+
+
+def test_toml_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Study.from_toml(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'x'\nn = [1,\n")
+    with pytest.raises(StudyConfigError, match="not valid TOML"):
+        Study.from_toml(bad)
+    with pytest.raises(StudyConfigError, match=r"unknown key 'sed'; valid keys are"):
+        Study.from_toml("sed = 1\nn = [10]\n[truth]\npreset = 'sigmoid_vs_softmax'\n")
+    with pytest.raises(StudyConfigError, match="needs n"):
+        Study.from_toml("seed = 1\n[truth]\npreset = 'sigmoid_vs_softmax'\n")
+    with pytest.raises(ValueError, match="not importable"):
+        Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[10], metrics=[lambda ctx: 0.0]).to_toml()
+
+
+def test_cell_errors_name_the_cell():
+    s = Study(truth={"preset": "sigmoid_vs_softmax", "expert": "linear", "d": 4}, fit={"estimator": "ols"},
+              n=[20], reps=2)
+    with pytest.raises(ValueError, match=r"study cell .*__n20__.*'ols' fits the one-expert linear model"):
+        s.run(progress=False)
+
+
+def test_study_is_exported():
+    assert ms.Study is Study
+
+
+def test_truths_sharing_a_stream_share_their_data():
+    other = {**LINEAR_TRUTH, "label": "lin2", "params": {**LINEAR_TRUTH["params"], "expert_bias": [1.3]}}
+    s = Study(truth=[{**LINEAR_TRUTH, "stream": "common"}, {**other, "stream": "common"}, {**other, "label": "lin3"}],
+              fit={"estimator": "ols"}, n=[64], reps=3, seed=4, threads=1)
+    df = s.run(progress=False)
+    slopes = df.pivot(index="rep", columns="truth", values="objective")
+    # same inputs and noise, intercepts differing by a constant: OLS residuals (hence objectives) coincide
+    np.testing.assert_allclose(slopes["lin"], slopes["lin2"], rtol=1e-10)
+    assert not np.allclose(slopes["lin"], slopes["lin3"])
+    assert set(df["truth_stream"].dropna()) == {"common"}
+    templ = Study(truth={"preset": "sigmoid_vs_softmax", "stream": "{expert}",
+                         "grid": {"expert": ["relu", "linear"], "truth_gate": ["sigmoid", "softmax"]}},
+                  fit={}, n=[10], reps=1)
+    assert [t["stream"] for t in templ.truths] == ["relu", "relu", "linear", "linear"]

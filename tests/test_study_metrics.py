@@ -1,0 +1,79 @@
+"""Metric adapters of the study runner: the exact split family of regime-2 limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import moestat as ms
+from moestat._cells import split_family
+
+
+@settings(max_examples=20, deadline=None)
+@given(expert=st.sampled_from(["relu", "linear"]), atom=st.integers(0, 7), seed=st.integers(0, 10_000))
+def test_split_family_reproduces_the_regression_function(expert, atom, seed):
+    """f at every member of the split family equals f at the truth (positive homogeneity), to rounding."""
+    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert=expert, d=6, seed=seed)
+    family = split_family(truth, [atom], np.linspace(0, 1, 7))
+    X = np.random.default_rng(seed).uniform(-1, 1, size=(300, 6))
+    f_true = spec.mean(truth, X)
+    f_family = spec.with_k(9).mean(family, X)
+    np.testing.assert_allclose(f_family, np.broadcast_to(f_true, f_family.shape), atol=1e-13)
+
+
+def test_split_family_is_not_exact_for_gelu():
+    """gelu is not homogeneous: splitting its expert changes f (the regime-2 limit is genuinely misspecified)."""
+    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="gelu", d=6, seed=1)
+    family = split_family(truth, [0], [0.5])
+    X = np.random.default_rng(0).uniform(-1, 1, size=(300, 6))
+    gap = np.abs(spec.with_k(9).mean(family, X)[0] - spec.mean(truth, X)).max()
+    assert gap > 1e-3
+
+
+def test_split_family_errors():
+    _, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=3, seed=0)
+    with pytest.raises(ValueError, match="one duplicated atom"):
+        split_family(truth, [0, 1], [0.5])
+    with pytest.raises(ValueError, match="out of range"):
+        split_family(truth, [8], [0.5])
+
+
+def _ctx(spec, fit_params, truth, info, settings=None):
+    from moestat._cells import Estimate, MetricContext
+
+    R = fit_params.n_reps
+    est = Estimate(fit_params, np.zeros(R), np.ones(R, bool), {}, settings or {})
+    return MetricContext(est, spec.with_k(fit_params.k), spec, truth, info, None, np.random.SeedSequence(0))
+
+
+def test_gate_matched_loss_picks_the_theory_loss():
+    from moestat._cells import gate_matched_loss
+
+    truth_obj = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=5, seed=3)
+    spec, truth = truth_obj
+    member = split_family(truth, [0], [0.3, 0.7])
+    out = gate_matched_loss(_ctx(spec, member, truth, truth_obj.info, {"duplicate": "0"}))
+    assert list(out["loss_kind"]) == ["D3 split family"] * 2
+    np.testing.assert_allclose(out["loss"], 0.0, atol=1e-9)  # t = 0.3, 0.7 lie on the t-grid
+    moved = member.perturb(0.05, seed=1)
+    assert (gate_matched_loss(_ctx(spec, moved, truth, truth_obj.info, {"duplicate": "0"}))["loss"] > 1e-3).all()
+    # regime 1: the duplicated atom has zero gate slope -> D1 against the truth
+    r1 = ms.presets.sigmoid_vs_softmax(regime=1, expert="relu", d=5, seed=3)
+    same = split_family(r1.params, [7], [0.5])
+    out1 = gate_matched_loss(_ctx(r1.spec, same, r1.params, r1.info, {"duplicate": "7"}))
+    assert out1["loss_kind"][0] == "D1"
+    np.testing.assert_allclose(out1["loss"], ms.voronoi_loss(same, r1.params, kind="D1"))
+    # softmax: the loss of the softmax literature against G*
+    sm = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", truth_gate="softmax", d=5, seed=3)
+    p = sm.params.numpy()
+    order = [*range(8), 0]
+    gb = p.gate_bias[order].copy()
+    gb[[0, 8]] -= np.log(2.0)  # weight-preserving softmax split: an exact representation
+    split = ms.Params(gb, p.gate_weight[order], p.expert_weight[order], p.expert_bias[order]).batched()
+    np.testing.assert_allclose(sm.spec.with_k(9).mean(split, np.ones((3, 5)) * 0.2)[0],
+                               sm.spec.mean(sm.params, np.ones((3, 5)) * 0.2), atol=1e-12)
+    out2 = gate_matched_loss(_ctx(sm.spec, split, sm.params, sm.info))
+    assert out2["loss_kind"][0] == "softmax"
+    np.testing.assert_allclose(out2["loss"], 0.0, atol=1e-10)
