@@ -7,6 +7,8 @@ computation and convert results back to the caller's array type.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -73,3 +75,25 @@ def reference_tensor_kwargs(*arrays: Array) -> dict:
         if isinstance(a, torch.Tensor):
             return {"device": a.device, "dtype": a.dtype}
     return {"device": torch.device("cpu"), "dtype": torch.float64}
+
+
+@contextmanager
+def cpu_threads(threads: int | None, device: torch.device) -> Iterator[None]:
+    """Run the block with ``threads`` torch intra-op threads on CPU (restored afterwards).
+
+    moestat's fitters work on many small batched problems; on a CPU shared with other processes,
+    OpenMP threads that wait for each other made such fits 10-25x slower than one thread (measured
+    on a 2-core machine, docs/performance.md).  ``None`` leaves torch's setting alone; on CUDA the
+    setting is irrelevant and left alone too.
+    """
+    if threads is None or device.type != "cpu":
+        yield
+        return
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}.")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -143,3 +143,17 @@ def test_bad_data_raise():
         spec.mean(make_params(k=2, d=4), np.zeros((2, 2)))
     with pytest.raises(TypeError, match=r"moestat\.Params"):
         spec.mean({"gate_bias": 0}, np.zeros((2, 2)))
+
+
+def test_cpu_threads_sets_and_restores_torch_threads():
+    from moestat._torch import cpu_threads
+
+    before = torch.get_num_threads()
+    with cpu_threads(1, torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with cpu_threads(None, torch.device("cpu")):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be"):
+        with cpu_threads(0, torch.device("cpu")):
+            pass

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .._torch import Array, resolve_device, resolve_dtype, to_numpy, to_tensor
+from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, to_numpy, to_tensor
 from .._validation import check_choice, check_finite, check_int
 from ..model import MoE
 from ..params import Params
@@ -276,7 +276,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
             box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
-            compile: bool = False, block_bytes: int | str | None = "auto") -> LSEFit:
+            compile: bool = False, block_bytes: int | str | None = "auto", threads: int | None = 1) -> LSEFit:
     r"""Least-squares estimator of a MoE regression for R replicates at once.
 
     Parameters
@@ -339,6 +339,10 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         a batch whose data exceed the cache is memory-bound and slower than fitting the replicates one
         by one; see docs/performance/lse.md), everything at once on CUDA.  ``None``: one program.
         Results do not depend on it.
+    threads : int or None
+        torch intra-op threads on CPU during the solve (default 1, restored afterwards): blocks of
+        small batched problems gain little from threads and lose 10-25x when other processes share the
+        cores.  ``None`` keeps torch's setting.  Use study workers (processes) for parallelism.
 
     Returns
     -------
@@ -418,6 +422,10 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     group = _replicates_per_block(block_bytes, dev, R, n, d, Xt.element_size())
 
     def run(prob: LSProblem, th: torch.Tensor) -> _optim.OptimResult:
+        with cpu_threads(threads, dev):
+            return solve(prob, th)
+
+    def solve(prob: LSProblem, th: torch.Tensor) -> _optim.OptimResult:
         if optimizer == "lbfgs":
             return _optim.lbfgs(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history, progress=progress)
         if optimizer == "lm":
