@@ -239,9 +239,11 @@ class Study:
         A custom cell ``fn(ctx: CellContext) -> DataFrame`` replacing "simulate, fit, score" (an
         import path ``"package.module:function"`` in TOML).  Its frame needs a ``rep`` column.
 
-    Any entry of ``truth``/``fit`` may carry a ``grid`` table mapping keys to lists: the entry is
-    expanded into one entry per combination (``"options.lr"`` reaches into the options), labelled
-    by the values.
+    Notes
+    -----
+    Any entry of ``truth`` or ``fit`` may carry a ``grid`` table that maps keys to lists; such an
+    entry is expanded into one entry per combination (``"options.lr"`` reaches into the options),
+    labelled by the values.
 
     Examples
     --------
