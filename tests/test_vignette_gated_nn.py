@@ -28,7 +28,18 @@ def test_vignette_runs_and_resumes(vignette, tmp_path, monkeypatch):
     res = pd.read_csv(tmp_path / "results.csv")
     assert {"part", "metric", "value", "method"} <= set(res.columns)
     assert set(res["part"]) == {"compare", "vs_n", "sigma", "nonlinear", "scaling", "nongauss"}
-    assert json.loads((tmp_path / "provenance.json").read_text())["config"]["size"] == "quick"
+    prov = json.loads((tmp_path / "provenance.json").read_text())["config"]
+    assert prov["size"] == "quick"
+    assert prov["rate_fit"]["function"] == "moestat.fit_rate"
+    rates = pd.read_csv(tmp_path / "rates.csv")   # ms.fit_rate details + its knobs + H0 alpha = 1/2 + AIC columns
+    assert {"method", "metric", "model", "exponent", "se", "ci_low", "ci_high", "df", "cov_type", "n_values",
+            "replicates", "curvature_p", "config_method", "interval", "n_boot", "resample", "seed",
+            "h0_exponent", "h0_p_value", "aic_best_model", "aic_weight_power"} <= set(rates.columns)
+    assert set(rates["config_method"]) == {"cluster_bootstrap"} and set(rates["cov_type"]) == {"bootstrap"}
+    assert set(rates["resample"]) == {"within_n"}
+    assert {("tensor", "gate_l2"), ("tensor", "reg_angle"), ("gate|A=A*", "gate_l2")} <= set(
+        zip(rates["method"], rates["metric"], strict=True))
+    assert ((rates["ci_low"] <= rates["exponent"]) & (rates["exponent"] <= rates["ci_high"])).all()
     stamp = (tmp_path / "pieces" / "vs_n.csv").stat().st_mtime_ns
     vignette.run(tmp_path, quick=True)              # resume: finished pieces are not recomputed
     assert (tmp_path / "pieces" / "vs_n.csv").stat().st_mtime_ns == stamp

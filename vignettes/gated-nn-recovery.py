@@ -65,7 +65,7 @@ SIZES = {
                         "em": {**_FITS["em"], "iters": 4}, "l2": {**_FITS["l2"], "iters": 10}},
                   seed=2020,
                   compare=dict(n=1_000, starts=2),
-                  vs_n=dict(ns=(1_000, 2_000), reps=2, starts=1, em_iters=3, em_max_n=1_000),
+                  vs_n=dict(ns=(1_000, 1_500, 2_000), reps=2, starts=1, em_iters=3, em_max_n=1_000),
                   sigma=dict(sigmas=(0.05, 0.2), n=1_000, reps=1, starts=1),
                   nonlinear=dict(activations=("linear",), ns=(2_000,), reps=1, gate_iters=3),
                   scaling=dict(dk=((6, 2),), n=1_000, reps=1, starts=2, em_iters=3),
@@ -149,10 +149,12 @@ def _compare(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 # ## 2. Error against n, and the gate's n^-1/2 rate
 #
 # For each n we draw independent replicate data sets and fit every replicate (and its starts) in one
-# batched call.  The exponent of the gate error is estimated by OLS of log(error) on log(n) over
-# replicate-level points with heteroskedasticity-robust (HC1) standard errors (statsmodels);
-# ``moestat.rates`` had not landed on main when this ran.  Theorem 4 predicts slope -1/2 for the gate in
-# the max-l2 norm down to a floor set by the regressor error; the regressor angle should also fall like
+# batched call.  The exponent alpha of ``error ~ C n^-alpha`` comes from ``ms.fit_rate``: OLS of
+# log(error) on log(n) over the replicate-level points, with its default cluster-bootstrap t interval
+# (replicates resampled within each n, Satterthwaite degrees of freedom; see docs/rates.md).
+# ``ms.test_exponent`` tests H0: alpha = 1/2 and ``ms.compare_models`` compares the power model with the
+# log-corrected ones by AIC (a curvature check).  Theorem 4 predicts alpha = 1/2 for the gate in the
+# max-l2 norm down to a floor set by the regressor error; the regressor angle should also fall like
 # n^-1/2 (so E_reg = 1 - cos like n^-1).
 
 # %%
@@ -179,22 +181,62 @@ def _vs_n(cfg: dict) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def _rates(vs_n: pd.DataFrame) -> pd.DataFrame:
-    import statsmodels.api as sm
+#: Rate fits: ``ms.fit_rate`` on the replicate-level errors, power model ``log error = c - alpha log n`` with
+#: its default cluster-bootstrap t interval (replicates resampled within each n; independent data sets per
+#: n); the other two models of ``moestat.rates`` enter only through ``ms.compare_models`` (AIC).
+RATE_FIT = dict(model="power", method="cluster_bootstrap", n_boot=2000, seed=2020, ci=0.95)
+#: Theorem 4 (gate) and the heuristic parametric rate of the regressor angle: alpha = 1/2.
+RATE_H0 = 0.5
 
-    out = []
-    for (method, metric), g in vs_n.melt(id_vars=["method", "n", "rep"], value_vars=["gate_l2", "reg_angle"],
-                                          var_name="metric").groupby(["method", "metric"]):
-        g = g[g["value"] > 0]
-        if (metric == "reg_angle" and method == "gate|A=A*") or g["n"].nunique() < 2:
-            continue
-        X = sm.add_constant(np.log(g["n"].to_numpy(float)))
-        res = sm.OLS(np.log(g["value"].to_numpy(float)), X).fit(cov_type="HC1")
-        lo, hi = res.conf_int(alpha=0.05)[1]
-        out.append(dict(method=method, metric=metric, exponent=res.params[1], se=res.bse[1], ci_low=lo, ci_high=hi,
-                        n_points=len(g), n_min=int(g["n"].min()), n_max=int(g["n"].max()),
-                        estimator="OLS log-log, HC1 (statsmodels)"))
-    return pd.DataFrame(out)
+
+def _rate_config() -> dict:
+    return {"function": "moestat.fit_rate", "by": "method (one fit per metric)", "rep": "rep", **RATE_FIT,
+            "interval": "t (Satterthwaite df)", "resample": "within_n", "h0_exponent": RATE_H0,
+            "aic": "moestat.compare_models (power, power_log, inverse_log; robust fits)"}
+
+
+def _rate_frame(vs_n: pd.DataFrame) -> pd.DataFrame:
+    """Tidy rate frame: one row per (method, metric, n, rep), column ``error``; groups with fewer n values
+    than ``fit_rate`` accepts (EM beyond ``em_max_n`` at small sizes) are dropped."""
+    from moestat.rates import MIN_N_VALUES
+
+    tidy = vs_n.melt(id_vars=["method", "n", "rep"], value_vars=["gate_l2", "reg_angle"], var_name="metric",
+                     value_name="error")
+    tidy = tidy[~((tidy["metric"] == "reg_angle") & (tidy["method"] == "gate|A=A*"))]  # experts known: 0
+    keep = tidy.groupby(["method", "metric"])["n"].transform("nunique") >= MIN_N_VALUES
+    return tidy[keep].reset_index(drop=True)
+
+
+def _rates(vs_n: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Exponents with CIs (``ms.fit_rate``), H0 alpha = 1/2 (``ms.test_exponent``), AIC (``ms.compare_models``).
+
+    Returns the ``rates.csv`` frame (fit details + the fit's knobs + the test and AIC columns) and the
+    :class:`~moestat.rates.RateResult` of each metric for the figure.
+    """
+    import warnings
+
+    import moestat as ms
+
+    tidy = _rate_frame(vs_n)
+    frames, results = [], {}
+    for metric, g in tidy.groupby("metric", sort=True):
+        with warnings.catch_warnings():  # short n ranges are flagged in the ``warnings`` column instead
+            warnings.simplefilter("ignore", ms.RateWarning)
+            res = ms.fit_rate(g, "error", by="method", rep="rep", **RATE_FIT)
+        results[metric] = res
+        # one model per fit, so fit_rate's delta_aic / best_model are trivial: the AIC columns below replace them
+        tab = res.to_frame(details=True, config=True).drop(columns=["delta_aic", "best_model"])
+        test = ms.test_exponent(res, RATE_H0)
+        tab["h0_exponent"] = RATE_H0
+        tab["h0_statistic"] = test["statistic"].to_numpy()
+        tab["h0_p_value"] = test["p_value"].to_numpy()
+        aic = ms.compare_models(g, "error", by="method", rep="rep").set_index(["method", "model"])
+        best = aic[aic["best"]].reset_index().set_index("method")
+        tab["aic_best_model"] = tab["method"].map(best["model"])
+        tab["aic_weight_power"] = [aic.loc[(m, "power"), "akaike_weight"] for m in tab["method"]]
+        tab.insert(1, "metric", metric)
+        frames.append(tab)
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), results
 
 
 # %% [markdown]
@@ -301,12 +343,13 @@ def _nongauss(cfg: dict) -> pd.DataFrame:
 # ## Figures
 
 # %%
-def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, vs_n: pd.DataFrame, rates: pd.DataFrame,
+def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, rate_results: dict,
              sig: pd.DataFrame, nonlin: pd.DataFrame, scaling: pd.DataFrame) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     colors = {"tensor": "C0", "em": "C1", "l2": "C3", "gate|A=A*": "k", "gate|A=l2": "C3"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -327,23 +370,20 @@ def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, vs_n: pd.DataFr
     fig.savefig(out / "fig_compare_iterations.png", dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, metric in zip(axes, ("reg_angle", "gate_l2"), strict=True):
-        for method, g in vs_n.groupby("method"):
-            if metric == "reg_angle" and method == "gate|A=A*":
-                continue
-            ax.scatter(g["n"], g[metric].clip(lower=1e-8), color=colors.get(method, "C2"), s=10, alpha=0.5)
-            m = g.groupby("n")[metric].median()
-            r = rates[(rates["method"] == method) & (rates["metric"] == metric)]
-            lab = method if r.empty else f"{method}: slope {r['exponent'].iloc[0]:.2f} ± {1.96 * r['se'].iloc[0]:.2f}"
-            ax.plot(m.index, m.clip(lower=1e-8), "-o", color=colors.get(method, "C2"), label=lab)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("n")
+        if metric not in rate_results:
+            continue
+        res = rate_results[metric]
+        res.plot(ax=ax, colors=[colors.get(m, "C2") for m in sorted(res.data["method"].unique())])
+        ns = np.array(sorted(res.data["n"].unique()), dtype=float)
+        ref = np.exp(res.data["error"].map(np.log).mean()) * (ns / np.exp(np.log(ns).mean())) ** -RATE_H0
+        ax.plot(ns, ref, ":", color="grey", lw=1, label="reference n^-1/2")
         ax.set_ylabel(metric)
-        ax.legend(fontsize=8)
-    axes[0].set_title("largest matched regressor angle (rad)")
-    axes[1].set_title("gate error; reference slope -1/2")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.legend(fontsize=7, frameon=False)
+    axes[0].set_title("largest matched regressor angle (rad); fit_rate, 95% CI")
+    axes[1].set_title("gate error (max l2); fit_rate, 95% CI")
     fig.tight_layout()
     fig.savefig(out / "fig_vs_n.png", dpi=120)
     plt.close(fig)
@@ -407,7 +447,7 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
         hist.to_csv(pieces / "compare_history.csv", index=False)
         final.to_csv(pieces / "compare_final.csv", index=False)
     vs_n = _piece(out, "vs_n", resume, lambda: _vs_n(cfg))
-    rates = _rates(vs_n)
+    rates, rate_results = _rates(vs_n)
     sig = _piece(out, "sigma", resume, lambda: _sigma(cfg))
     nonlin = _piece(out, "nonlinear", resume, lambda: _nonlinear(cfg))
     scaling = _piece(out, "scaling", resume, lambda: _scaling(cfg))
@@ -433,11 +473,11 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
                .agg(starts=("success", "size"), success_fraction=("success", "mean"),
                     median_E_reg=("E_reg", "median"), median_gate_l2=("gate_l2", "median")).reset_index())
     summary.to_csv(out / "compare_summary.csv", index=False)
-    _figures(out, hist, final, vs_n, rates, sig, nonlin, scaling)
+    _figures(out, hist, final, rate_results, sig, nonlin, scaling)
     write_provenance(out, {"vignette": NAME, "size": size, "success": SUCCESS, **cfg,
                            "truth": "d=10, k=2, a*=e1,e2, w1*=e3 (w2*=0), g=identity, sigma=0.05 unless stated",
                            "inputs_check": "check_inputs=False in the non-Gaussian part (the fit warns otherwise)",
-                           "rate_estimator": "statsmodels OLS of log error on log n, HC1; moestat.rates not on main"})
+                           "rate_fit": _rate_config()})
 
 
 # %%
