@@ -1,0 +1,242 @@
+r"""EM for softmax-gated Gaussian mixtures of linear (or constant) experts, batched.
+
+The model (Jordan & Jacobs 1994) is
+:math:`p(y\mid x) = \sum_{i=1}^k \pi_i(x)\,\mathcal N(y;\, a_i^\top x + b_i,\, \sigma_i^2)` with
+:math:`\pi_i(x) = \mathrm{softmax}_i(\beta_{1}^\top x + \beta_{0})`.  Write :math:`z = (1, x)`.
+One EM iteration (Jordan & Jacobs 1994 §4; McLachlan & Peel 2000 §5.13) is
+
+* **E-step** — responsibilities
+  :math:`\tau_{ti} = \pi_i(x_t)\,\mathcal N(y_t; \mu_i(x_t), \sigma_i^2) / p(y_t\mid x_t)`;
+* **expert M-step** — for each expert a weighted least-squares fit
+  :math:`(b_i, a_i) = (Z^\top T_i Z)^{-1} Z^\top T_i y` with :math:`T_i = \mathrm{diag}(\tau_{\cdot i})`,
+  then :math:`\sigma_i^2 = \sum_t \tau_{ti}(y_t - \mu_i(x_t))^2 / \sum_t \tau_{ti}`;
+* **gate M-step** — the weighted multinomial logistic regression
+  :math:`\max_\beta \sum_t\sum_i \tau_{ti} \log\pi_i(x_t;\beta)`, a concave problem solved by
+  damped Newton (IRLS) steps with a backtracking line search that never lowers the objective
+  (a generalised EM step), or exactly by cvxpy (``gate_solver="cvxpy"``, small problems and tests).
+
+Safeguards, each keeping the EM ascent property :math:`\ell(\theta^{(t+1)}) \ge \ell(\theta^{(t)})`:
+
+* the expert and variance updates maximise the M-step objective plus a proximal term
+  :math:`-\tfrac{\epsilon}{2}\lVert\theta - \theta^{(t)}\rVert^2`-type penalty with
+  :math:`\epsilon = 10^{-8} n`; because the penalty is zero at the old value the step still
+  raises the M-step objective, fixed points are exactly the EM fixed points, and a component whose
+  responsibilities vanish keeps its old parameters instead of producing 0/0.  Components are never
+  dropped (flexmix's default ``minprior = 0.05`` removes them; moestat reports them instead);
+* the variance floor :math:`\sigma_i \ge \sigma_{\min}` (a fraction of sd(y), see
+  :func:`moestat.fit_mle`) keeps the likelihood bounded (it is unbounded as
+  :math:`\sigma_i \to 0` on a single point); the floored update is the exact maximiser of the
+  M-step objective over :math:`\sigma_i \ge \sigma_{\min}`.
+
+All arrays carry leading axes (R, S) = (replicates, restarts); one tensor program runs every
+(replicate, restart) pair, and pairs that have converged are frozen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model import MoE
+from ._layout import BlockParams
+
+_LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 tried at once in the gate Newton step
+
+
+@dataclass
+class EMState:
+    """Output of :func:`em_fit` (leading axes (R, S))."""
+
+    params: BlockParams
+    loglik: torch.Tensor
+    converged: torch.Tensor
+    n_iter: torch.Tensor
+    history: torch.Tensor  # (T, R, S) log-likelihood before each iteration
+
+
+def design(X: torch.Tensor, input_dependent: bool) -> torch.Tensor:
+    """:math:`Z = (1, X)` of shape (R, n, d+1), or the intercept column (R, n, 1)."""
+    ones = torch.ones(*X.shape[:-1], 1, dtype=X.dtype, device=X.device)
+    return torch.cat([ones, X], dim=-1) if input_dependent else ones
+
+
+def weighted_ls(Z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta_old: torch.Tensor,
+                eps: float) -> torch.Tensor:
+    r"""Proximal weighted least squares for every expert at once.
+
+    Solves :math:`(Z^\top W_i Z + \epsilon I)\beta_i = Z^\top W_i y + \epsilon\beta_i^{old}`.
+
+    Parameters
+    ----------
+    Z : (R, n, p); y : (R, n); w : (R, S, n, k); beta_old : (R, S, k, p)
+
+    Returns
+    -------
+    (R, S, k, p)
+    """
+    Zw = w.transpose(-1, -2).unsqueeze(-1) * Z[:, None, None]  # (R,S,k,n,p)
+    A = Zw.transpose(-1, -2) @ Z[:, None, None]  # (R,S,k,p,p)
+    b = (Zw * y[:, None, None, :, None]).sum(-2)  # (R,S,k,p)
+    eye = torch.eye(Z.shape[-1], dtype=Z.dtype, device=Z.device)
+    return torch.linalg.solve(A + eps * eye, (b + eps * beta_old).unsqueeze(-1)).squeeze(-1)
+
+
+def expert_mstep(Z: torch.Tensor, y: torch.Tensor, tau: torch.Tensor, beta_old: torch.Tensor,
+                 var_old: torch.Tensor, var_floor: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert coefficients (R,S,k,p) and variances (R,S,k); see the module docstring."""
+    beta = weighted_ls(Z, y, tau, beta_old, eps)
+    mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
+    ssq = (tau * (y[:, None, :, None] - mu) ** 2).sum(-2)
+    nk = tau.sum(-2)
+    var = (ssq + eps * var_old) / (nk + eps)
+    return beta, torch.maximum(var, var_floor[:, None, None])
+
+
+def _gate_objective(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """:math:`\\sum_t\\sum_i \\tau_{ti}\\log\\pi_i` for gate rows ``theta`` (..., k-1, p); last row is 0."""
+    logits = torch.einsum("rnp,rs...jp->rs...nj", Z, theta)
+    logits = torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1)
+    return (tau * torch.log_softmax(logits, dim=-1)).sum((-1, -2))
+
+
+def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: int) -> torch.Tensor:
+    r"""Damped Newton (IRLS) steps for the weighted multinomial logit, reference = last expert.
+
+    Gradient :math:`g_j = \sum_t (\tau_{tj} - \pi_{tj}) z_t`; negative Hessian
+    :math:`H_{jl} = \sum_t \pi_{tj}(\delta_{jl} - \pi_{tl}) z_t z_t^\top` (positive semidefinite;
+    a relative damping of :math:`10^{-10}` handles separation).  Each step tries
+    :math:`t = 1, 1/2, \ldots, 2^{-11}` at once and keeps the longest step that does not lower the
+    objective; if none does, the row stays put.
+
+    Parameters
+    ----------
+    Z : (R, n, p); tau : (R, S, n, k); theta : (R, S, k-1, p)
+    """
+    R, S, km1, p = theta.shape
+    m = km1 * p
+    ts = 0.5 ** torch.arange(_LINE_SEARCH, dtype=Z.dtype, device=Z.device)
+    eye = torch.eye(m, dtype=Z.dtype, device=Z.device)
+    tau_c = tau.unsqueeze(2)  # (R,S,1,n,k) for the candidates
+    for _ in range(steps):
+        logits = torch.einsum("rnp,rsjp->rsnj", Z, theta)
+        logits = torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1)
+        logpi = torch.log_softmax(logits, dim=-1)
+        q0 = (tau * logpi).sum((-1, -2))
+        pi = logpi.exp()[..., :-1]
+        grad = torch.einsum("rsnj,rnp->rsjp", tau[..., :-1] - pi, Z).reshape(R, S, m)
+        W = torch.diag_embed(pi) - pi.unsqueeze(-1) * pi.unsqueeze(-2)  # (R,S,n,k-1,k-1)
+        H = torch.einsum("rsnjl,rnp,rnq->rsjplq", W, Z, Z).reshape(R, S, m, m)
+        scale = H.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)
+        H = H + (1e-10 * scale)[..., None, None] * eye
+        delta = torch.linalg.solve(H, grad.unsqueeze(-1)).squeeze(-1).reshape(R, S, km1, p)
+        full = theta + delta
+        q1 = _gate_objective(Z, tau, full)
+        ok1 = torch.isfinite(q1) & (q1 >= q0)
+        if bool(ok1.all()):  # the usual case for a concave objective: the full Newton step is accepted
+            theta = full
+            continue
+        cand = theta.unsqueeze(2) + ts[None, None, :, None, None] * delta.unsqueeze(2)  # (R,S,L,k-1,p)
+        qc = _gate_objective(Z, tau_c, cand)  # (R,S,L)
+        qc = torch.where(torch.isfinite(qc), qc, torch.full_like(qc, -torch.inf))
+        ok = qc >= q0.unsqueeze(-1)
+        first = ok.to(torch.int8).argmax(-1)  # longest acceptable step
+        best = torch.take_along_dim(cand, first[..., None, None, None], dim=2).squeeze(2)
+        theta = torch.where(ok.any(-1)[..., None, None], best, theta)
+    return theta
+
+
+def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    r"""Exact weighted multinomial-logit gate step by cvxpy (one convex program per (replicate, restart)).
+
+    Maximises :math:`\sum_t [\sum_i \tau_{ti}\ell_{ti} - \log\sum_i e^{\ell_{ti}}]` over the free rows
+    (the last row is the zero reference); uses :math:`\sum_i\tau_{ti} = 1`.  Reference solver for tests
+    and small problems; falls back to the current rows if the solver fails.
+    """
+    import cvxpy as cp
+
+    R, S, km1, p = theta.shape
+    Zn, Tn = Z.detach().cpu().numpy(), tau.detach().cpu().numpy()
+    out = theta.detach().cpu().numpy().copy()
+    for r in range(R):
+        for s in range(S):
+            B = cp.Variable((p, km1))
+            L = Zn[r] @ B
+            full = cp.hstack([L, np.zeros((Zn.shape[1], 1))])
+            obj = cp.sum(cp.multiply(Tn[r, s], full)) - cp.sum(cp.log_sum_exp(full, axis=1))
+            prob = cp.Problem(cp.Maximize(obj))
+            try:
+                prob.solve(solver=cp.CLARABEL)
+            except cp.error.SolverError:
+                continue
+            if B.value is not None and np.isfinite(B.value).all():
+                out[r, s] = B.value.T
+    return torch.as_tensor(out, dtype=theta.dtype, device=theta.device)
+
+
+def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, var_floor: torch.Tensor,
+           tol: float, max_iter: int, gate_steps: int = 2, gate_solver: str = "newton",
+           prox: float = 1e-8) -> EMState:
+    r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
+
+    Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
+    \mathrm{tol}\,(1 + |\ell_t|)`; converged pairs are frozen.  ``var_floor`` has shape (R,).
+    """
+    if spec.gate != "softmax" or spec.expert not in ("linear", "constant"):
+        raise ValueError("method='em' supports gate='softmax' with expert='linear' or 'constant'; "
+                         f"got gate={spec.gate!r}, expert={spec.expert!r}. Use method='gradient'.")
+    R, n, _ = X.shape
+    Z = design(X, spec.family.input_dependent)
+    X4, y3 = X.unsqueeze(1), y.unsqueeze(1)
+    eps = prox * n
+    gb, gw = init.gate_bias, init.gate_weight
+    theta_g = torch.cat([(gb - gb[..., -1:]).unsqueeze(-1), gw - gw[..., -1:, :]], dim=-1)[..., :-1, :]
+    if spec.family.input_dependent:
+        beta = torch.cat([init.expert_bias.unsqueeze(-1), init.expert_weight], dim=-1)
+    else:
+        beta = init.expert_bias.unsqueeze(-1)
+    var = init.noise_sd**2
+    S = gb.shape[1]
+    active = torch.ones(R, S, dtype=torch.bool, device=X.device)
+    converged = torch.zeros_like(active)
+    n_iter = torch.zeros(R, S, dtype=torch.long, device=X.device)
+    history = []
+    ll_prev = None
+
+    def blocks(theta_g: torch.Tensor, beta: torch.Tensor, var: torch.Tensor) -> BlockParams:
+        zero = torch.zeros_like(theta_g[..., :1, :])
+        g = torch.cat([theta_g, zero], dim=-2)
+        if spec.family.input_dependent:
+            ew, eb = beta[..., 1:], beta[..., 0]
+        else:
+            ew, eb = torch.zeros(*beta.shape[:-1], X.shape[-1], dtype=X.dtype, device=X.device), beta[..., 0]
+        return BlockParams(g[..., 0], g[..., 1:], ew, eb, var.sqrt())
+
+    for it in range(max_iter + 1):
+        p = blocks(theta_g, beta, var)
+        logc = spec.log_density_components(p, X4, y3)
+        lse = torch.logsumexp(logc, dim=-1)
+        ll = lse.sum(-1)
+        history.append(ll)
+        bad = ~torch.isfinite(ll)
+        active = active & ~bad
+        if ll_prev is not None:
+            done = active & ((ll - ll_prev).abs() <= tol * (1.0 + ll.abs()))
+            converged |= done
+            active &= ~done
+        if it == max_iter or not bool(active.any()):
+            break
+        n_iter = n_iter + active.long()
+        tau = torch.exp(logc - lse.unsqueeze(-1))
+        beta_new, var_new = expert_mstep(Z, y, tau, beta, var, var_floor, eps)
+        if gate_solver == "cvxpy":
+            tg_new = gate_cvxpy(Z, tau, theta_g)
+        else:
+            tg_new = gate_newton(Z, tau, theta_g, gate_steps)
+        a = active
+        beta = torch.where(a[..., None, None], beta_new, beta)
+        var = torch.where(a[..., None], var_new, var)
+        theta_g = torch.where(a[..., None, None], tg_new, theta_g)
+        ll_prev = ll
+    return EMState(blocks(theta_g, beta, var), ll, converged, n_iter, torch.stack(history))
