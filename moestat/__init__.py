@@ -9,10 +9,22 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import experts, gates
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .fit import MLEConvergenceWarning, MLEFit, SingularInformationWarning, fit_mle
 from .gates import GATES
+from .inference import bootstrap, select_k, test_n_experts
 from .model import MoE
 from .params import Params
 from .simulators import Dataset, presets, simulate
+
+
+def __getattr__(name: str):
+    # MoERegressor needs scikit-learn (an optional dependency): import it only when asked for.
+    if name == "MoERegressor":
+        from .sklearn import MoERegressor
+
+        return MoERegressor
+    raise AttributeError(f"module 'moestat' has no attribute {name!r}")
+
 
 try:
     __version__ = version("moestat")
@@ -24,12 +36,20 @@ __all__ = [
     "GATES",
     "Dataset",
     "ExpertFamily",
+    "MLEConvergenceWarning",
+    "MLEFit",
     "MoE",
+    "MoERegressor",
     "Params",
+    "SingularInformationWarning",
     "__version__",
+    "bootstrap",
     "experts",
+    "fit_mle",
     "gates",
     "get_expert",
     "presets",
+    "select_k",
     "simulate",
+    "test_n_experts",
 ]

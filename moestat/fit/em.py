@@ -106,7 +106,7 @@ def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: 
 
     Gradient :math:`g_j = \sum_t (\tau_{tj} - \pi_{tj}) z_t`; negative Hessian
     :math:`H_{jl} = \sum_t \pi_{tj}(\delta_{jl} - \pi_{tl}) z_t z_t^\top` (positive semidefinite;
-    a relative damping of :math:`10^{-10}` handles separation).  Each step tries
+    a damping of :math:`10^{-10}\,\overline{\mathrm{diag}\,H} + 10^{-9} n` bounds the step under separation).  Each step tries
     :math:`t = 1, 1/2, \ldots, 2^{-11}` at once and keeps the longest step that does not lower the
     objective; if none does, the row stays put.
 
@@ -129,7 +129,7 @@ def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: 
         W = torch.diag_embed(pi) - pi.unsqueeze(-1) * pi.unsqueeze(-2)  # (R,S,n,k-1,k-1)
         H = torch.einsum("rsnjl,rnp,rnq->rsjplq", W, Z, Z).reshape(R, S, m, m)
         scale = H.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)
-        H = H + (1e-10 * scale)[..., None, None] * eye
+        H = H + (1e-10 * scale + 1e-9 * Z.shape[-2])[..., None, None] * eye
         delta = torch.linalg.solve(H, grad.unsqueeze(-1)).squeeze(-1).reshape(R, S, km1, p)
         full = theta + delta
         q1 = _gate_objective(Z, tau, full)
@@ -186,22 +186,28 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     if spec.gate != "softmax" or spec.expert not in ("linear", "constant"):
         raise ValueError("method='em' supports gate='softmax' with expert='linear' or 'constant'; "
                          f"got gate={spec.gate!r}, expert={spec.expert!r}. Use method='gradient'.")
-    R, n, _ = X.shape
-    Z = design(X, spec.family.input_dependent)
-    X4, y3 = X.unsqueeze(1), y.unsqueeze(1)
+    R, n, d = X.shape
+    S = init.gate_bias.shape[1]
+    B = R * S
+    # flat (replicate, restart) pairs; each iteration works on the still-active pairs only
+    Xf = X.repeat_interleave(S, dim=0)
+    yf = y.repeat_interleave(S, dim=0)
+    floor_f = var_floor.repeat_interleave(S, dim=0)
+    Zf = design(Xf, spec.family.input_dependent)
     eps = prox * n
-    gb, gw = init.gate_bias, init.gate_weight
+    flat = init.map(lambda a: a.reshape(B, *a.shape[2:]))
+    gb, gw = flat.gate_bias, flat.gate_weight
     theta_g = torch.cat([(gb - gb[..., -1:]).unsqueeze(-1), gw - gw[..., -1:, :]], dim=-1)[..., :-1, :]
     if spec.family.input_dependent:
-        beta = torch.cat([init.expert_bias.unsqueeze(-1), init.expert_weight], dim=-1)
+        beta = torch.cat([flat.expert_bias.unsqueeze(-1), flat.expert_weight], dim=-1)
     else:
-        beta = init.expert_bias.unsqueeze(-1)
-    var = init.noise_sd**2
-    S = gb.shape[1]
-    active = torch.ones(R, S, dtype=torch.bool, device=X.device)
-    converged = torch.zeros_like(active)
-    n_iter = torch.zeros(R, S, dtype=torch.long, device=X.device)
+        beta = flat.expert_bias.unsqueeze(-1)
+    var = flat.noise_sd**2
+    converged = torch.zeros(B, dtype=torch.bool, device=X.device)
+    n_iter = torch.zeros(B, dtype=torch.long, device=X.device)
+    ll_all = torch.full((B,), -torch.inf, dtype=X.dtype, device=X.device)
     history = []
+    idx = torch.arange(B, device=X.device)
     ll_prev = None
 
     def blocks(theta_g: torch.Tensor, beta: torch.Tensor, var: torch.Tensor) -> BlockParams:
@@ -210,33 +216,42 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if spec.family.input_dependent:
             ew, eb = beta[..., 1:], beta[..., 0]
         else:
-            ew, eb = torch.zeros(*beta.shape[:-1], X.shape[-1], dtype=X.dtype, device=X.device), beta[..., 0]
+            ew, eb = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device), beta[..., 0]
         return BlockParams(g[..., 0], g[..., 1:], ew, eb, var.sqrt())
 
     for it in range(max_iter + 1):
-        p = blocks(theta_g, beta, var)
-        logc = spec.log_density_components(p, X4, y3)
+        Xa, ya, Za = Xf[idx], yf[idx], Zf[idx]
+        tg_a, beta_a, var_a = theta_g[idx], beta[idx], var[idx]
+        p = blocks(tg_a, beta_a, var_a)
+        logc = spec.log_density_components(p, Xa, ya)
         lse = torch.logsumexp(logc, dim=-1)
         ll = lse.sum(-1)
-        history.append(ll)
-        bad = ~torch.isfinite(ll)
-        active = active & ~bad
+        ll_all[idx] = ll
+        history.append(ll_all.clone())
+        keep = torch.isfinite(ll)
         if ll_prev is not None:
-            done = active & ((ll - ll_prev).abs() <= tol * (1.0 + ll.abs()))
-            converged |= done
-            active &= ~done
-        if it == max_iter or not bool(active.any()):
+            done = keep & ((ll - ll_prev).abs() <= tol * (1.0 + ll.abs()))
+            converged[idx[done]] = True
+            keep &= ~done
+        if it == max_iter or not bool(keep.any()):
             break
-        n_iter = n_iter + active.long()
-        tau = torch.exp(logc - lse.unsqueeze(-1))
-        beta_new, var_new = expert_mstep(Z, y, tau, beta, var, var_floor, eps)
-        if gate_solver == "cvxpy":
-            tg_new = gate_cvxpy(Z, tau, theta_g)
-        else:
-            tg_new = gate_newton(Z, tau, theta_g, gate_steps)
-        a = active
-        beta = torch.where(a[..., None, None], beta_new, beta)
-        var = torch.where(a[..., None], var_new, var)
-        theta_g = torch.where(a[..., None, None], tg_new, theta_g)
+        # drop finished pairs from the working set
+        idx, logc, lse, ll = idx[keep], logc[keep], lse[keep], ll[keep]
+        Za, ya, tg_a, beta_a, var_a = Za[keep], ya[keep], tg_a[keep], beta_a[keep], var_a[keep]
+        n_iter[idx] += 1
+        tau = torch.exp(logc - lse.unsqueeze(-1)).unsqueeze(1)  # (A, 1, n, k): the engines' (R, S) layout
+        b_new, v_new = expert_mstep(Za, ya, tau, beta_a.unsqueeze(1), var_a.unsqueeze(1), floor_f[idx], eps)
+        beta[idx], var[idx] = b_new.squeeze(1), v_new.squeeze(1)
+        if spec.k > 1:
+            if gate_solver == "cvxpy":
+                tg_new = gate_cvxpy(Za, tau, tg_a.unsqueeze(1))
+            else:
+                tg_new = gate_newton(Za, tau, tg_a.unsqueeze(1), gate_steps)
+            theta_g[idx] = tg_new.squeeze(1)
         ll_prev = ll
-    return EMState(blocks(theta_g, beta, var), ll, converged, n_iter, torch.stack(history))
+
+    def unflat(a: torch.Tensor) -> torch.Tensor:
+        return a.reshape(R, S, *a.shape[1:])
+
+    hist = torch.stack(history).reshape(len(history), R, S)
+    return EMState(blocks(theta_g, beta, var).map(unflat), unflat(ll_all), unflat(converged), unflat(n_iter), hist)

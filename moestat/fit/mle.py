@@ -25,6 +25,7 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,9 +43,13 @@ from .results import MLEFit
 METHODS = ("em", "gradient")
 
 
-def _check_data(spec: MoE, X, y) -> tuple[np.ndarray, np.ndarray, bool]:
-    Xn = np.asarray(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
-    yn = np.asarray(y.detach().cpu() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
+class UnderdeterminedWarning(UserWarning):
+    """Fewer observations than free parameters (``underdetermined="warn"``): the MLE is not identified."""
+
+
+def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.ndarray, np.ndarray, bool]:
+    Xn = np.array(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
+    yn = np.array(y.detach().cpu() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
     single = Xn.ndim == 2
     if Xn.ndim == 1:
         raise ValueError(f"X must have shape (n, d) or (R, n, d), got shape {Xn.shape}; "
@@ -66,7 +71,11 @@ def _check_data(spec: MoE, X, y) -> tuple[np.ndarray, np.ndarray, bool]:
     if spec.k > n:
         raise ValueError(f"k={spec.k} experts exceed the n={n} observations; choose k <= n.")
     P = ParamLayout(spec).size
-    if n < P:
+    if n < P and underdetermined == "warn":
+        warnings.warn(f"n={n} observations are fewer than the {P} free parameters: the MLE is not identified "
+                      "(estimates are one maximiser among many; standard errors are not available).",
+                      UnderdeterminedWarning, stacklevel=3)
+    elif n < P:
         raise ValueError(f"n={n} observations are fewer than the {P} free parameters of a {spec.k}-expert "
                          f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the MLE is not identified. "
                          "Use fewer experts or more data.")
@@ -165,10 +174,10 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     return unpack(v).map(lambda a: a.detach()), ll, conv, n_iter
 
 
-def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-10,
+def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 2,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
-            feature_names: Sequence[str] | None = None) -> MLEFit:
+            feature_names: Sequence[str] | None = None, underdetermined: str = "raise") -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
     Parameters
@@ -204,6 +213,10 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         Replicate ``r`` draws its random starts from ``SeedSequence(seed).spawn(R)[r]``.
     feature_names : sequence of str, optional
         Column names used in term names (default ``x1 .. xd``).
+    underdetermined : {"raise", "warn"}
+        What to do when n is smaller than the number of free parameters: raise ``ValueError`` (default)
+        or emit :class:`UnderdeterminedWarning` and fit anyway (the estimate is then one maximiser among
+        many; the proximal EM terms keep it finite).  :class:`moestat.MoERegressor` uses ``"warn"``.
 
     Returns
     -------
@@ -237,7 +250,8 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         raise ValueError(f"method='em' supports gate='softmax' with expert='linear' or 'constant', not "
                          f"gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")
     max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
-    Xn, yn, single = _check_data(spec, X, y)
+    check_choice("underdetermined", underdetermined, ("raise", "warn"))
+    Xn, yn, single = _check_data(spec, X, y, underdetermined)
     R = Xn.shape[0]
     user = _as_init_list(init, spec, R)
     if restarts + len(user) == 0:

@@ -205,6 +205,53 @@ class MLEFit:
         sd = to_numpy(self._blocks.noise_sd)
         return self._out(sd <= self._floor[:, None] * (1 + 1e-6))
 
+    # ------------------------------------------------------------ labels
+    def relabel(self, perm) -> MLEFit:
+        """The same fit with experts relabelled: expert ``i`` of the result is expert ``perm[i]`` of this fit.
+
+        ``perm`` has shape (k,) or (R, k).  Softmax gates are re-expressed relative to the new last
+        expert, so :attr:`theta`, standard errors and tests refer to the new labels.
+        """
+        p = self._blocks.to_params().numpy().permute(np.asarray(perm) if not self.single or np.ndim(perm) == 1
+                                                     else np.asarray(perm)[None])
+        dev, dt = self._X.device, self._X.dtype
+        new = BlockParams.from_params(p.to_torch(dev, dt))
+        out = MLEFit.__new__(MLEFit)
+        out.__dict__.update(self.__dict__)
+        out._blocks = new
+        out._theta = self.layout.pack(new).detach()
+        out._hess = out._scores = None
+        out._warned_singular = False
+        return out
+
+    def align_to(self, params: Params) -> MLEFit:
+        r"""Relabel the experts to best match ``params`` (e.g. the truth), by the Hungarian algorithm.
+
+        The cost between a fitted and a reference expert is the squared Euclidean distance between their
+        atoms :math:`(b_i, a_i, \log\sigma_i)` (and gate rows, after the softmax normalisation).
+        """
+        from scipy.optimize import linear_sum_assignment
+
+        self.spec.check_params(params)
+        ref = params.numpy().batched(self.n_reps) if not params.is_batched else params.numpy()
+        if ref.noise_sd is None:
+            ref = Params(ref.gate_bias, ref.gate_weight, ref.expert_weight, ref.expert_bias,
+                         np.full(ref.gate_bias.shape, self.spec.noise_sd))
+        fit = self._blocks.to_params().numpy()
+
+        def atoms(p: Params) -> np.ndarray:
+            q = p.normalize_softmax() if self.spec.gate in ("softmax", "topk") else p
+            return np.concatenate([q.gate_bias[..., None], q.gate_weight, p.expert_bias[..., None], p.expert_weight,
+                                   np.log(p.noise_sd)[..., None]], -1)
+
+        a_ref, a_fit = atoms(ref), atoms(fit)
+        perms = np.empty((self.n_reps, self.spec.k), dtype=int)
+        for r in range(self.n_reps):
+            cost = ((a_ref[r][:, None, :] - a_fit[r][None, :, :]) ** 2).sum(-1)
+            rows, cols = linear_sum_assignment(cost)
+            perms[r, rows] = cols
+        return self.relabel(perms[0] if self.single else perms)
+
     # ------------------------------------------------------ likelihood parts
     def _f_obs(self):
         spec, layout = self.spec, self.layout
