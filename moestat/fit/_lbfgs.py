@@ -23,7 +23,7 @@ def _value_grad(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> t
 
 
 def lbfgs_batched(f: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, *, max_iter: int = 500,
-                  gtol: float = 1e-7, history: int = 20, max_backtrack: int = 40,
+                  gtol: float = 1e-7, ftol: float = 1e-10, history: int = 20, max_backtrack: int = 40,
                   c1: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Minimise ``f`` row-wise.
 
@@ -33,7 +33,11 @@ def lbfgs_batched(f: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, *
         Maps x of shape (B..., P) to values (B...); problems must be independent (separable).
     x0 : Tensor (B..., P)
     gtol : float
-        A problem has converged when ``max |grad| <= gtol``.
+        A problem has converged when ``max |grad| <= gtol`` ...
+    ftol : float
+        ... or when an accepted step lowers f by at most ``ftol * max(|f_old|, |f_new|, 1)`` (the
+        relative-reduction test of scipy's L-BFGS-B, needed for objectives with kinks such as ReLU
+        experts or top-K gates, where the gradient need not vanish at the optimum).
 
     Returns
     -------
@@ -102,10 +106,13 @@ def lbfgs_batched(f: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, *
         gamma = torch.where(keep, sy / (yv * yv).sum(-1).clamp_min(1e-300), gamma)
         n_stored += 1
         x = xn
+        fx_old = fx
         fx = torch.where(moved, fn, fx)
         g = torch.where(moved[:, None], gn, g)
         n_iter = n_iter + moved.long()
-        conv = conv | (moved & (g.abs().amax(-1) <= gtol))
+        small_step = (fx_old - fx) <= ftol * torch.maximum(torch.maximum(fx_old.abs(), fx.abs()),
+                                                            torch.ones_like(fx))
+        conv = conv | (moved & ((g.abs().amax(-1) <= gtol) | small_step))
         active = active & ~conv & ~stuck
     conv = conv | (g.abs().amax(-1) <= gtol)
     return x.reshape(*lead, P), fx.reshape(lead), conv.reshape(lead), n_iter.reshape(lead)

@@ -106,7 +106,8 @@ def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: 
 
     Gradient :math:`g_j = \sum_t (\tau_{tj} - \pi_{tj}) z_t`; negative Hessian
     :math:`H_{jl} = \sum_t \pi_{tj}(\delta_{jl} - \pi_{tl}) z_t z_t^\top` (positive semidefinite;
-    a damping of :math:`10^{-10}\,\overline{\mathrm{diag}\,H} + 10^{-9} n` bounds the step under separation).  Each step tries
+    a damping of :math:`10^{-10}\,\overline{\mathrm{diag}\,H} + 10^{-9} n` bounds the step under
+    separation).  Each step tries
     :math:`t = 1, 1/2, \ldots, 2^{-11}` at once and keeps the longest step that does not lower the
     objective; if none does, the row stays put.
 
@@ -152,7 +153,7 @@ def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch
 
     Maximises :math:`\sum_t [\sum_i \tau_{ti}\ell_{ti} - \log\sum_i e^{\ell_{ti}}]` over the free rows
     (the last row is the zero reference); uses :math:`\sum_i\tau_{ti} = 1`.  Reference solver for tests
-    and small problems; falls back to the current rows if the solver fails.
+    and small problems; keeps the current rows if the solver fails or returns a worse point.
     """
     import cvxpy as cp
 
@@ -172,7 +173,9 @@ def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch
                 continue
             if B.value is not None and np.isfinite(B.value).all():
                 out[r, s] = B.value.T
-    return torch.as_tensor(out, dtype=theta.dtype, device=theta.device)
+    new = torch.as_tensor(out, dtype=theta.dtype, device=theta.device)
+    better = _gate_objective(Z, tau, new) >= _gate_objective(Z, tau, theta)  # guard against inaccurate solves
+    return torch.where(better[..., None, None], new, theta)
 
 
 def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, var_floor: torch.Tensor,

@@ -15,8 +15,8 @@ Two estimators, both batched over replicates x restarts in one tensor program:
   (:mod:`moestat.fit.em`); softmax gate, linear or constant experts;
 * ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd) for
   every gate and expert family; every (replicate, restart) pair has its own L-BFGS memory and
-  backtracking line search (:mod:`moestat.fit._lbfgs`), all in one tensor program.  With top-K gates and ``top_k = 1`` the
-  gate gradient is zero almost everywhere, so the gate cannot move from its start.
+  backtracking line search (:mod:`moestat.fit._lbfgs`), all in one tensor program.  With top-K gates
+  and ``top_k = 1`` the gate gradient is zero almost everywhere, so the gate cannot move from its start.
 
 The noise standard deviations are kept above the floor
 :math:`\sigma_{\min} = \texttt{sd\_floor}\cdot\mathrm{sd}(y)` (default ``1e-3``), which keeps the
@@ -142,15 +142,16 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
 
 
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
-                 sd_floor: torch.Tensor, max_iter: int, gtol: float) -> tuple[BlockParams, torch.Tensor,
+                 sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float) -> tuple[BlockParams, torch.Tensor,
                                                                                  torch.Tensor, torch.Tensor]:
     r"""Batched L-BFGS on :math:`-\ell_{rs}(\theta_{rs})/n` for every pair; returns params, loglik, converged, n_iter.
 
     The noise sd is parameterised as :math:`\sigma = (\sigma_{\min}^2 + e^{2\rho})^{1/2}` so the floor
     holds throughout.  A pair is converged when :math:`\max_j|\partial(\ell/n)/\partial\theta_j| \le`
-    ``gtol`` at the end.
+    ``gtol``, or when a step improves :math:`\ell` by at most ``ftol`` relative (see
+    :func:`moestat.fit._lbfgs.lbfgs_batched`).
     """
-    R, n, _ = X.shape
+    n = X.shape[1]
     k = spec.k
     floor2 = (sd_floor**2)[:, None, None]
     theta0 = layout.pack(init)
@@ -168,7 +169,7 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
         ll = torch.logsumexp(spec.log_density_components(unpack(v), X4, y3), dim=-1).sum(-1)
         return -ll / n
 
-    v, f, conv, n_iter = lbfgs_batched(negll, v0, max_iter=max_iter, gtol=gtol)
+    v, f, conv, n_iter = lbfgs_batched(negll, v0, max_iter=max_iter, gtol=gtol, ftol=ftol)
     ll = -f * n
     conv = conv & torch.isfinite(ll)
     return unpack(v).map(lambda a: a.detach()), ll, conv, n_iter
@@ -196,7 +197,8 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         Extra starts tried before the random ones (unbatched: shared by all replicates; batched: one per
         replicate), e.g. the truth for a near-truth experiment or a previous fit for a warm start.
     tol : float
-        EM stops when :math:`|\ell_t - \ell_{t-1}| \le \mathrm{tol}(1 + |\ell_t|)`.
+        EM stops when :math:`|\ell_t - \ell_{t-1}| \le \mathrm{tol}(1 + |\ell_t|)`; L-BFGS also stops
+        when a step raises :math:`\ell` by at most ``0.01 * tol`` relative (besides the ``gtol`` test).
     max_iter : int, optional
         EM iterations (default 2000) or L-BFGS iterations (default 500).
     sd_floor : float
@@ -280,7 +282,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         pb, ll, conv, n_iter, history = st.params, st.loglik, st.converged, st.n_iter, st.history
     else:
         pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
-                                            gtol=gtol)
+                                            gtol=gtol, ftol=0.01 * tol)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)

@@ -113,7 +113,7 @@ class MLEFit:
     converged, n_iter, best_restart : per replicate
     restart_loglik : ndarray (R, S)
         Final log-likelihood of every start (diagnoses multimodality).
-    history : ndarray (T, R) or None
+    history : ndarray (T,) or (T, R), or None
         EM log-likelihood before each iteration for the selected start (``method="em"``).
     settings : dict
         Every configuration knob of the fit.
@@ -136,7 +136,7 @@ class MLEFit:
         self._restart_loglik = to_numpy(restart_loglik)
         self._best = to_numpy(best_restart).astype(int)
         self._floor = to_numpy(sd_floor)
-        self.history = None if history is None else to_numpy(history)
+        self.history = None if history is None else (to_numpy(history)[:, 0] if single else to_numpy(history))
         self._hess: torch.Tensor | None = None
         self._scores: torch.Tensor | None = None
         self._warned_singular = False
@@ -369,7 +369,10 @@ class MLEFit:
         return M
 
     def wald_test(self, R: Any, q: Any = 0.0, kind: str = "oim") -> WaldTest:
-        r"""Wald test of :math:`H_0: R\theta = q`: :math:`W = (R\hat\theta-q)^\top(R\widehat VR^\top)^{-1}(R\hat\theta-q)`.
+        r"""Wald test of :math:`H_0: R\theta = q`.
+
+        :math:`W = (R\hat\theta-q)^\top(R\widehat VR^\top)^{-1}(R\hat\theta-q) \sim \chi^2_r` under
+        :math:`H_0`.
 
         Parameters
         ----------
