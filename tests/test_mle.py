@@ -98,7 +98,7 @@ def test_batched_fit_equals_single_fit_for_replicate_zero():
 
 
 def test_planted_truth_is_recovered_at_large_n():
-    data = _data(SPEC3, TRUTH3, 8000, seed=9)
+    data = _data(SPEC3, TRUTH3, 5000, seed=9)
     fit = ms.fit_mle(SPEC3, data.X[0], data.y[0], seed=10, restarts=3).align_to(TRUTH3)
     th0 = _theta(SPEC3, TRUTH3)
     z = (fit.theta - th0) / fit.bse()
@@ -192,8 +192,9 @@ def test_results_frames_summary_predict_posterior():
     assert np.allclose(fit.conf_int()[:, 0], fit.theta - 1.959963984540054 * fit.bse())
 
 
-@pytest.mark.parametrize(("gate", "expert", "top_k", "k"), [("sigmoid", "linear", None, 2), ("softmax", "tanh", None, 2),
-                                                             ("topk", "linear", 2, 3), ("softmax", "relu", None, 2)])
+@pytest.mark.parametrize(("gate", "expert", "top_k", "k"), [
+    ("sigmoid", "linear", None, 2), ("softmax", "tanh", None, 2), ("topk", "linear", 2, 3),
+    ("softmax", "relu", None, 2)])
 def test_gradient_mle_for_other_gates_and_experts(gate, expert, top_k, k):
     spec = ms.MoE(gate=gate, expert=expert, k=k, d=1, top_k=top_k)
     rng = np.random.default_rng(21)

@@ -214,7 +214,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ll_prev = None
 
     def blocks(theta_g: torch.Tensor, beta: torch.Tensor, var: torch.Tensor) -> BlockParams:
-        zero = torch.zeros_like(theta_g[..., :1, :])
+        zero = torch.zeros(*theta_g.shape[:-2], 1, theta_g.shape[-1], dtype=theta_g.dtype, device=theta_g.device)
         g = torch.cat([theta_g, zero], dim=-2)
         if spec.family.input_dependent:
             ew, eb = beta[..., 1:], beta[..., 0]
