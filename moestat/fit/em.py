@@ -42,7 +42,7 @@ import torch
 from ..model import MoE
 from ._layout import BlockParams
 
-_LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 tried at once in the gate Newton step
+_LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 in the gate Newton step
 
 
 @dataclass
@@ -117,9 +117,7 @@ def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: 
     """
     R, S, km1, p = theta.shape
     m = km1 * p
-    ts = 0.5 ** torch.arange(_LINE_SEARCH, dtype=Z.dtype, device=Z.device)
     eye = torch.eye(m, dtype=Z.dtype, device=Z.device)
-    tau_c = tau.unsqueeze(2)  # (R,S,1,n,k) for the candidates
     for _ in range(steps):
         logits = torch.einsum("rnp,rsjp->rsnj", Z, theta)
         logits = torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1)
@@ -134,17 +132,30 @@ def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: 
         delta = torch.linalg.solve(H, grad.unsqueeze(-1)).squeeze(-1).reshape(R, S, km1, p)
         full = theta + delta
         q1 = _gate_objective(Z, tau, full)
-        ok1 = torch.isfinite(q1) & (q1 >= q0)
-        if bool(ok1.all()):  # the usual case for a concave objective: the full Newton step is accepted
-            theta = full
+        ok = torch.isfinite(q1) & (q1 >= q0)
+        theta = torch.where(ok[..., None, None], full, theta)
+        if bool(ok.all()):  # the usual case for a concave objective: the full Newton step is accepted
             continue
-        cand = theta.unsqueeze(2) + ts[None, None, :, None, None] * delta.unsqueeze(2)  # (R,S,L,k-1,p)
-        qc = _gate_objective(Z, tau_c, cand)  # (R,S,L)
-        qc = torch.where(torch.isfinite(qc), qc, torch.full_like(qc, -torch.inf))
-        ok = qc >= q0.unsqueeze(-1)
-        first = ok.to(torch.int8).argmax(-1)  # longest acceptable step
-        best = torch.take_along_dim(cand, first[..., None, None, None], dim=2).squeeze(2)
-        theta = torch.where(ok.any(-1)[..., None, None], best, theta)
+        # backtrack t = 1/2, 1/4, ... on the pairs whose full step was rejected only
+        bad = (~ok).reshape(-1).nonzero().squeeze(-1)
+        th_b, d_b = theta.reshape(-1, km1, p)[bad], delta.reshape(-1, km1, p)[bad]
+        q0_b = q0.reshape(-1)[bad]
+        r_of = bad // S
+        Z_b, tau_b = Z[r_of], tau.reshape(-1, *tau.shape[2:])[bad]
+        t = 1.0
+        for _ in range(_LINE_SEARCH - 1):
+            t *= 0.5
+            cand = th_b + t * d_b
+            qc = _gate_objective(Z_b, tau_b.unsqueeze(1), cand.unsqueeze(1)).squeeze(1)
+            acc = torch.isfinite(qc) & (qc >= q0_b)
+            if bool(acc.any()):
+                flat = theta.reshape(-1, km1, p)
+                flat[bad[acc]] = cand[acc]
+                theta = flat.reshape(R, S, km1, p)
+                keep = ~acc
+                bad, th_b, d_b, q0_b, Z_b, tau_b = bad[keep], th_b[keep], d_b[keep], q0_b[keep], Z_b[keep], tau_b[keep]
+            if bad.numel() == 0:
+                break
     return theta
 
 
@@ -222,8 +233,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             ew, eb = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device), beta[..., 0]
         return BlockParams(g[..., 0], g[..., 1:], ew, eb, var.sqrt())
 
+    Xa, ya, Za = Xf, yf, Zf
     for it in range(max_iter + 1):
-        Xa, ya, Za = Xf[idx], yf[idx], Zf[idx]
         tg_a, beta_a, var_a = theta_g[idx], beta[idx], var[idx]
         p = blocks(tg_a, beta_a, var_a)
         logc = spec.log_density_components(p, Xa, ya)
@@ -239,8 +250,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if it == max_iter or not bool(keep.any()):
             break
         # drop finished pairs from the working set
-        idx, logc, lse, ll = idx[keep], logc[keep], lse[keep], ll[keep]
-        Za, ya, tg_a, beta_a, var_a = Za[keep], ya[keep], tg_a[keep], beta_a[keep], var_a[keep]
+        if not bool(keep.all()):
+            idx, logc, lse, ll = idx[keep], logc[keep], lse[keep], ll[keep]
+            Xa, Za, ya, tg_a, beta_a, var_a = Xa[keep], Za[keep], ya[keep], tg_a[keep], beta_a[keep], var_a[keep]
         n_iter[idx] += 1
         tau = torch.exp(logc - lse.unsqueeze(-1)).unsqueeze(1)  # (A, 1, n, k): the engines' (R, S) layout
         b_new, v_new = expert_mstep(Za, ya, tau, beta_a.unsqueeze(1), var_a.unsqueeze(1), floor_f[idx], eps)

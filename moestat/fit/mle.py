@@ -175,10 +175,33 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     return unpack(v).map(lambda a: a.detach()), ll, conv, n_iter
 
 
+def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, ll: torch.Tensor, conv: torch.Tensor,
+                  n_iter: torch.Tensor, slow: torch.Tensor, layout: ParamLayout, floor: torch.Tensor, *,
+                  max_iter: int, gtol: float, ftol: float):
+    """Continue the (replicate, restart) pairs flagged ``slow`` with batched L-BFGS from their EM state."""
+    r_idx, s_idx = slow.nonzero(as_tuple=True)
+    sub = pb.map(lambda a: a[r_idx, s_idx].unsqueeze(1))
+    p2, ll2, conv2, it2 = gradient_fit(spec, X[r_idx], y[r_idx], sub, layout, sd_floor=floor[r_idx],
+                                       max_iter=max(max_iter, 1), gtol=gtol, ftol=ftol)
+    better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= ll[r_idx, s_idx])
+    out = pb.map(lambda a: a.clone())
+    for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
+        new = getattr(p2, name)[:, 0]
+        old = getattr(out, name)[r_idx, s_idx]
+        mask = better.reshape(-1, *([1] * (new.dim() - 1)))
+        getattr(out, name)[r_idx, s_idx] = torch.where(mask, new, old)
+    ll, conv, n_iter = ll.clone(), conv.clone(), n_iter.clone()
+    ll[r_idx, s_idx] = torch.where(better, ll2[:, 0], ll[r_idx, s_idx])
+    conv[r_idx, s_idx] = conv2[:, 0] & better
+    n_iter[r_idx, s_idx] += it2[:, 0]
+    return out, ll, conv, n_iter
+
+
 def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
-            max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 2,
+            max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
-            feature_names: Sequence[str] | None = None, underdetermined: str = "raise") -> MLEFit:
+            feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
+            switch_after: int | None = 100) -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
     Parameters
@@ -215,6 +238,13 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         Replicate ``r`` draws its random starts from ``SeedSequence(seed).spawn(R)[r]``.
     feature_names : sequence of str, optional
         Column names used in term names (default ``x1 .. xd``).
+    switch_after : int or None
+        ``method="em"`` only: (replicate, restart) pairs that have not converged after this many EM
+        iterations continue with batched L-BFGS from their EM state (EM converges linearly, and slowly
+        near flat or singular optima; quasi-Newton converges superlinearly).  Both phases never lower
+        the likelihood (EM ascent; Armijo line search), and the L-BFGS result is kept only if it is at
+        least as good.  ``None`` runs pure EM for up to ``max_iter`` iterations (``history`` then covers
+        every iteration).
     underdetermined : {"raise", "warn"}
         What to do when n is smaller than the number of free parameters: raise ``ValueError`` (default)
         or emit :class:`UnderdeterminedWarning` and fit anyway (the estimate is then one maximiser among
@@ -277,9 +307,14 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
     history = None
     if method == "em":
-        st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=max_iter,
+        em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
+        st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
                     gate_steps=gate_steps, gate_solver=gate_solver)
         pb, ll, conv, n_iter, history = st.params, st.loglik, st.converged, st.n_iter, st.history
+        slow = ~conv & torch.isfinite(ll)
+        if switch_after is not None and bool(slow.any()):
+            pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
+                                                 max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
     else:
         pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
                                             gtol=gtol, ftol=0.01 * tol)
@@ -289,7 +324,8 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     chosen = pb.map(lambda a: a[r_idx, best])
     settings = {"method": method, "restarts": restarts, "n_user_starts": len(user), "tol": tol,
                 "max_iter": max_iter, "sd_floor": sd_floor, "gate_solver": gate_solver if method == "em" else None,
-                "gate_steps": gate_steps if method == "em" else None, "gtol": gtol if method == "gradient" else None,
+                "gate_steps": gate_steps if method == "em" else None, "gtol": gtol,
+                "switch_after": switch_after if method == "em" else None,
                 "device": str(dev), "dtype": str(dt).replace("torch.", ""),
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key)}
     return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
