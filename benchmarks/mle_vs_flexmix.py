@@ -55,7 +55,8 @@ if (k == 2) {
     }
   })[["elapsed"]]
 }
-cat(sprintf('{"flexmix_loglik": %.10f, "flexmix_time": %.4f, "flexmix_iter": %s, "mixtools_loglik": %s, "mixtools_time": %s}\n',
+cat(sprintf(paste0('{"flexmix_loglik": %.10f, "flexmix_time": %.4f, "flexmix_iter": %s, ',
+                   '"mixtools_loglik": %s, "mixtools_time": %s}\n'),
             best, t, ifelse(is.na(iters), "null", iters),
             ifelse(is.na(mt_best), "null", sprintf("%.10f", mt_best)),
             ifelse(is.na(mt_time), "null", sprintf("%.4f", mt_time))))
