@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import moestat as ms
 from moestat.fit._layout import BlockParams, ParamLayout
@@ -271,3 +273,22 @@ def test_underdetermined_warn_gives_finite_fit():
     with pytest.warns(UserWarning, match="fewer than"):
         fit = ms.fit_mle(SPEC2, X, y, underdetermined="warn", restarts=2, seed=0, max_iter=200)
     assert np.isfinite(fit.theta).all() and np.isfinite(fit.predict(X)).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), perm=st.permutations([0, 1, 2]))
+def test_identified_vector_is_invariant_to_gate_translation_and_tracks_relabelling(seed, perm):
+    rng = np.random.default_rng(seed)
+    k, d = 3, 2
+    p = ms.Params(rng.normal(size=k), rng.normal(size=(k, d)), rng.normal(size=(k, d)), rng.normal(size=k),
+                  noise_sd=rng.uniform(0.2, 2, size=k))
+    X, y = rng.uniform(-1, 1, size=(40, d)), rng.normal(size=40)
+    lay = ParamLayout(SPEC3)
+    th = _theta(SPEC3, p)
+    shift = ms.Params(p.gate_bias + rng.normal(), p.gate_weight + rng.normal(size=d), p.expert_weight,
+                      p.expert_bias, p.noise_sd)
+    assert np.allclose(_theta(SPEC3, shift), th)
+    back = lay.unpack(torch.as_tensor(th)).to_params().numpy()
+    assert np.isclose(SPEC3.loglik(back, X, y), SPEC3.loglik(p, X, y))
+    permuted = p.permute(list(perm))
+    assert np.isclose(SPEC3.loglik(permuted, X, y), SPEC3.loglik(p, X, y))

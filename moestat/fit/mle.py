@@ -233,7 +233,9 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     gtol : float
         L-BFGS gradient tolerance on the per-observation log-likelihood scale.
     device, dtype
-        ``"auto"`` picks CUDA when present; float64 on CPU by default.
+        ``"auto"`` picks CUDA when present.  float64 on every device by default (unlike the least-squares
+        engine): the log-likelihood sums n terms, EM's stopping rule is relative to it, and standard
+        errors need an accurate Hessian.  ``dtype="float32"`` is allowed on GPU for speed.
     seed : int or SeedSequence, optional
         Replicate ``r`` draws its random starts from ``SeedSequence(seed).spawn(R)[r]``.
     feature_names : sequence of str, optional
@@ -289,7 +291,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     if restarts + len(user) == 0:
         raise ValueError("restarts=0 needs at least one start in init.")
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = resolve_dtype(torch.float64 if dtype is None else dtype, dev)
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     seeds = ss.spawn(R)
