@@ -185,8 +185,10 @@ def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
 
     a0 = atoms(ref.expert_weight, ref.expert_bias, ref.noise_sd)  # (k, c)
     ab = atoms(bp.expert_weight, bp.expert_bias, bp.noise_sd)  # (B, k, c)
-    idx = [i for i, (blk, _, _) in enumerate(lay.term_info()) if blk == "expert"]
-    scale = se[idx].reshape(spec.k, -1) if np.isfinite(se[idx]).all() else np.ones_like(a0)
+    coef_se = se[lay.n_gate:lay.n_gate + lay.n_expert].reshape(spec.k, lay.pe)  # (const, x1..xd) per expert
+    sig_se = se[lay.n_gate + lay.n_expert:][:, None]
+    scale = np.concatenate([coef_se, sig_se], -1)
+    scale = scale if np.isfinite(scale).all() else np.ones_like(a0)
     scale = np.maximum(scale, 1e-8)
     perms = np.empty((ab.shape[0], spec.k), dtype=int)
     for b in range(ab.shape[0]):

@@ -478,6 +478,7 @@ class MLEFit:
                              "small": w.ravel() < SMALL_WEIGHT, "sigma_at_floor": floor.ravel()})
 
     def gate_probs_train(self) -> np.ndarray:
+        """Normalised mixture weights at the training inputs, (R, n, k)."""
         b = self._blocks
         logits = self._X @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
         lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature)
