@@ -413,7 +413,8 @@ def select_k(X, y, ks: Sequence[int] = (1, 2, 3, 4), *, criterion: str = "bic", 
     r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).
 
     Returns a :class:`SelectKResult` whose ``table`` has one row per k with loglik, df, AIC, BIC, ICL,
-    convergence and the number of small experts (mean weight < 0.05); ``fits`` maps k to its
+    convergence, the number of small experts (mean weight < 0.05) and of experts whose sigma sits at the
+    variance floor (a sign of a spurious, degenerate maximiser: raise ``sd_floor``); ``fits`` maps k to its
     :class:`moestat.MLEFit`.  One data set (X of shape (n, d)).
     """
     check_choice("criterion", criterion, ("bic", "icl", "aic"))
@@ -431,7 +432,8 @@ def select_k(X, y, ks: Sequence[int] = (1, 2, 3, 4), *, criterion: str = "bic", 
         fits[k] = f
         g = f.glance().iloc[0]
         rows.append({"k": k, "loglik": g["loglik"], "df": g["df"], "aic": g["aic"], "bic": g["bic"],
-                     "icl": g["icl"], "converged": g["converged"], "n_small": g["n_small"]})
+                     "icl": g["icl"], "converged": g["converged"], "n_small": g["n_small"],
+                     "n_at_floor": int(np.asarray(f.at_floor).sum())})
     table = pd.DataFrame(rows)
     best = int(table.loc[table[criterion].idxmin(), "k"])
     table["best"] = table["k"] == best

@@ -18,6 +18,13 @@
 # $$p(y\mid x) = \sum_{i=1}^k \pi_i(x)\,\mathcal N(y;\ b_i + a_i x,\ \sigma_i^2),\qquad
 # x = \log(\text{income}),\ y = \log(\text{food expenditure}).$$
 #
+# Mixture likelihoods are unbounded: an expert can fit d + 1 = 2 households exactly and let
+# $\sigma_i \to 0$.  With moestat's permissive default floor ($\sigma_i \ge 10^{-3}\,\mathrm{sd}(y)$)
+# exactly that happens here at k = 3 (an expert with weight 0.009 and $\sigma$ at the floor; BIC then
+# prefers the spurious k = 3 fit).  The vignette therefore sets `sd_floor=0.05`
+# ($\sigma_i \ge 0.05\,\mathrm{sd}(y) \approx 0.02$ on the log scale, well below the fitted noise
+# levels of 0.07-0.13) and reports which fits touch the floor.
+#
 # The vignette fits k = 1..4 by maximum likelihood (EM, random restarts), chooses k by BIC (ICL is
 # reported too), tests k = 1 vs 2 and 2 vs 3 with the parametric-bootstrap likelihood-ratio test,
 # reports standard errors of the BIC-chosen fit (observed information, sandwich, bootstrap) and plots
@@ -59,8 +66,9 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     X, y, x_centre = _load()
     cfg = {"restarts": 10, "ks": [1, 2, 3, 4], "B_boot": 30 if quick else 200, "B_lrt": 19 if quick else 99,
-           "seed": 2026, "method": "em", "tol": 1e-8, "x": "log(income) - mean", "y": "log(foodexp)",
-           "quick": quick, "n": len(y)}
+           "seed": 2026, "method": "em", "tol": 1e-8, "sd_floor": 0.05, "x": "log(income) - mean",
+           "y": "log(foodexp)", "quick": quick, "n": len(y)}
+    fit_opts = {"sd_floor": cfg["sd_floor"]}
     ss = np.random.SeedSequence(cfg["seed"])
     s_sel, s_fit, s_boot, s_lrt1, s_lrt2 = ss.spawn(5)
 
@@ -69,14 +77,14 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     if resume and path.exists():
         table = pd.read_csv(path)
     else:
-        table = ms.select_k(X, y, ks=cfg["ks"], restarts=cfg["restarts"], seed=s_sel).table
+        table = ms.select_k(X, y, ks=cfg["ks"], restarts=cfg["restarts"], seed=s_sel, **fit_opts).table
         table.to_csv(path, index=False)
     best_bic = int(table.loc[table["bic"].idxmin(), "k"])
 
     # --- the BIC-chosen fit: coefficients with OIM and sandwich SEs, bootstrap SEs
     k_main = best_bic
     spec = ms.MoE(gate="softmax", expert="linear", k=k_main, d=1)
-    fit = ms.fit_mle(spec, X, y, restarts=cfg["restarts"], seed=s_fit, feature_names=["log_income"])
+    fit = ms.fit_mle(spec, X, y, restarts=cfg["restarts"], seed=s_fit, feature_names=["log_income"], **fit_opts)
     # label the experts by slope (expert 0 = the lowest elasticity) so reruns read the same
     order = np.argsort(fit.params.expert_weight[:, 0])
     fit = fit.relabel(order)
@@ -97,8 +105,8 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     if resume and path.exists():
         lrt = pd.read_csv(path)
     else:
-        r1 = ms.test_n_experts(X, y, k0=1, k1=2, B=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt1)
-        r2 = ms.test_n_experts(X, y, k0=2, k1=3, B=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt2)
+        r1 = ms.test_n_experts(X, y, k0=1, k1=2, B=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt1, **fit_opts)
+        r2 = ms.test_n_experts(X, y, k0=2, k1=3, B=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt2, **fit_opts)
         lrt = pd.concat([r1.to_frame(), r2.to_frame()], ignore_index=True)
         lrt.to_csv(path, index=False)
 
