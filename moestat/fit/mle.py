@@ -201,7 +201,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
             feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
-            switch_after: int | None = 100) -> MLEFit:
+            switch_after: int | None = 30, screen: float | None = 10.0) -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
     Parameters
@@ -247,6 +247,11 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         the likelihood (EM ascent; Armijo line search), and the L-BFGS result is kept only if it is at
         least as good.  ``None`` runs pure EM for up to ``max_iter`` iterations (``history`` then covers
         every iteration).
+    screen : float or None
+        ``method="em"`` with ``switch_after``: at the switch, starts whose log-likelihood is more than
+        ``screen`` below the best start of the same replicate are abandoned instead of refined (the
+        short-runs strategy of Biernacki, Celeux & Govaert 2003).  Their ``restart_loglik`` is the value
+        where they stopped.  ``None`` refines every start.
     underdetermined : {"raise", "warn"}
         What to do when n is smaller than the number of free parameters: raise ``ValueError`` (default)
         or emit :class:`UnderdeterminedWarning` and fit anyway (the estimate is then one maximiser among
@@ -314,6 +319,9 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
                     gate_steps=gate_steps, gate_solver=gate_solver)
         pb, ll, conv, n_iter, history = st.params, st.loglik, st.converged, st.n_iter, st.history
         slow = ~conv & torch.isfinite(ll)
+        if screen is not None:
+            best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
+            slow &= ll >= best_now - screen
         if switch_after is not None and bool(slow.any()):
             pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
                                                  max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
@@ -327,7 +335,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     settings = {"method": method, "restarts": restarts, "n_user_starts": len(user), "tol": tol,
                 "max_iter": max_iter, "sd_floor": sd_floor, "gate_solver": gate_solver if method == "em" else None,
                 "gate_steps": gate_steps if method == "em" else None, "gtol": gtol,
-                "switch_after": switch_after if method == "em" else None,
+                "switch_after": switch_after if method == "em" else None, "screen": screen if method == "em" else None,
                 "device": str(dev), "dtype": str(dt).replace("torch.", ""),
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key)}
     return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
