@@ -18,7 +18,7 @@ import torch
 import moestat as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mle_vs_flexmix import truth  # noqa: E402
+from mle_vs_flexmix import truth
 
 
 def main() -> None:
