@@ -9,11 +9,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import deep, experts, gates, hermite, metrics, plots, rates
 from .experts import EXPERTS, ExpertFamily, get_expert
-from .fit import LSEFit, fit_lse
+from .fit import LSEFit, MLEConvergenceWarning, MLEFit, SingularInformationWarning, fit_lse, fit_mle
 from .fit._gated import GatedFit
 from .fit.gated_baselines import fit_em_gated, fit_l2_gated
 from .fit.tensor import fit_tensor
 from .gates import GATES
+from .inference import bootstrap, select_k, test_n_experts
 from .metrics import (
     GBarResult,
     center_softmax,
@@ -49,6 +50,16 @@ from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simu
 from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
 from .study import Study
 
+
+def __getattr__(name: str):
+    # MoERegressor needs scikit-learn (an optional dependency): import it only when asked for.
+    if name == "MoERegressor":
+        from .sklearn import MoERegressor
+
+        return MoERegressor
+    raise AttributeError(f"module 'moestat' has no attribute {name!r}")
+
+
 try:
     __version__ = version("moestat")
 except PackageNotFoundError:  # running from a source tree without installation
@@ -65,15 +76,20 @@ __all__ = [
     "GatedNNData",
     "GatedNNTruth",
     "LSEFit",
+    "MLEConvergenceWarning",
+    "MLEFit",
     "MoE",
+    "MoERegressor",
     "Params",
     "PatchData",
     "RateResult",
     "RateWarning",
     "SampleComplexityResult",
+    "SingularInformationWarning",
     "Study",
     "WindowSensitivity",
     "__version__",
+    "bootstrap",
     "calibrate_design",
     "center_softmax",
     "check_identifiability",
@@ -85,6 +101,7 @@ __all__ = [
     "fit_em_gated",
     "fit_l2_gated",
     "fit_lse",
+    "fit_mle",
     "fit_rate",
     "fit_tensor",
     "gates",
@@ -102,12 +119,14 @@ __all__ = [
     "regressor_error",
     "sample_complexity",
     "scaling_exponent",
+    "select_k",
     "simulate",
     "simulate_clusters",
     "simulate_gated_nn",
     "simulate_patches",
     "sup_expert_error",
     "test_exponent",
+    "test_n_experts",
     "theory_rates",
     "voronoi_cells",
     "voronoi_loss",

@@ -1,0 +1,272 @@
+r"""EM for softmax-gated Gaussian mixtures of linear (or constant) experts, batched.
+
+The model (Jordan & Jacobs 1994) is
+:math:`p(y\mid x) = \sum_{i=1}^k \pi_i(x)\,\mathcal N(y;\, a_i^\top x + b_i,\, \sigma_i^2)` with
+:math:`\pi_i(x) = \mathrm{softmax}_i(\beta_{1}^\top x + \beta_{0})`.  Write :math:`z = (1, x)`.
+One EM iteration (Jordan & Jacobs 1994 §4; McLachlan & Peel 2000 §5.13) is
+
+* **E-step** — responsibilities
+  :math:`\tau_{ti} = \pi_i(x_t)\,\mathcal N(y_t; \mu_i(x_t), \sigma_i^2) / p(y_t\mid x_t)`;
+* **expert M-step** — for each expert a weighted least-squares fit
+  :math:`(b_i, a_i) = (Z^\top T_i Z)^{-1} Z^\top T_i y` with :math:`T_i = \mathrm{diag}(\tau_{\cdot i})`,
+  then :math:`\sigma_i^2 = \sum_t \tau_{ti}(y_t - \mu_i(x_t))^2 / \sum_t \tau_{ti}`;
+* **gate M-step** — the weighted multinomial logistic regression
+  :math:`\max_\beta \sum_t\sum_i \tau_{ti} \log\pi_i(x_t;\beta)`, a concave problem solved by
+  damped Newton (IRLS) steps with a backtracking line search that never lowers the objective
+  (a generalised EM step), or exactly by cvxpy (``gate_solver="cvxpy"``, small problems and tests).
+
+Safeguards, each keeping the EM ascent property :math:`\ell(\theta^{(t+1)}) \ge \ell(\theta^{(t)})`:
+
+* the expert and variance updates maximise the M-step objective plus a proximal term
+  :math:`-\tfrac{\epsilon}{2}\lVert\theta - \theta^{(t)}\rVert^2`-type penalty with
+  :math:`\epsilon = 10^{-8} n`; because the penalty is zero at the old value the step still
+  raises the M-step objective, fixed points are exactly the EM fixed points, and a component whose
+  responsibilities vanish keeps its old parameters instead of producing 0/0.  Components are never
+  dropped (flexmix's default ``minprior = 0.05`` removes them; moestat reports them instead);
+* the variance floor :math:`\sigma_i \ge \sigma_{\min}` (a fraction of sd(y), see
+  :func:`moestat.fit_mle`) keeps the likelihood bounded (it is unbounded as
+  :math:`\sigma_i \to 0` on a single point); the floored update is the exact maximiser of the
+  M-step objective over :math:`\sigma_i \ge \sigma_{\min}`.
+
+All arrays carry leading axes (R, S) = (replicates, restarts); one tensor program runs every
+(replicate, restart) pair, and pairs that have converged are frozen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model import MoE
+from ._layout import BlockParams
+
+_LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 in the gate Newton step
+
+
+@dataclass
+class EMState:
+    """Output of :func:`em_fit` (leading axes (R, S))."""
+
+    params: BlockParams
+    loglik: torch.Tensor
+    converged: torch.Tensor
+    n_iter: torch.Tensor
+    history: torch.Tensor  # (T, R, S) log-likelihood before each iteration
+
+
+def design(X: torch.Tensor, input_dependent: bool) -> torch.Tensor:
+    """:math:`Z = (1, X)` of shape (R, n, d+1), or the intercept column (R, n, 1)."""
+    ones = torch.ones(*X.shape[:-1], 1, dtype=X.dtype, device=X.device)
+    return torch.cat([ones, X], dim=-1) if input_dependent else ones
+
+
+def weighted_ls(Z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, beta_old: torch.Tensor,
+                eps: float) -> torch.Tensor:
+    r"""Proximal weighted least squares for every expert at once.
+
+    Solves :math:`(Z^\top W_i Z + \epsilon I)\beta_i = Z^\top W_i y + \epsilon\beta_i^{old}`.
+
+    Parameters
+    ----------
+    Z : (R, n, p); y : (R, n); w : (R, S, n, k); beta_old : (R, S, k, p)
+
+    Returns
+    -------
+    (R, S, k, p)
+    """
+    Zw = w.transpose(-1, -2).unsqueeze(-1) * Z[:, None, None]  # (R,S,k,n,p)
+    A = Zw.transpose(-1, -2) @ Z[:, None, None]  # (R,S,k,p,p)
+    b = (Zw * y[:, None, None, :, None]).sum(-2)  # (R,S,k,p)
+    eye = torch.eye(Z.shape[-1], dtype=Z.dtype, device=Z.device)
+    return torch.linalg.solve(A + eps * eye, (b + eps * beta_old).unsqueeze(-1)).squeeze(-1)
+
+
+def expert_mstep(Z: torch.Tensor, y: torch.Tensor, tau: torch.Tensor, beta_old: torch.Tensor,
+                 var_old: torch.Tensor, var_floor: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert coefficients (R,S,k,p) and variances (R,S,k); see the module docstring."""
+    beta = weighted_ls(Z, y, tau, beta_old, eps)
+    mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
+    ssq = (tau * (y[:, None, :, None] - mu) ** 2).sum(-2)
+    nk = tau.sum(-2)
+    var = (ssq + eps * var_old) / (nk + eps)
+    return beta, torch.maximum(var, var_floor[:, None, None])
+
+
+def _gate_objective(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """:math:`\\sum_t\\sum_i \\tau_{ti}\\log\\pi_i` for gate rows ``theta`` (..., k-1, p); last row is 0."""
+    logits = torch.einsum("rnp,rs...jp->rs...nj", Z, theta)
+    logits = torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1)
+    return (tau * torch.log_softmax(logits, dim=-1)).sum((-1, -2))
+
+
+def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: int) -> torch.Tensor:
+    r"""Damped Newton (IRLS) steps for the weighted multinomial logit, reference = last expert.
+
+    Gradient :math:`g_j = \sum_t (\tau_{tj} - \pi_{tj}) z_t`; negative Hessian
+    :math:`H_{jl} = \sum_t \pi_{tj}(\delta_{jl} - \pi_{tl}) z_t z_t^\top` (positive semidefinite;
+    a damping of :math:`10^{-10}\,\overline{\mathrm{diag}\,H} + 10^{-9} n` bounds the step under
+    separation).  Each step tries
+    :math:`t = 1, 1/2, \ldots, 2^{-11}` at once and keeps the longest step that does not lower the
+    objective; if none does, the row stays put.
+
+    Parameters
+    ----------
+    Z : (R, n, p); tau : (R, S, n, k); theta : (R, S, k-1, p)
+    """
+    R, S, km1, p = theta.shape
+    m = km1 * p
+    eye = torch.eye(m, dtype=Z.dtype, device=Z.device)
+    for _ in range(steps):
+        logits = torch.einsum("rnp,rsjp->rsnj", Z, theta)
+        logits = torch.cat([logits, torch.zeros_like(logits[..., :1])], dim=-1)
+        logpi = torch.log_softmax(logits, dim=-1)
+        q0 = (tau * logpi).sum((-1, -2))
+        pi = logpi.exp()[..., :-1]
+        grad = torch.einsum("rsnj,rnp->rsjp", tau[..., :-1] - pi, Z).reshape(R, S, m)
+        W = torch.diag_embed(pi) - pi.unsqueeze(-1) * pi.unsqueeze(-2)  # (R,S,n,k-1,k-1)
+        H = torch.einsum("rsnjl,rnp,rnq->rsjplq", W, Z, Z).reshape(R, S, m, m)
+        scale = H.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)
+        H = H + (1e-10 * scale + 1e-9 * Z.shape[-2])[..., None, None] * eye
+        delta = torch.linalg.solve(H, grad.unsqueeze(-1)).squeeze(-1).reshape(R, S, km1, p)
+        full = theta + delta
+        q1 = _gate_objective(Z, tau, full)
+        ok = torch.isfinite(q1) & (q1 >= q0)
+        theta = torch.where(ok[..., None, None], full, theta)
+        if bool(ok.all()):  # the usual case for a concave objective: the full Newton step is accepted
+            continue
+        # backtrack t = 1/2, 1/4, ... on the pairs whose full step was rejected only
+        bad = (~ok).reshape(-1).nonzero().squeeze(-1)
+        th_b, d_b = theta.reshape(-1, km1, p)[bad], delta.reshape(-1, km1, p)[bad]
+        q0_b = q0.reshape(-1)[bad]
+        r_of = bad // S
+        Z_b, tau_b = Z[r_of], tau.reshape(-1, *tau.shape[2:])[bad]
+        t = 1.0
+        for _ in range(_LINE_SEARCH - 1):
+            t *= 0.5
+            cand = th_b + t * d_b
+            qc = _gate_objective(Z_b, tau_b.unsqueeze(1), cand.unsqueeze(1)).squeeze(1)
+            acc = torch.isfinite(qc) & (qc >= q0_b)
+            if bool(acc.any()):
+                flat = theta.reshape(-1, km1, p)
+                flat[bad[acc]] = cand[acc]
+                theta = flat.reshape(R, S, km1, p)
+                keep = ~acc
+                bad, th_b, d_b, q0_b, Z_b, tau_b = bad[keep], th_b[keep], d_b[keep], q0_b[keep], Z_b[keep], tau_b[keep]
+            if bad.numel() == 0:
+                break
+    return theta
+
+
+def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    r"""Exact weighted multinomial-logit gate step by cvxpy (one convex program per (replicate, restart)).
+
+    Maximises :math:`\sum_t [\sum_i \tau_{ti}\ell_{ti} - \log\sum_i e^{\ell_{ti}}]` over the free rows
+    (the last row is the zero reference); uses :math:`\sum_i\tau_{ti} = 1`.  Reference solver for tests
+    and small problems; keeps the current rows if the solver fails or returns a worse point.
+    """
+    import cvxpy as cp
+
+    R, S, km1, p = theta.shape
+    Zn, Tn = Z.detach().cpu().numpy(), tau.detach().cpu().numpy()
+    out = theta.detach().cpu().numpy().copy()
+    for r in range(R):
+        for s in range(S):
+            B = cp.Variable((p, km1))
+            L = Zn[r] @ B
+            full = cp.hstack([L, np.zeros((Zn.shape[1], 1))])
+            obj = cp.sum(cp.multiply(Tn[r, s], full)) - cp.sum(cp.log_sum_exp(full, axis=1))
+            prob = cp.Problem(cp.Maximize(obj))
+            try:
+                prob.solve(solver=cp.CLARABEL)
+            except cp.error.SolverError:
+                continue
+            if B.value is not None and np.isfinite(B.value).all():
+                out[r, s] = B.value.T
+    new = torch.as_tensor(out, dtype=theta.dtype, device=theta.device)
+    better = _gate_objective(Z, tau, new) >= _gate_objective(Z, tau, theta)  # guard against inaccurate solves
+    return torch.where(better[..., None, None], new, theta)
+
+
+def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, var_floor: torch.Tensor,
+           tol: float, max_iter: int, gate_steps: int = 2, gate_solver: str = "newton",
+           prox: float = 1e-8) -> EMState:
+    r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
+
+    Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
+    \mathrm{tol}\,(1 + |\ell_t|)`; converged pairs are frozen.  ``var_floor`` has shape (R,).
+    """
+    if spec.gate != "softmax" or spec.expert not in ("linear", "constant"):
+        raise ValueError("method='em' supports gate='softmax' with expert='linear' or 'constant'; "
+                         f"got gate={spec.gate!r}, expert={spec.expert!r}. Use method='gradient'.")
+    R, n, d = X.shape
+    S = init.gate_bias.shape[1]
+    B = R * S
+    # flat (replicate, restart) pairs; each iteration works on the still-active pairs only
+    Xf = X.repeat_interleave(S, dim=0)
+    yf = y.repeat_interleave(S, dim=0)
+    floor_f = var_floor.repeat_interleave(S, dim=0)
+    Zf = design(Xf, spec.family.input_dependent)
+    eps = prox * n
+    flat = init.map(lambda a: a.reshape(B, *a.shape[2:]))
+    gb, gw = flat.gate_bias, flat.gate_weight
+    theta_g = torch.cat([(gb - gb[..., -1:]).unsqueeze(-1), gw - gw[..., -1:, :]], dim=-1)[..., :-1, :]
+    if spec.family.input_dependent:
+        beta = torch.cat([flat.expert_bias.unsqueeze(-1), flat.expert_weight], dim=-1)
+    else:
+        beta = flat.expert_bias.unsqueeze(-1)
+    var = flat.noise_sd**2
+    converged = torch.zeros(B, dtype=torch.bool, device=X.device)
+    n_iter = torch.zeros(B, dtype=torch.long, device=X.device)
+    ll_all = torch.full((B,), -torch.inf, dtype=X.dtype, device=X.device)
+    history = []
+    idx = torch.arange(B, device=X.device)
+    ll_prev = None
+
+    def blocks(theta_g: torch.Tensor, beta: torch.Tensor, var: torch.Tensor) -> BlockParams:
+        zero = torch.zeros(*theta_g.shape[:-2], 1, theta_g.shape[-1], dtype=theta_g.dtype, device=theta_g.device)
+        g = torch.cat([theta_g, zero], dim=-2)
+        if spec.family.input_dependent:
+            ew, eb = beta[..., 1:], beta[..., 0]
+        else:
+            ew, eb = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device), beta[..., 0]
+        return BlockParams(g[..., 0], g[..., 1:], ew, eb, var.sqrt())
+
+    Xa, ya, Za = Xf, yf, Zf
+    for it in range(max_iter + 1):
+        tg_a, beta_a, var_a = theta_g[idx], beta[idx], var[idx]
+        p = blocks(tg_a, beta_a, var_a)
+        logc = spec.log_density_components(p, Xa, ya)
+        lse = torch.logsumexp(logc, dim=-1)
+        ll = lse.sum(-1)
+        ll_all[idx] = ll
+        history.append(ll_all.clone())
+        keep = torch.isfinite(ll)
+        if ll_prev is not None:
+            done = keep & ((ll - ll_prev).abs() <= tol * (1.0 + ll.abs()))
+            converged[idx[done]] = True
+            keep &= ~done
+        if it == max_iter or not bool(keep.any()):
+            break
+        # drop finished pairs from the working set
+        if not bool(keep.all()):
+            idx, logc, lse, ll = idx[keep], logc[keep], lse[keep], ll[keep]
+            Xa, Za, ya, tg_a, beta_a, var_a = Xa[keep], Za[keep], ya[keep], tg_a[keep], beta_a[keep], var_a[keep]
+        n_iter[idx] += 1
+        tau = torch.exp(logc - lse.unsqueeze(-1)).unsqueeze(1)  # (A, 1, n, k): the engines' (R, S) layout
+        b_new, v_new = expert_mstep(Za, ya, tau, beta_a.unsqueeze(1), var_a.unsqueeze(1), floor_f[idx], eps)
+        beta[idx], var[idx] = b_new.squeeze(1), v_new.squeeze(1)
+        if spec.k > 1:
+            if gate_solver == "cvxpy":
+                tg_new = gate_cvxpy(Za, tau, tg_a.unsqueeze(1))
+            else:
+                tg_new = gate_newton(Za, tau, tg_a.unsqueeze(1), gate_steps)
+            theta_g[idx] = tg_new.squeeze(1)
+        ll_prev = ll
+
+    def unflat(a: torch.Tensor) -> torch.Tensor:
+        return a.reshape(R, S, *a.shape[1:])
+
+    hist = torch.stack(history).reshape(len(history), R, S)
+    return EMState(blocks(theta_g, beta, var).map(unflat), unflat(ll_all), unflat(converged), unflat(n_iter), hist)

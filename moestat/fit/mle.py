@@ -1,0 +1,344 @@
+r"""Maximum-likelihood fitting of Gaussian mixtures of experts: :func:`fit_mle`.
+
+The conditional density is (Jordan & Jacobs 1994; :meth:`moestat.MoE.loglik`)
+
+.. math:: p(y\mid x) = \sum_{i=1}^k \tilde\pi_i(x)\, \mathcal N\big(y;\, h(x;\eta_i),\, \sigma_i^2\big),
+
+with :math:`\tilde\pi` the gate weights normalised to sum to one: softmax and top-K gates already
+do; **sigmoid gates are divided by their sum over experts**,
+:math:`\tilde\pi_i = \sigma(\ell_i)/\sum_j\sigma(\ell_j)` (the choice of
+:func:`moestat.gates.log_mixture_weights`; an unnormalised sigmoid gate is not a mixture density).
+
+Two estimators, both batched over replicates x restarts in one tensor program:
+
+* ``method="em"`` — EM with closed-form expert/variance updates and an IRLS gate step
+  (:mod:`moestat.fit.em`); softmax gate, linear or constant experts;
+* ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd) for
+  every gate and expert family; every (replicate, restart) pair has its own L-BFGS memory and
+  backtracking line search (:mod:`moestat.fit._lbfgs`), all in one tensor program.  With top-K gates
+  and ``top_k = 1`` the gate gradient is zero almost everywhere, so the gate cannot move from its start.
+
+The noise standard deviations are kept above the floor
+:math:`\sigma_{\min} = \texttt{sd\_floor}\cdot\mathrm{sd}(y)` (default ``1e-3``), which keeps the
+likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .._torch import resolve_device, resolve_dtype, to_tensor
+from .._validation import check_choice, check_int
+from ..model import MoE
+from ..params import Params
+from ._layout import BlockParams, ParamLayout
+from ._lbfgs import lbfgs_batched
+from .em import design, em_fit, weighted_ls
+from .results import MLEFit
+
+METHODS = ("em", "gradient")
+
+
+class UnderdeterminedWarning(UserWarning):
+    """Fewer observations than free parameters (``underdetermined="warn"``): the MLE is not identified."""
+
+
+def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.ndarray, np.ndarray, bool]:
+    Xn = np.array(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
+    yn = np.array(y.detach().cpu() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
+    single = Xn.ndim == 2
+    if Xn.ndim == 1:
+        raise ValueError(f"X must have shape (n, d) or (R, n, d), got shape {Xn.shape}; "
+                         "for one covariate pass X.reshape(-1, 1).")
+    if Xn.ndim not in (2, 3):
+        raise ValueError(f"X must have shape (n, d) or (R, n, d), got shape {Xn.shape}.")
+    if single:
+        Xn = Xn[None]
+        yn = yn[None] if yn.ndim == 1 else yn
+    if yn.shape != Xn.shape[:2]:
+        raise ValueError(f"y has shape {np.shape(y)} but X has shape {np.shape(X)}; "
+                         "y must have shape X.shape[:-1].")
+    if Xn.shape[-1] != spec.d:
+        raise ValueError(f"X has {Xn.shape[-1]} columns but spec.d={spec.d}; build the spec with d=X.shape[-1].")
+    for name, a in (("X", Xn), ("y", yn)):
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} contains NaN or infinite values; remove or impute those rows before fitting.")
+    n = Xn.shape[1]
+    if spec.k > n:
+        raise ValueError(f"k={spec.k} experts exceed the n={n} observations; choose k <= n.")
+    P = ParamLayout(spec).size
+    if n < P and underdetermined == "warn":
+        warnings.warn(f"n={n} observations are fewer than the {P} free parameters: the MLE is not identified "
+                      "(estimates are one maximiser among many; standard errors are not available).",
+                      UnderdeterminedWarning, stacklevel=3)
+    elif n < P:
+        raise ValueError(f"n={n} observations are fewer than the {P} free parameters of a {spec.k}-expert "
+                         f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the MLE is not identified. "
+                         "Use fewer experts or more data.")
+    sd = yn.std(axis=1)
+    if (sd <= 1e-12 * (1.0 + np.abs(yn).max(axis=1))).any():
+        raise ValueError("y is constant (zero variance) in at least one replicate; a Gaussian MoE cannot be "
+                         "fitted to a constant response.")
+    if spec.family.input_dependent:
+        Z = np.concatenate([np.ones((*Xn.shape[:2], 1)), Xn], axis=-1)
+        sv = np.linalg.svd(Z, compute_uv=False)
+        if (sv[:, -1] <= 1e-10 * sv[:, 0]).any():
+            raise ValueError("X is rank deficient: with the intercept, some column is constant or collinear with "
+                             "others, so every expert's design (1, X) is singular. Drop that column "
+                             "(experts and gate already have an intercept).")
+    return Xn, yn, single
+
+
+def _as_init_list(init, spec: MoE, R: int) -> list[Params]:
+    if isinstance(init, str):
+        check_choice("init", init, ("random",))
+        return []
+    items = [init] if isinstance(init, Params) else list(init)
+    out = []
+    for p in items:
+        if not isinstance(p, Params):
+            raise TypeError(f"init must be 'random', a Params or a list of Params, got {type(p).__name__}.")
+        spec.check_params(p)
+        if p.is_batched and p.n_reps != R:
+            raise ValueError(f"init Params has R={p.n_reps} replicates but the data has R={R}.")
+        if p.noise_sd is None:
+            import dataclasses
+
+            p = dataclasses.replace(p, noise_sd=np.full(p.gate_bias.shape, spec.noise_sd))
+        out.append(p.numpy().batched(R) if not p.is_batched else p.numpy())
+    return out
+
+
+def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
+                  seeds: Sequence[np.random.SeedSequence]) -> BlockParams:
+    r"""Random-subset starts, shape (R, S, ...).
+
+    Each expert of each start is the least-squares fit through ``p + 1`` random observations
+    (``p = d + 1``; weight 1, every other observation weight :math:`0.01\,(p+1)/n`), with
+    :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate (all gate
+    coefficients 0).  Replicate ``r`` draws from its own stream ``seeds[r]``, so adding
+    replicates never changes earlier replicates' starts.
+    """
+    R, n, d = X.shape
+    k = spec.k
+    Z = design(X, spec.family.input_dependent)
+    p = Z.shape[-1]
+    m = min(p + 1, n)
+    idx = np.stack([np.random.default_rng(s).integers(0, n, size=(S, k, m)) for s in seeds])
+    w = torch.full((R, S, k, n), 0.01 * m / n, dtype=X.dtype, device=X.device)
+    w.scatter_(-1, torch.as_tensor(idx, device=X.device), 1.0)
+    w = w.transpose(-1, -2)
+    beta = weighted_ls(Z, y, w, torch.zeros(R, S, k, p, dtype=X.dtype, device=X.device), 1e-10)
+    mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
+    var = ((y[:, None, :, None] - mu) ** 2).mean(-2)
+    zeros_k = torch.zeros(R, S, k, dtype=X.dtype, device=X.device)
+    ew = beta[..., 1:] if spec.family.input_dependent else torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
+    return BlockParams(zeros_k, torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device), ew, beta[..., 0],
+                       var.sqrt())
+
+
+def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
+                 sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float) -> tuple[BlockParams, torch.Tensor,
+                                                                                 torch.Tensor, torch.Tensor]:
+    r"""Batched L-BFGS on :math:`-\ell_{rs}(\theta_{rs})/n` for every pair; returns params, loglik, converged, n_iter.
+
+    The noise sd is parameterised as :math:`\sigma = (\sigma_{\min}^2 + e^{2\rho})^{1/2}` so the floor
+    holds throughout.  A pair is converged when :math:`\max_j|\partial(\ell/n)/\partial\theta_j| \le`
+    ``gtol``, or when a step improves :math:`\ell` by at most ``ftol`` relative (see
+    :func:`moestat.fit._lbfgs.lbfgs_batched`).
+    """
+    n = X.shape[1]
+    k = spec.k
+    floor2 = (sd_floor**2)[:, None, None]
+    theta0 = layout.pack(init)
+    sd0 = init.noise_sd.clamp_min(1.01 * sd_floor[:, None, None])
+    rho0 = 0.5 * torch.log(sd0**2 - floor2)
+    v0 = torch.cat([theta0[..., :-k], rho0], dim=-1).detach()
+    X4, y3 = X.unsqueeze(1), y.unsqueeze(1)
+
+    def unpack(v: torch.Tensor) -> BlockParams:
+        p = layout.unpack(v)
+        p.noise_sd = torch.sqrt(floor2 + torch.exp(2 * v[..., -k:]))
+        return p
+
+    def negll(v: torch.Tensor) -> torch.Tensor:
+        ll = torch.logsumexp(spec.log_density_components(unpack(v), X4, y3), dim=-1).sum(-1)
+        return -ll / n
+
+    v, f, conv, n_iter = lbfgs_batched(negll, v0, max_iter=max_iter, gtol=gtol, ftol=ftol)
+    ll = -f * n
+    conv = conv & torch.isfinite(ll)
+    return unpack(v).map(lambda a: a.detach()), ll, conv, n_iter
+
+
+def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, ll: torch.Tensor, conv: torch.Tensor,
+                  n_iter: torch.Tensor, slow: torch.Tensor, layout: ParamLayout, floor: torch.Tensor, *,
+                  max_iter: int, gtol: float, ftol: float):
+    """Continue the (replicate, restart) pairs flagged ``slow`` with batched L-BFGS from their EM state."""
+    r_idx, s_idx = slow.nonzero(as_tuple=True)
+    sub = pb.map(lambda a: a[r_idx, s_idx].unsqueeze(1))
+    p2, ll2, conv2, it2 = gradient_fit(spec, X[r_idx], y[r_idx], sub, layout, sd_floor=floor[r_idx],
+                                       max_iter=max(max_iter, 1), gtol=gtol, ftol=ftol)
+    better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= ll[r_idx, s_idx])
+    out = pb.map(lambda a: a.clone())
+    for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
+        new = getattr(p2, name)[:, 0]
+        old = getattr(out, name)[r_idx, s_idx]
+        mask = better.reshape(-1, *([1] * (new.dim() - 1)))
+        getattr(out, name)[r_idx, s_idx] = torch.where(mask, new, old)
+    ll, conv, n_iter = ll.clone(), conv.clone(), n_iter.clone()
+    ll[r_idx, s_idx] = torch.where(better, ll2[:, 0], ll[r_idx, s_idx])
+    conv[r_idx, s_idx] = conv2[:, 0] & better
+    n_iter[r_idx, s_idx] += it2[:, 0]
+    return out, ll, conv, n_iter
+
+
+def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
+            max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
+            gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
+            feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
+            switch_after: int | None = 30, screen: float | None = 10.0) -> MLEFit:
+    r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
+
+    Parameters
+    ----------
+    spec : MoE
+        Gate, expert family, number of experts ``k`` and input dimension ``d``.
+    X : array, shape (n, d) or (R, n, d)
+        Inputs; with a leading axis, R independent data sets are fitted in one tensor program.
+    y : array, shape (n,) or (R, n)
+    method : {"em", "gradient"}
+        EM (softmax gate; linear or constant experts) or L-BFGS on the log-likelihood (any gate/expert).
+    restarts : int
+        Number of random-subset starts (:func:`random_starts`) per replicate; the start with the
+        highest log-likelihood is kept.  ``restarts=0`` uses only ``init``.
+    init : "random", Params or list of Params
+        Extra starts tried before the random ones (unbatched: shared by all replicates; batched: one per
+        replicate), e.g. the truth for a near-truth experiment or a previous fit for a warm start.
+    tol : float
+        EM stops when :math:`|\ell_t - \ell_{t-1}| \le \mathrm{tol}(1 + |\ell_t|)`; L-BFGS also stops
+        when a step raises :math:`\ell` by at most ``0.01 * tol`` relative (besides the ``gtol`` test).
+    max_iter : int, optional
+        EM iterations (default 2000) or L-BFGS iterations (default 500).
+    sd_floor : float
+        Variance floor: :math:`\sigma_i \ge \texttt{sd\_floor}\cdot\mathrm{sd}(y)` per replicate.
+    gate_solver : {"newton", "cvxpy"}
+        EM gate M-step: batched damped Newton/IRLS (default) or the exact cvxpy solve (slow; small problems).
+    gate_steps : int
+        Newton steps per EM iteration (a generalised EM step; the objective never decreases).
+    gtol : float
+        L-BFGS gradient tolerance on the per-observation log-likelihood scale.
+    device, dtype
+        ``"auto"`` picks CUDA when present.  float64 on every device by default (unlike the least-squares
+        engine): the log-likelihood sums n terms, EM's stopping rule is relative to it, and standard
+        errors need an accurate Hessian.  ``dtype="float32"`` is allowed on GPU for speed.
+    seed : int or SeedSequence, optional
+        Replicate ``r`` draws its random starts from ``SeedSequence(seed).spawn(R)[r]``.
+    feature_names : sequence of str, optional
+        Column names used in term names (default ``x1 .. xd``).
+    switch_after : int or None
+        ``method="em"`` only: (replicate, restart) pairs that have not converged after this many EM
+        iterations continue with batched L-BFGS from their EM state (EM converges linearly, and slowly
+        near flat or singular optima; quasi-Newton converges superlinearly).  Both phases never lower
+        the likelihood (EM ascent; Armijo line search), and the L-BFGS result is kept only if it is at
+        least as good.  ``None`` runs pure EM for up to ``max_iter`` iterations (``history`` then covers
+        every iteration).
+    screen : float or None
+        ``method="em"`` with ``switch_after``: at the switch, starts whose log-likelihood is more than
+        ``screen`` below the best start of the same replicate are abandoned instead of refined (the
+        short-runs strategy of Biernacki, Celeux & Govaert 2003).  Their ``restart_loglik`` is the value
+        where they stopped.  ``None`` refines every start.
+    underdetermined : {"raise", "warn"}
+        What to do when n is smaller than the number of free parameters: raise ``ValueError`` (default)
+        or emit :class:`UnderdeterminedWarning` and fit anyway (the estimate is then one maximiser among
+        many; the proximal EM terms keep it finite).  :class:`moestat.MoERegressor` uses ``"warn"``.
+
+    Returns
+    -------
+    MLEFit
+        Estimates, standard errors, tests, information criteria (see :class:`moestat.MLEFit`).
+
+    Raises
+    ------
+    ValueError
+        Non-finite data, ``k > n``, fewer observations than free parameters, constant ``y``, a rank-deficient
+        design, or an unsupported method/spec pair.
+
+    Examples
+    --------
+    >>> import numpy as np, moestat as ms
+    >>> spec = ms.MoE(gate="softmax", expert="linear", k=2, d=1)
+    >>> truth = ms.Params([2.0, 0.0], [[4.0], [0.0]], [[1.0], [-1.0]], [0.5, -0.5], noise_sd=[0.2, 0.2])
+    >>> data = ms.simulate(spec, truth, n=500, seed=0, model="mixture")
+    >>> fit = ms.fit_mle(spec, data.X[0], data.y[0], seed=1)
+    >>> fit.summary()  # doctest: +SKIP
+    """
+    if not isinstance(spec, MoE):
+        raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
+    check_choice("method", method, METHODS)
+    check_choice("gate_solver", gate_solver, ("newton", "cvxpy"))
+    restarts = check_int("restarts", restarts, minimum=0)
+    gate_steps = check_int("gate_steps", gate_steps)
+    if not (tol > 0 and gtol > 0 and sd_floor > 0):
+        raise ValueError(f"tol, gtol and sd_floor must be > 0, got tol={tol}, gtol={gtol}, sd_floor={sd_floor}.")
+    if method == "em" and (spec.gate != "softmax" or spec.expert not in ("linear", "constant")):
+        raise ValueError(f"method='em' supports gate='softmax' with expert='linear' or 'constant', not "
+                         f"gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")
+    max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
+    check_choice("underdetermined", underdetermined, ("raise", "warn"))
+    Xn, yn, single = _check_data(spec, X, y, underdetermined)
+    R = Xn.shape[0]
+    user = _as_init_list(init, spec, R)
+    if restarts + len(user) == 0:
+        raise ValueError("restarts=0 needs at least one start in init.")
+    dev = resolve_device(device)
+    dt = resolve_dtype(torch.float64 if dtype is None else dtype, dev)
+    Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    seeds = ss.spawn(R)
+    layout = ParamLayout(spec, feature_names)
+    floor = to_tensor(sd_floor * yn.std(axis=1), device=dev, dtype=dt)
+    starts = []
+    for p in user:
+        b = BlockParams.from_params(p.to_torch(dev, dt)).map(lambda a: a.unsqueeze(1))
+        b.noise_sd = b.noise_sd.clamp_min(floor[:, None, None])
+        starts.append(b)
+    if restarts:
+        starts.append(random_starts(spec, Xt, yt, restarts, seeds))
+    fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
+    init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
+    init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
+    history = None
+    if method == "em":
+        em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
+        st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
+                    gate_steps=gate_steps, gate_solver=gate_solver)
+        pb, ll, conv, n_iter, history = st.params, st.loglik, st.converged, st.n_iter, st.history
+        slow = ~conv & torch.isfinite(ll)
+        if screen is not None:
+            best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
+            slow &= ll >= best_now - screen
+        if switch_after is not None and bool(slow.any()):
+            pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
+                                                 max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
+    else:
+        pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
+                                            gtol=gtol, ftol=0.01 * tol)
+    ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
+    best = ll_safe.argmax(dim=1)
+    r_idx = torch.arange(R, device=dev)
+    chosen = pb.map(lambda a: a[r_idx, best])
+    settings = {"method": method, "restarts": restarts, "n_user_starts": len(user), "tol": tol,
+                "max_iter": max_iter, "sd_floor": sd_floor, "gate_solver": gate_solver if method == "em" else None,
+                "gate_steps": gate_steps if method == "em" else None, "gtol": gtol,
+                "switch_after": switch_after if method == "em" else None, "screen": screen if method == "em" else None,
+                "device": str(dev), "dtype": str(dt).replace("torch.", ""),
+                "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key)}
+    return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
+                  converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
+                  best_restart=best, sd_floor=floor, single=single, settings=settings,
+                  history=None if history is None else history[:, r_idx, best])

@@ -1,0 +1,570 @@
+r"""Results of a maximum-likelihood MoE fit, in the statsmodels idiom: :class:`MLEFit`.
+
+Standard errors come from the identified parameter vector :math:`\theta` of
+:mod:`moestat.fit._layout` (softmax reference expert fixed at zero, log noise sd):
+
+* ``kind="oim"`` — observed information: :math:`\widehat V = (-\nabla^2\ell(\hat\theta))^{-1}`, the
+  Hessian by torch autograd (exact, not finite differences);
+* ``kind="sandwich"`` — :math:`H^{-1} J H^{-1}` with :math:`J = \sum_t s_t s_t^\top`, :math:`s_t` the
+  per-observation scores (White 1982; statsmodels' ``covjhj``), robust to misspecification;
+* ``kind="opg"`` — :math:`J^{-1}` (outer product of gradients; statsmodels' ``covjac``).
+
+When :math:`-H` is not positive definite (relative smallest eigenvalue below ``1e-10``, typical of
+over-specified ``k`` where the true model sits on a singular point) the information is declared
+singular: ``information_singular`` is set, a :class:`SingularInformationWarning` is raised and the
+covariance is NaN rather than a misleading pseudo-inverse.
+
+Information criteria (lower is better; ``df`` = length of :math:`\theta`):
+:math:`\mathrm{AIC} = -2\ell + 2\,df`, :math:`\mathrm{BIC} = -2\ell + df\log n`,
+:math:`\mathrm{ICL} = \mathrm{BIC} + 2\,\mathrm{EN}` with the posterior entropy
+:math:`\mathrm{EN} = -\sum_t\sum_i\tau_{ti}\log\tau_{ti}` (Biernacki, Celeux & Govaert 2000; the form
+flexmix's ``ICL`` uses).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from .._torch import to_numpy, to_tensor
+from .._validation import check_choice
+from ..gates import log_mixture_weights
+from ..model import MoE
+from ..params import Params
+from ._layout import BlockParams, ParamLayout
+
+COV_KINDS = ("oim", "sandwich", "opg")
+SMALL_WEIGHT = 0.05
+
+
+class SingularInformationWarning(UserWarning):
+    """The observed information is singular or not positive definite: standard errors are not reported."""
+
+
+class MLEConvergenceWarning(UserWarning):
+    """The best start of at least one replicate did not meet the convergence criterion."""
+
+
+@dataclass
+class WaldTest:
+    """Result of :meth:`MLEFit.wald_test` (arrays over replicates when the fit is batched)."""
+
+    statistic: Any
+    df: int
+    p_value: Any
+    kind: str
+
+    def __repr__(self) -> str:
+        return f"WaldTest(statistic={self.statistic}, df={self.df}, p_value={self.p_value}, kind={self.kind!r})"
+
+
+@dataclass
+class Summary:
+    """A printable summary: header facts, coefficient table, component table."""
+
+    header: dict
+    coef: pd.DataFrame
+    components: pd.DataFrame
+    notes: list = field(default_factory=list)
+
+    def as_text(self) -> str:
+        w = 88
+        lines = ["=" * w, "Gaussian mixture of experts: maximum likelihood".center(w), "=" * w]
+        items = list(self.header.items())
+        half = (len(items) + 1) // 2
+        for left, right in zip(items[:half], items[half:] + [("", "")] * (2 * half - len(items)), strict=True):
+            lt = f"{left[0] + ':':<16}{left[1]!s:>26}"
+            rt = f"{right[0] + ':':<16}{right[1]!s:>26}" if right[0] else ""
+            lines.append(f"{lt}    {rt}")
+        lines.append("-" * w)
+        with pd.option_context("display.float_format", "{:.4f}".format, "display.width", w):
+            lines.append(self.coef.to_string())
+            lines.append("-" * w)
+            lines.append(self.components.to_string())
+        lines.append("=" * w)
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
+
+    def __repr__(self) -> str:
+        return self.as_text()
+
+
+class MLEFit:
+    """A fitted Gaussian MoE (one or R replicates) with inference methods.
+
+    Created by :func:`moestat.fit_mle`; not meant to be built by hand.  Arrays over replicates have a
+    leading axis of length R; for a fit to a single data set (``X`` of shape (n, d)) that axis is
+    dropped in every public output.
+
+    Attributes
+    ----------
+    spec : MoE
+    loglik : float or ndarray (R,)
+    converged, n_iter, best_restart : per replicate
+    restart_loglik : ndarray (R, S)
+        Final log-likelihood of every start (diagnoses multimodality).
+    history : ndarray (T,) or (T, R), or None
+        EM log-likelihood before each iteration for the selected start (``method="em"``).
+    settings : dict
+        Every configuration knob of the fit.
+    """
+
+    def __init__(self, *, spec: MoE, layout: ParamLayout, X: torch.Tensor, y: torch.Tensor, blocks: BlockParams,
+                 loglik: torch.Tensor, converged: torch.Tensor, n_iter: torch.Tensor, restart_loglik: torch.Tensor,
+                 best_restart: torch.Tensor, sd_floor: torch.Tensor, single: bool, settings: dict,
+                 history: torch.Tensor | None = None) -> None:
+        self.spec = spec
+        self.layout = layout
+        self._X, self._y = X, y
+        self._blocks = blocks
+        self._theta = layout.pack(blocks).detach()
+        self.single = single
+        self.settings = settings
+        self._loglik = to_numpy(loglik).astype(float)
+        self._converged = to_numpy(converged).astype(bool)
+        self._n_iter = to_numpy(n_iter).astype(int)
+        self._restart_loglik = to_numpy(restart_loglik)
+        self._best = to_numpy(best_restart).astype(int)
+        self._floor = to_numpy(sd_floor)
+        self.history = None if history is None else (to_numpy(history)[:, 0] if single else to_numpy(history))
+        self._hess: torch.Tensor | None = None
+        self._scores: torch.Tensor | None = None
+        self._warned_singular = False
+        if not self._converged.all():
+            bad = np.flatnonzero(~self._converged).tolist()
+            warnings.warn(f"the best start did not converge within max_iter={settings['max_iter']} for "
+                          f"replicate(s) {bad[:10]}{'...' if len(bad) > 10 else ''}; raise max_iter or loosen tol.",
+                          MLEConvergenceWarning, stacklevel=3)
+
+    # ------------------------------------------------------------- helpers
+    def _out(self, a: np.ndarray) -> Any:
+        """Drop the replicate axis for a single-data-set fit."""
+        a = np.asarray(a)
+        return (a[0].item() if a.ndim == 1 else a[0]) if self.single else a
+
+    @property
+    def n_reps(self) -> int:
+        return int(self._X.shape[0])
+
+    @property
+    def nobs(self) -> int:
+        return int(self._X.shape[1])
+
+    @property
+    def df_model(self) -> int:
+        """Number of free parameters (length of :math:`\\theta`)."""
+        return self.layout.size
+
+    @property
+    def param_names(self) -> list[str]:
+        return self.layout.names
+
+    # ------------------------------------------------------------ estimates
+    @property
+    def params(self) -> Params:
+        """Estimates as :class:`moestat.Params` (softmax gates in the last-expert reference)."""
+        p = self._blocks.to_params().numpy()
+        return p.select(0) if self.single else p
+
+    @property
+    def theta(self) -> Any:
+        """The identified parameter vector (P,) or (R, P), named by :attr:`param_names`."""
+        return self._out(to_numpy(self._theta))
+
+    @property
+    def loglik(self) -> Any:
+        return self._out(self._loglik)
+
+    llf = loglik
+
+    @property
+    def converged(self) -> Any:
+        return self._out(self._converged)
+
+    @property
+    def n_iter(self) -> Any:
+        return self._out(self._n_iter)
+
+    @property
+    def restart_loglik(self) -> np.ndarray:
+        return self._restart_loglik[0] if self.single else self._restart_loglik
+
+    @property
+    def at_floor(self) -> Any:
+        """Per expert: True where :math:`\\sigma_i` sits at the variance floor (the MLE there is constrained)."""
+        sd = to_numpy(self._blocks.noise_sd)
+        return self._out(sd <= self._floor[:, None] * (1 + 1e-6))
+
+    # ------------------------------------------------------------ labels
+    def relabel(self, perm) -> MLEFit:
+        """The same fit with experts relabelled: expert ``i`` of the result is expert ``perm[i]`` of this fit.
+
+        ``perm`` has shape (k,) or (R, k).  Softmax gates are re-expressed relative to the new last
+        expert, so :attr:`theta`, standard errors and tests refer to the new labels.
+        """
+        p = self._blocks.to_params().numpy().permute(np.asarray(perm) if not self.single or np.ndim(perm) == 1
+                                                     else np.asarray(perm)[None])
+        dev, dt = self._X.device, self._X.dtype
+        new = BlockParams.from_params(p.to_torch(dev, dt))
+        out = MLEFit.__new__(MLEFit)
+        out.__dict__.update(self.__dict__)
+        out._blocks = new
+        out._theta = self.layout.pack(new).detach()
+        out._hess = out._scores = None
+        out._warned_singular = False
+        return out
+
+    def align_to(self, params: Params) -> MLEFit:
+        r"""Relabel the experts to best match ``params`` (e.g. the truth), by the Hungarian algorithm.
+
+        The cost between a fitted and a reference expert is the squared Euclidean distance between their
+        atoms :math:`(b_i, a_i, \log\sigma_i)` (and gate rows, after the softmax normalisation).
+        """
+        from scipy.optimize import linear_sum_assignment
+
+        self.spec.check_params(params)
+        ref = params.numpy().batched(self.n_reps) if not params.is_batched else params.numpy()
+        if ref.noise_sd is None:
+            ref = Params(ref.gate_bias, ref.gate_weight, ref.expert_weight, ref.expert_bias,
+                         np.full(ref.gate_bias.shape, self.spec.noise_sd))
+        fit = self._blocks.to_params().numpy()
+
+        def atoms(p: Params) -> np.ndarray:
+            q = p.normalize_softmax() if self.spec.gate in ("softmax", "topk") else p
+            return np.concatenate([q.gate_bias[..., None], q.gate_weight, p.expert_bias[..., None], p.expert_weight,
+                                   np.log(p.noise_sd)[..., None]], -1)
+
+        a_ref, a_fit = atoms(ref), atoms(fit)
+        perms = np.empty((self.n_reps, self.spec.k), dtype=int)
+        for r in range(self.n_reps):
+            cost = ((a_ref[r][:, None, :] - a_fit[r][None, :, :]) ** 2).sum(-1)
+            rows, cols = linear_sum_assignment(cost)
+            perms[r, rows] = cols
+        return self.relabel(perms[0] if self.single else perms)
+
+    # ------------------------------------------------------ likelihood parts
+    def _f_obs(self):
+        spec, layout = self.spec, self.layout
+
+        def f(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.logsumexp(spec.log_density_components(layout.unpack(theta), X, y), dim=-1)
+
+        return f
+
+    def hessian(self) -> np.ndarray:
+        """Hessian of the log-likelihood in :math:`\\theta`, (P, P) or (R, P, P) (torch autograd)."""
+        return self._out(to_numpy(self._hessian()))
+
+    def _hessian(self) -> torch.Tensor:
+        if self._hess is None:
+            f = self._f_obs()
+            try:
+                h = torch.func.vmap(torch.func.hessian(lambda t, X, y: f(t, X, y).sum()))(self._theta, self._X,
+                                                                                          self._y)
+            except RuntimeError:  # an op without a batching rule: fall back to a loop over replicates
+                h = torch.stack([torch.autograd.functional.hessian(lambda t, r=r: f(t, self._X[r], self._y[r]).sum(),
+                                                                   self._theta[r]) for r in range(self.n_reps)])
+            self._hess = h.detach()
+        return self._hess
+
+    def _score_obs(self) -> torch.Tensor:
+        if self._scores is None:
+            f = self._f_obs()
+            try:
+                s = torch.func.vmap(torch.func.jacrev(f))(self._theta, self._X, self._y)
+            except RuntimeError:
+                s = torch.stack([torch.autograd.functional.jacobian(lambda t, r=r: f(t, self._X[r], self._y[r]),
+                                                                    self._theta[r]) for r in range(self.n_reps)])
+            self._scores = s.detach()
+        return self._scores
+
+    def score_obs(self) -> np.ndarray:
+        """Per-observation scores :math:`\\partial \\log p(y_t\\mid x_t)/\\partial\\theta`, (n, P) or (R, n, P)."""
+        return self._out(to_numpy(self._score_obs()))
+
+    @property
+    def information_singular(self) -> Any:
+        """True where :math:`-H` is not numerically positive definite (SEs not reported)."""
+        return self._out(self._singular())
+
+    def _singular(self) -> np.ndarray:
+        ev = np.linalg.eigvalsh(-to_numpy(self._hessian()))
+        return ~(ev[:, 0] > 1e-10 * np.abs(ev[:, -1]))
+
+    def cov_params(self, kind: str = "oim") -> np.ndarray:
+        """Covariance of :math:`\\hat\\theta`: ``"oim"``, ``"sandwich"`` or ``"opg"`` (module docstring)."""
+        check_choice("kind", kind, COV_KINDS)
+        H = to_numpy(self._hessian())
+        sing = self._singular()
+        P = H.shape[-1]
+        cov = np.full(H.shape, np.nan)
+        ok = ~sing
+        if kind == "opg":
+            s = to_numpy(self._score_obs())
+            J = np.einsum("rni,rnj->rij", s, s)
+            ev = np.linalg.eigvalsh(J)
+            ok = ev[:, 0] > 1e-10 * np.abs(ev[:, -1])
+            cov[ok] = np.linalg.inv(J[ok])
+        elif ok.any():
+            Hinv = np.linalg.inv(-H[ok])
+            if kind == "oim":
+                cov[ok] = Hinv
+            else:
+                s = to_numpy(self._score_obs())[ok]
+                J = np.einsum("rni,rnj->rij", s, s)
+                cov[ok] = Hinv @ J @ Hinv
+        if (~ok).any() and not self._warned_singular:
+            self._warned_singular = True
+            bad = np.flatnonzero(~ok).tolist()
+            warnings.warn(f"the information matrix ({P} parameters) is singular or not positive definite for "
+                          f"replicate(s) {bad[:10]}; standard errors are reported as NaN (typical when k exceeds "
+                          "the true number of experts, or a component is empty).", SingularInformationWarning,
+                          stacklevel=2)
+        return self._out(cov)
+
+    def bse(self, kind: str = "oim") -> Any:
+        """Standard errors :math:`\\sqrt{\\mathrm{diag}\\,\\widehat V}` of :math:`\\hat\\theta`."""
+        cov = np.asarray(self.cov_params(kind))
+        return np.sqrt(np.clip(np.diagonal(cov, axis1=-2, axis2=-1), 0, None))
+
+    def tvalues(self, kind: str = "oim") -> Any:
+        return np.asarray(self.theta) / self.bse(kind)
+
+    def pvalues(self, kind: str = "oim") -> Any:
+        return 2 * stats.norm.sf(np.abs(self.tvalues(kind)))
+
+    def conf_int(self, alpha: float = 0.05, kind: str = "oim") -> Any:
+        """Wald intervals :math:`\\hat\\theta_j \\pm z_{1-\\alpha/2}\\,\\mathrm{se}_j`, shape (P, 2) or (R, P, 2)."""
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
+        z = stats.norm.ppf(1 - alpha / 2)
+        th, se = np.asarray(self.theta), self.bse(kind)
+        return np.stack([th - z * se, th + z * se], axis=-1)
+
+    def _restriction(self, R: Any) -> np.ndarray:
+        names = self.param_names
+        if isinstance(R, str):
+            R = [R]
+        if isinstance(R, Sequence) and all(isinstance(t, str) for t in R):
+            unknown = [t for t in R if t not in names]
+            if unknown:
+                raise ValueError(f"unknown terms {unknown}; valid terms are fit.param_names, e.g. {names[:3]}.")
+            M = np.zeros((len(R), len(names)))
+            for i, t in enumerate(R):
+                M[i, names.index(t)] = 1.0
+            return M
+        M = np.atleast_2d(np.asarray(R, dtype=float))
+        if M.shape[1] != len(names):
+            raise ValueError(f"the restriction matrix needs {len(names)} columns (one per parameter), got {M.shape}.")
+        return M
+
+    def wald_test(self, R: Any, q: Any = 0.0, kind: str = "oim") -> WaldTest:
+        r"""Wald test of :math:`H_0: R\theta = q`.
+
+        :math:`W = (R\hat\theta-q)^\top(R\widehat VR^\top)^{-1}(R\hat\theta-q) \sim \chi^2_r` under
+        :math:`H_0`.
+
+        Parameters
+        ----------
+        R : list of term names (tests that they are all zero, or equal to ``q``) or an (r, P) matrix.
+        q : float or array (r,)
+        kind : covariance kind (see :meth:`cov_params`).
+
+        Returns
+        -------
+        WaldTest with a :math:`\chi^2_r` p-value.
+        """
+        M = self._restriction(R)
+        qv = np.broadcast_to(np.asarray(q, dtype=float), (M.shape[0],))
+        th = to_numpy(self._theta)
+        cov = np.asarray(self.cov_params(kind))
+        cov = cov[None] if self.single else cov
+        diff = th @ M.T - qv
+        V = M @ cov @ M.T
+        stat = np.einsum("ri,ri->r", diff, np.linalg.solve(V, diff[..., None])[..., 0])
+        pv = stats.chi2.sf(stat, M.shape[0])
+        return WaldTest(self._out(stat), int(M.shape[0]), self._out(pv), kind)
+
+    # ---------------------------------------------------- model selection
+    def _posterior_t(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        lc = self.spec.log_density_components(self._blocks, X, y)
+        return torch.softmax(lc, dim=-1)
+
+    def _entropy(self) -> np.ndarray:
+        tau = self._posterior_t(self._X, self._y)
+        return to_numpy(-(tau * torch.log(tau.clamp_min(1e-300))).sum((-1, -2)))
+
+    @property
+    def aic(self) -> Any:
+        return self._out(-2 * self._loglik + 2 * self.df_model)
+
+    @property
+    def bic(self) -> Any:
+        return self._out(-2 * self._loglik + np.log(self.nobs) * self.df_model)
+
+    @property
+    def icl(self) -> Any:
+        return self._out(-2 * self._loglik + np.log(self.nobs) * self.df_model + 2 * self._entropy())
+
+    # ---------------------------------------------------------- prediction
+    def _data(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dev, dt = self._X.device, self._X.dtype
+        Xt = to_tensor(np.asarray(X, dtype=float) if not isinstance(X, torch.Tensor) else X, device=dev, dtype=dt)
+        if Xt.ndim == 1 and self.spec.d == 1:
+            Xt = Xt[:, None]
+        if Xt.ndim != 2 or Xt.shape[-1] != self.spec.d:
+            raise ValueError(f"X must have shape (m, {self.spec.d}), got {tuple(Xt.shape)}.")
+        if not bool(torch.isfinite(Xt).all()):
+            raise ValueError("X contains NaN or infinite values.")
+        Xt = Xt.unsqueeze(0).expand(self.n_reps, *Xt.shape)
+        yt = None
+        if y is not None:
+            yt = to_tensor(np.asarray(y, dtype=float) if not isinstance(y, torch.Tensor) else y, device=dev,
+                           dtype=dt)
+            if yt.shape != Xt.shape[1:2]:
+                raise ValueError(f"y must have shape ({Xt.shape[1]},), got {tuple(yt.shape)}.")
+            if not bool(torch.isfinite(yt).all()):
+                raise ValueError("y contains NaN or infinite values.")
+            yt = yt.unsqueeze(0).expand(self.n_reps, -1)
+        return Xt, yt
+
+    def gate_probs(self, X: Any) -> Any:
+        r"""Normalised mixture weights :math:`\tilde\pi_i(x)`, (m, k) or (R, m, k)."""
+        Xt, _ = self._data(X)
+        b = self._blocks
+        logits = Xt @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
+        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature)
+        return self._out(to_numpy(lw.exp()))
+
+    def expert_means(self, X: Any) -> Any:
+        """Expert regression functions :math:`h(x;\\eta_i)`, (m, k) or (R, m, k)."""
+        Xt, _ = self._data(X)
+        b = self._blocks
+        return self._out(to_numpy(self.spec.family.evaluate(Xt, b.expert_weight, b.expert_bias)))
+
+    def predict(self, X: Any) -> Any:
+        r"""Conditional mean of the fitted density, :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)`.
+
+        For sigmoid gates this uses the *normalised* weights of the density (not
+        :meth:`moestat.MoE.mean`, the unnormalised regression function of the least-squares papers).
+        """
+        return (np.asarray(self.gate_probs(X)) * np.asarray(self.expert_means(X))).sum(-1)
+
+    def posterior(self, X: Any, y: Any) -> Any:
+        r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k)."""
+        Xt, yt = self._data(X, y)
+        return self._out(to_numpy(self._posterior_t(Xt, yt)))
+
+    # --------------------------------------------------------------- tidy
+    def components(self) -> pd.DataFrame:
+        """One row per (rep, expert): mean mixture weight over the data, sigma, floor and small-weight flags."""
+        tau_w = np.asarray(self.gate_probs_train())
+        sd = to_numpy(self._blocks.noise_sd)
+        R, k = sd.shape
+        w = tau_w.reshape(R, -1, k).mean(1)
+        floor = np.asarray(self.at_floor).reshape(R, k)
+        return pd.DataFrame({"rep": np.repeat(np.arange(R), k), "expert": np.tile(np.arange(k), R),
+                             "mean_weight": w.ravel(), "sigma": sd.ravel(),
+                             "small": w.ravel() < SMALL_WEIGHT, "sigma_at_floor": floor.ravel()})
+
+    def gate_probs_train(self) -> np.ndarray:
+        """Normalised mixture weights at the training inputs, (R, n, k)."""
+        b = self._blocks
+        logits = self._X @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
+        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature)
+        return to_numpy(lw.exp())
+
+    def to_frame(self, kind: str = "oim", alpha: float = 0.05) -> pd.DataFrame:
+        """Tidy coefficient frame: one row per (rep, term) with estimate, SE, z, p-value, CI and the settings."""
+        th = to_numpy(self._theta)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SingularInformationWarning)
+            cov = np.asarray(self.cov_params(kind))
+        cov = cov[None] if self.single else cov
+        se = np.sqrt(np.clip(np.diagonal(cov, axis1=-2, axis2=-1), 0, None))
+        z = stats.norm.ppf(1 - alpha / 2)
+        R, P = th.shape
+        info = self.layout.term_info()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            stat = th / se
+        frame = pd.DataFrame({
+            "rep": np.repeat(np.arange(R), P), "term": np.tile(self.param_names, R),
+            "block": np.tile([b for b, _, _ in info], R), "expert": np.tile([a for _, a, _ in info], R),
+            "coef": np.tile([c for _, _, c in info], R), "estimate": th.ravel(), "std_error": se.ravel(),
+            "statistic": stat.ravel(), "p_value": (2 * stats.norm.sf(np.abs(stat))).ravel(),
+            "conf_low": (th - z * se).ravel(), "conf_high": (th + z * se).ravel(),
+        })
+        frame["cov_kind"] = kind
+        return self._with_config(frame)
+
+    tidy = to_frame
+
+    def glance(self) -> pd.DataFrame:
+        """One row per replicate: loglik, df, AIC, BIC, ICL, n, convergence, iterations, restarts, small components."""
+        comp = self.components()
+        frame = pd.DataFrame({
+            "rep": np.arange(self.n_reps), "loglik": self._loglik, "df": self.df_model, "nobs": self.nobs,
+            "aic": np.atleast_1d(self.aic), "bic": np.atleast_1d(self.bic), "icl": np.atleast_1d(self.icl),
+            "converged": self._converged, "n_iter": self._n_iter, "best_restart": self._best,
+            "n_starts": self._restart_loglik.shape[1],
+            "n_small": comp.groupby("rep")["small"].sum().to_numpy(),
+            "information_singular": self._singular(),
+        })
+        return self._with_config(frame)
+
+    def _with_config(self, frame: pd.DataFrame) -> pd.DataFrame:
+        frame["gate"], frame["expert_family"], frame["k"], frame["d"] = (self.spec.gate, self.spec.expert,
+                                                                         self.spec.k, self.spec.d)
+        for key in ("method", "restarts", "tol", "max_iter", "sd_floor", "device"):
+            frame[key] = self.settings[key]
+        return frame
+
+    def summary(self, rep: int = 0, kind: str = "oim", alpha: float = 0.05) -> Summary:
+        """A statsmodels-like printable summary of replicate ``rep``."""
+        if not 0 <= rep < self.n_reps:
+            raise ValueError(f"rep must be in [0, {self.n_reps}), got {rep}.")
+        tf = self.to_frame(kind, alpha)
+        tf = tf[tf["rep"] == rep].set_index("term")
+        lo, hi = f"[{alpha / 2:g}", f"{1 - alpha / 2:g}]"
+        coef = tf[["estimate", "std_error", "statistic", "p_value", "conf_low", "conf_high"]].rename(
+            columns={"estimate": "coef", "std_error": "std err", "statistic": "z", "p_value": "P>|z|",
+                     "conf_low": lo, "conf_high": hi})
+        comp = self.components()
+        comp = comp[comp["rep"] == rep].drop(columns="rep").set_index("expert")
+        ll = float(self._loglik[rep])
+        header = {
+            "Model": f"{self.spec.gate} gate / {self.spec.expert}", "Experts (k)": self.spec.k,
+            "Observations": self.nobs, "Parameters": self.df_model, "Method": self.settings["method"],
+            "Covariance": kind, "Log-likelihood": f"{ll:.4f}", "AIC": f"{-2 * ll + 2 * self.df_model:.3f}",
+            "BIC": f"{-2 * ll + np.log(self.nobs) * self.df_model:.3f}",
+            "ICL": f"{np.atleast_1d(self.icl)[rep]:.3f}", "Converged": bool(self._converged[rep]),
+            "Iterations": int(self._n_iter[rep]),
+        }
+        notes = []
+        if self.spec.gate in ("softmax", "topk"):
+            notes.append(f"gate coefficients are relative to expert {self.spec.k - 1} (reference, fixed at 0).")
+        if self.spec.gate == "sigmoid":
+            notes.append("sigmoid gates are normalised over experts in the density: pi_i = s_i / sum_j s_j.")
+        if self._singular()[rep]:
+            notes.append("the information matrix is singular: standard errors are not available.")
+        if comp["small"].any():
+            notes.append(f"expert(s) {comp.index[comp['small']].tolist()} have mean weight < {SMALL_WEIGHT} "
+                         "(kept, not dropped).")
+        if comp["sigma_at_floor"].any():
+            notes.append("some sigma sits at the variance floor: the likelihood is constrained there.")
+        return Summary(header, coef, comp, notes)
+
+    def __repr__(self) -> str:
+        reps = "" if self.single else f"R={self.n_reps}, "
+        return (f"MLEFit({reps}{self.spec.gate}/{self.spec.expert}, k={self.spec.k}, n={self.nobs}, "
+                f"method={self.settings['method']!r}, loglik={np.round(self.loglik, 4)})")

@@ -1,0 +1,441 @@
+r"""Inference beyond the information matrix: bootstrap, the bootstrap LRT for k, and choice of k.
+
+* :func:`bootstrap` — parametric (:math:`y^*_t \sim \hat p(\cdot\mid x_t)` at the observed inputs) or
+  nonparametric (resampled :math:`(x_t, y_t)` pairs) bootstrap of :math:`\hat\theta`.  All B refits run
+  as one batched :func:`moestat.fit_mle` call, each started from the original estimate plus random
+  starts.  Mixture labels are arbitrary, so every replicate is **aligned to the original fit** by the
+  Hungarian algorithm (:func:`scipy.optimize.linear_sum_assignment`) on the standardised distance between
+  expert atoms :math:`(b_i, a_i, \log\sigma_i)`; softmax gates are then re-expressed relative to the
+  (aligned) last expert.  Replicates whose refit failed (non-finite or not converged) are **reported and
+  excluded, never silently redrawn** (contrast mixtools' ``boot.se``).
+* :func:`test_n_experts` — parametric bootstrap likelihood-ratio test of :math:`k_0` against
+  :math:`k_1 > k_0` experts (McLachlan 1987; flexmix ``LR_test``): the LR statistic
+  :math:`2(\hat\ell_{k_1} - \hat\ell_{k_0})` has no :math:`\chi^2` limit (the null is on the boundary and
+  non-identified), so its null distribution is simulated from the fitted :math:`k_0` model;
+  :math:`p = (1 + \#\{LR^*_b \ge LR\})/(B_{ok} + 1)`.  The :math:`k_1` fit is started from the
+  :math:`k_0` fit with its heaviest expert split in two (so :math:`\hat\ell_{k_1} \ge \hat\ell_{k_0}` up
+  to the optimiser) plus random starts.  Batched: X of shape (R, n, d) tests R data sets at once.
+* :func:`select_k` — information criteria (AIC/BIC/ICL) over a range of k.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+from scipy.optimize import linear_sum_assignment
+
+from ._torch import to_numpy
+from ._validation import check_choice, check_int
+from .fit.mle import _check_data, fit_mle
+from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
+from .gates import log_mixture_weights
+from .model import MoE
+from .params import Params
+
+__all__ = ["BootstrapResult", "LRTResult", "SelectKResult", "bootstrap", "select_k", "split_start",
+           "test_n_experts"]
+
+
+def _fitted_components(spec: MoE, p: Params, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mixture weights (R, n, k), expert means (R, n, k) and sds (R, k) of batched params at X (R, n, d)."""
+    pt = p.to_torch("cpu", torch.float64)
+    Xt = torch.as_tensor(X, dtype=torch.float64)
+    logits = Xt @ pt.gate_weight.transpose(-1, -2) + pt.gate_bias.unsqueeze(-2)
+    w = log_mixture_weights(spec.gate, logits, top_k=spec.top_k, temperature=spec.temperature).exp()
+    mu = spec.family.evaluate(Xt, pt.expert_weight, pt.expert_bias)
+    return to_numpy(w), to_numpy(mu), to_numpy(pt.noise_sd)
+
+
+def _draw(spec: MoE, p: Params, X: np.ndarray, B: int, seeds: Sequence[np.random.SeedSequence]) -> np.ndarray:
+    """B responses per replicate from the fitted conditional density at fixed X: (R, B, n)."""
+    w, mu, sd = _fitted_components(spec, p, X)
+    R, n, _ = w.shape
+    out = np.empty((R, B, n))
+    cum = np.cumsum(w, axis=-1)
+    for r in range(R):
+        rng = np.random.default_rng(seeds[r])
+        u = rng.uniform(size=(B, n))
+        z = np.minimum((u[..., None] > cum[r][None]).sum(-1), spec.k - 1)
+        eps = rng.standard_normal((B, n))
+        out[r] = np.take_along_axis(np.broadcast_to(mu[r], (B, n, spec.k)), z[..., None], -1)[..., 0] + sd[r][z] * eps
+    return out
+
+
+def split_start(spec_small: MoE, p: Params, X: np.ndarray, k_new: int, *, shift: float = 0.5) -> Params:
+    r"""Embed a k-expert fit in ``k_new`` experts by splitting the heaviest expert repeatedly.
+
+    For softmax gates the two halves get gate intercepts :math:`\beta_0 - \log 2`, which leaves the
+    density unchanged; their expert intercepts are moved by :math:`\pm` ``shift`` :math:`\sigma` so the
+    optimiser can separate them.  Batched params (R, ...) with X (R, n, d).
+    """
+    pb = p.numpy().batched()
+    w, _, _ = _fitted_components(spec_small, pb, X)
+    blocks = {name: np.array(a) for name, a in pb.blocks()}
+    weights = w.mean(1)  # (R, k)
+    R = weights.shape[0]
+    rows = np.arange(R)
+    for _ in range(k_new - p.k):
+        j = weights.argmax(1)
+        gb = blocks["gate_bias"][rows, j] - np.log(2.0)
+        blocks["gate_bias"][rows, j] = gb
+        sd = blocks["noise_sd"][rows, j]
+        new_eb = blocks["expert_bias"][rows, j] - shift * sd
+        blocks["expert_bias"][rows, j] += shift * sd
+        blocks["gate_bias"] = np.concatenate([blocks["gate_bias"], gb[:, None]], 1)
+        blocks["gate_weight"] = np.concatenate([blocks["gate_weight"], blocks["gate_weight"][rows, j][:, None]], 1)
+        blocks["expert_weight"] = np.concatenate([blocks["expert_weight"],
+                                                  blocks["expert_weight"][rows, j][:, None]], 1)
+        blocks["expert_bias"] = np.concatenate([blocks["expert_bias"], new_eb[:, None]], 1)
+        blocks["noise_sd"] = np.concatenate([blocks["noise_sd"], sd[:, None]], 1)
+        weights[rows, j] /= 2
+        weights = np.concatenate([weights, weights[rows, j][:, None]], 1)
+    out = Params(**blocks)
+    return out if p.is_batched else out.select(0)
+
+
+# ----------------------------------------------------------------------------------------- bootstrap
+@dataclass
+class BootstrapResult:
+    """Aligned bootstrap draws of :math:`\\hat\\theta` (see :func:`bootstrap`).
+
+    Attributes
+    ----------
+    estimate : ndarray (P,)
+        The original estimate.
+    draws : ndarray (B, P)
+        Aligned bootstrap estimates; rows of failed replicates are NaN.
+    failed : ndarray of bool (B,)
+        Refits that did not converge or gave a non-finite log-likelihood (excluded, not redrawn).
+    names : list of str
+    kind : str
+    config : dict
+    """
+
+    estimate: np.ndarray
+    draws: np.ndarray
+    failed: np.ndarray
+    names: list
+    kind: str
+    config: dict = field(default_factory=dict)
+
+    @property
+    def n_failed(self) -> int:
+        return int(self.failed.sum())
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.draws[~self.failed]
+
+    def se(self) -> np.ndarray:
+        """Bootstrap standard errors (sd of the successful draws, ddof=1)."""
+        return self.ok.std(axis=0, ddof=1)
+
+    def cov(self) -> np.ndarray:
+        return np.cov(self.ok, rowvar=False)
+
+    def conf_int(self, alpha: float = 0.05, method: str = "percentile") -> np.ndarray:
+        """(P, 2) intervals: ``"percentile"``, ``"basic"`` (2θ̂ − quantiles) or ``"normal"`` (θ̂ ± z·se)."""
+        check_choice("method", method, ("percentile", "basic", "normal"))
+        if method == "normal":
+            z = stats.norm.ppf(1 - alpha / 2)
+            se = self.se()
+            return np.stack([self.estimate - z * se, self.estimate + z * se], -1)
+        lo, hi = np.quantile(self.ok, [alpha / 2, 1 - alpha / 2], axis=0)
+        if method == "basic":
+            return np.stack([2 * self.estimate - hi, 2 * self.estimate - lo], -1)
+        return np.stack([lo, hi], -1)
+
+    def to_frame(self, alpha: float = 0.05, method: str = "percentile") -> pd.DataFrame:
+        """One row per term: estimate, bootstrap SE, interval, successes and failures, settings."""
+        ci = self.conf_int(alpha, method)
+        frame = pd.DataFrame({"term": self.names, "estimate": self.estimate, "boot_se": self.se(),
+                              "conf_low": ci[:, 0], "conf_high": ci[:, 1], "ci_method": method,
+                              "n_ok": int((~self.failed).sum()), "n_failed": self.n_failed, "kind": self.kind})
+        for key, value in self.config.items():
+            if np.isscalar(value) or value is None:
+                frame[key] = value
+        return frame
+
+    def __repr__(self) -> str:
+        return (f"BootstrapResult(kind={self.kind!r}, B={len(self.failed)}, n_failed={self.n_failed}, "
+                f"P={len(self.names)})")
+
+
+def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
+    """Permute each bootstrap fit's experts to the original's labels; return aligned theta (B, P)."""
+    ref = fit.params.numpy()
+    bp = boot.params.numpy().batched()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingularInformationWarning)
+        se = np.asarray(fit.bse())
+    lay = fit.layout
+
+    def atoms(p_ew: np.ndarray, p_eb: np.ndarray, p_sd: np.ndarray) -> np.ndarray:
+        parts = [p_eb[..., None]]
+        if lay.expert_slopes:
+            parts.append(p_ew)
+        parts.append(np.log(p_sd)[..., None])
+        return np.concatenate(parts, -1)
+
+    a0 = atoms(ref.expert_weight, ref.expert_bias, ref.noise_sd)  # (k, c)
+    ab = atoms(bp.expert_weight, bp.expert_bias, bp.noise_sd)  # (B, k, c)
+    coef_se = se[lay.n_gate:lay.n_gate + lay.n_expert].reshape(spec.k, lay.pe)  # (const, x1..xd) per expert
+    sig_se = se[lay.n_gate + lay.n_expert:][:, None]
+    scale = np.concatenate([coef_se, sig_se], -1)
+    scale = scale if np.isfinite(scale).all() else np.ones_like(a0)
+    scale = np.maximum(scale, 1e-8)
+    perms = np.empty((ab.shape[0], spec.k), dtype=int)
+    for b in range(ab.shape[0]):
+        cost = (((ab[b][None, :, :] - a0[:, None, :]) / scale[:, None, :]) ** 2).sum(-1)  # (orig, boot)
+        rows, cols = linear_sum_assignment(cost)
+        perms[b, rows] = cols
+    aligned = bp.permute(perms)
+    return to_numpy(lay.pack(_blocks_from_params(aligned)))
+
+
+def _blocks_from_params(p: Params):
+    from .fit._layout import BlockParams
+
+    return BlockParams.from_params(p.to_torch("cpu", torch.float64))
+
+
+def bootstrap(fit: MLEFit, X, y, B: int = 200, *, kind: str = "parametric", restarts: int = 2, seed=None,
+              **fit_kwargs) -> BootstrapResult:
+    r"""Bootstrap distribution of :math:`\hat\theta` with label alignment (module docstring).
+
+    Parameters
+    ----------
+    fit : MLEFit
+        A fit to one data set (``X`` of shape (n, d)).
+    X, y : the data the fit was computed on.
+    B : int
+        Number of bootstrap replicates (all refitted in one batched call).
+    kind : {"parametric", "nonparametric"}
+    restarts : int
+        Random starts per refit, in addition to the warm start at :math:`\hat\theta`.
+    seed : int or SeedSequence
+        Replicate b draws from ``SeedSequence(seed).spawn(B)[b]``.
+    **fit_kwargs
+        Passed to :func:`moestat.fit_mle` (default: the original fit's method, tol, max_iter, sd_floor).
+
+    Returns
+    -------
+    BootstrapResult
+    """
+    if not isinstance(fit, MLEFit):
+        raise TypeError(f"fit must be an MLEFit, got {type(fit).__name__}.")
+    if not fit.single:
+        raise ValueError("bootstrap needs a fit to a single data set; select one replicate's data and refit.")
+    check_choice("kind", kind, ("parametric", "nonparametric"))
+    B = check_int("B", B, minimum=2)
+    spec = fit.spec
+    Xn, yn, single = _check_data(spec, X, y)
+    if not single or Xn.shape[1] != fit.nobs:
+        raise ValueError(f"X must be the (n, d) data of the fit (n={fit.nobs}), got shape {np.shape(X)}.")
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    draw_seeds, fit_seed = ss.spawn(2)
+    seeds = draw_seeds.spawn(B)
+    if kind == "parametric":
+        Xb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy()
+        yb = _draw(spec, fit.params.batched(), Xn, B, [draw_seeds])[0]
+    else:
+        idx = np.stack([np.random.default_rng(s).integers(0, fit.nobs, fit.nobs) for s in seeds])
+        Xb, yb = Xn[0][idx], yn[0][idx]
+    opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
+            "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"]}
+    opts.update(fit_kwargs)
+    failed_data = np.zeros(B, dtype=bool)
+    if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed
+        for b in range(B):
+            try:
+                _check_data(spec, Xb[b], yb[b])
+            except ValueError:
+                failed_data[b] = True
+        keep = ~failed_data
+        Xb, yb = Xb[keep], yb[keep]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MLEConvergenceWarning)
+        bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed,
+                       feature_names=fit.layout.feature_names, **opts)
+    th = _align(spec, fit, bfit)
+    ok = np.asarray(bfit._converged) & np.isfinite(bfit._loglik) & np.isfinite(th).all(-1)
+    draws = np.full((B, fit.layout.size), np.nan)
+    failed = np.ones(B, dtype=bool)
+    pos = np.flatnonzero(~failed_data)
+    draws[pos[ok]] = th[ok]
+    failed[pos[ok]] = False
+    if failed.any():
+        warnings.warn(f"{int(failed.sum())} of {B} bootstrap refits failed (non-converged, non-finite or degenerate "
+                      "resample); they are excluded from the bootstrap summaries and not redrawn.",
+                      MLEConvergenceWarning, stacklevel=2)
+    config = {"B": B, "restarts": restarts, "seed_entropy": ss.entropy, **opts}
+    return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
+
+
+# ---------------------------------------------------------------------------------------- LRT for k
+@dataclass
+class LRTResult:
+    """Bootstrap likelihood-ratio test of k0 vs k1 experts (arrays over replicates if X was batched)."""
+
+    statistic: np.ndarray | float
+    p_value: np.ndarray | float
+    null_distribution: np.ndarray
+    n_failed: np.ndarray | int
+    k0: int
+    k1: int
+    fit0: MLEFit
+    fit1: MLEFit
+    config: dict = field(default_factory=dict)
+    n_not_converged: np.ndarray | int = 0
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per data set: statistic, p-value, B used, failures, settings."""
+        stat = np.atleast_1d(self.statistic)
+        null = self.null_distribution.reshape(len(stat), -1)
+        frame = pd.DataFrame({"rep": np.arange(len(stat)), "k0": self.k0, "k1": self.k1, "statistic": stat,
+                              "p_value": np.atleast_1d(self.p_value), "B_ok": np.isfinite(null).sum(1),
+                              "n_failed": np.atleast_1d(self.n_failed),
+                              "n_not_converged": np.atleast_1d(self.n_not_converged)})
+        for key, value in self.config.items():
+            if np.isscalar(value) or value is None:
+                frame[key] = value
+        return frame
+
+    def __repr__(self) -> str:
+        return (f"LRTResult(k0={self.k0}, k1={self.k1}, statistic={np.round(self.statistic, 4)}, "
+                f"p_value={np.round(self.p_value, 4)}, n_failed={self.n_failed})")
+
+
+def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, restarts: int, seed,
+              opts: dict) -> tuple[MLEFit, MLEFit]:
+    s0, s1 = seed.spawn(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MLEConvergenceWarning)
+        f0 = fit_mle(spec0, X, y, init=init0, restarts=restarts, seed=s0, **opts)
+        start1 = split_start(spec0, f0.params.batched(), X, spec1.k)
+        f1 = fit_mle(spec1, X, y, init=start1, restarts=restarts, seed=s1, **opts)
+    return f0, f1
+
+
+def test_n_experts(X, y, k0: int, k1: int, B: int = 99, *, gate: str = "softmax", expert: str = "linear",
+                   method: str = "em", restarts: int = 3, seed=None, **fit_kwargs) -> LRTResult:
+    r"""Parametric bootstrap LRT of :math:`H_0: k = k_0` against :math:`k = k_1` (module docstring).
+
+    Parameters
+    ----------
+    X : array (n, d) or (R, n, d); y : array (n,) or (R, n)
+        One data set, or R data sets tested at once (all R x B refits are batched).
+    k0, k1 : int
+        Numbers of experts, ``k0 < k1``.
+    B : int
+        Bootstrap replicates per data set.
+    gate, expert, method, restarts, **fit_kwargs
+        Model and fitting options (:func:`moestat.fit_mle`).  Defaults here are ``tol=1e-6`` and
+        ``max_iter=1000``: the statistic needs the maximised log-likelihoods, not precise parameters, and
+        over-fitted k1 models converge slowly (EM is sublinear at singular points).  Refits with a
+        non-finite statistic are failures (excluded, not redrawn); refits that hit ``max_iter`` are kept
+        and counted in ``n_not_converged``.
+    seed : int or SeedSequence
+
+    Returns
+    -------
+    LRTResult
+        ``statistic`` :math:`2(\hat\ell_{k_1}-\hat\ell_{k_0})`, ``p_value``, the simulated null distribution
+        (R, B) with NaN for failed replicates, and their count.
+    """
+    k0, k1 = check_int("k0", k0), check_int("k1", k1)
+    if k1 <= k0:
+        raise ValueError(f"k1 must exceed k0, got k0={k0}, k1={k1}.")
+    B = check_int("B", B, minimum=2)
+    Xa = np.asarray(X, dtype=float)
+    d = Xa.shape[-1] if Xa.ndim >= 2 else 1
+    spec0 = MoE(gate=gate, expert=expert, k=k0, d=d)
+    spec1 = spec0.with_k(k1)
+    Xn, yn, single = _check_data(spec1, X, y)
+    R, n, _ = Xn.shape
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    s_data, s_draw, s_boot = ss.spawn(3)
+    opts = {"method": method, "tol": 1e-6, "max_iter": 1000, **fit_kwargs}
+    f0, f1 = _fit_pair(spec0, spec1, Xn, yn, init0="random", restarts=restarts, seed=s_data, opts=opts)
+    lr = 2 * (np.asarray(f1._loglik) - np.asarray(f0._loglik))
+    ystar = _draw(spec0, f0.params.batched(), Xn, B, s_draw.spawn(R))  # (R, B, n)
+    Xs = np.repeat(Xn, B, axis=0)
+    ys = ystar.reshape(R * B, n)
+    p0 = f0.params.batched().numpy()
+    init0 = Params(**{name: np.repeat(a, B, axis=0) for name, a in p0.blocks()})
+    g0, g1 = _fit_pair(spec0, spec1, Xs, ys, init0=init0, restarts=restarts, seed=s_boot, opts=opts)
+    lr_star = 2 * (np.asarray(g1._loglik) - np.asarray(g0._loglik))
+    ok = np.isfinite(lr_star)
+    not_conv = (~(np.asarray(g0._converged) & np.asarray(g1._converged))).reshape(R, B).sum(1)
+    null = np.where(ok, lr_star, np.nan).reshape(R, B)
+    n_ok = np.isfinite(null).sum(1)
+    exceed = np.nansum(null >= lr[:, None], axis=1)
+    pval = (1 + exceed) / (n_ok + 1)
+    n_failed = B - n_ok
+    if n_failed.sum():
+        warnings.warn(f"{int(n_failed.sum())} of {R * B} bootstrap refits failed; they are excluded (not redrawn) "
+                      "and the p-value uses the remaining ones.", MLEConvergenceWarning, stacklevel=2)
+
+    def out(a):
+        return a[0].item() if single else a
+
+    config = {"B": B, "gate": gate, "expert": expert, "restarts": restarts, "seed_entropy": ss.entropy, "n": n,
+              **{key: v for key, v in opts.items() if np.isscalar(v)}}
+    return LRTResult(out(lr), out(pval), null[0] if single else null, out(n_failed), k0, k1, f0, f1, config,
+                     out(not_conv))
+
+
+test_n_experts.__test__ = False  # not a pytest test despite its name
+
+
+# ------------------------------------------------------------------------------------------ select k
+@dataclass
+class SelectKResult:
+    """Information criteria over k (see :func:`select_k`)."""
+
+    table: pd.DataFrame
+    best_k: int
+    criterion: str
+    fits: dict
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table
+
+
+def select_k(X, y, ks: Sequence[int] = (1, 2, 3, 4), *, criterion: str = "bic", gate: str = "softmax",
+             expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, **fit_kwargs) -> SelectKResult:
+    r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).
+
+    Returns a :class:`SelectKResult` whose ``table`` has one row per k with loglik, df, AIC, BIC, ICL,
+    convergence, the number of small experts (mean weight < 0.05) and of experts whose sigma sits at the
+    variance floor (a sign of a spurious, degenerate maximiser: raise ``sd_floor``); ``fits`` maps k to its
+    :class:`moestat.MLEFit`.  One data set (X of shape (n, d)).
+    """
+    check_choice("criterion", criterion, ("bic", "icl", "aic"))
+    ks = [check_int("ks", k) for k in ks]
+    if not ks:
+        raise ValueError("ks must list at least one number of experts.")
+    Xa = np.asarray(X, dtype=float)
+    if Xa.ndim != 2:
+        raise ValueError(f"select_k needs X of shape (n, d), got shape {Xa.shape}.")
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    fits, rows = {}, []
+    for k, s in zip(ks, ss.spawn(len(ks)), strict=True):
+        spec = MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1])
+        f = fit_mle(spec, Xa, y, method=method, restarts=restarts, seed=s, **fit_kwargs)
+        fits[k] = f
+        g = f.glance().iloc[0]
+        rows.append({"k": k, "loglik": g["loglik"], "df": g["df"], "aic": g["aic"], "bic": g["bic"],
+                     "icl": g["icl"], "converged": g["converged"], "n_small": g["n_small"],
+                     "n_at_floor": int(np.asarray(f.at_floor).sum())})
+    table = pd.DataFrame(rows)
+    best = int(table.loc[table[criterion].idxmin(), "k"])
+    table["best"] = table["k"] == best
+    table["criterion"], table["gate"], table["expert"], table["method"] = criterion, gate, expert, method
+    return SelectKResult(table, best, criterion, fits)
