@@ -314,15 +314,76 @@ def _duplicates(ctx: MetricContext) -> list[int]:
     return [int(v) for v in ctx.truth_info.get("duplicate", [])][: max(0, ctx.fit_spec.k - ctx.truth_spec.k)]
 
 
-def gate_matched_loss(ctx: MetricContext, n_split: int = 201) -> dict[str, np.ndarray]:
+GBAR_CACHE: dict[tuple, Any] = {}
+r"""Process-wide cache of :func:`moestat.estimate_gbar` results used by the ``loss`` metric, keyed by every
+setting that determines the result (truth, fitted k, duplicated atoms, box, Monte-Carlo size, restarts, seed,
+optimiser budget): a study computes :math:`\bar{\mathcal G}` once per (truth, fit) configuration, not per cell.
+(Each worker process of a process pool keeps its own cache.)"""
+
+
+def _fit_box(ctx: MetricContext) -> Any:
+    """The fit's box constraint from its settings (``fit_lse`` records it as ``block=(low, high);...``)."""
+    box = ctx.fit.settings.get("box")
+    if box is None or (isinstance(box, str) and box.strip().lower() in ("", "none")):
+        return None
+    if isinstance(box, str):
+        return {name.strip(): tuple(float(v) for v in bound.strip(" ()").split(","))
+                for name, bound in (part.split("=", 1) for part in box.split(";") if part.strip())}
+    return box
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def gbar_for(ctx: MetricContext, dup: Sequence[int], *, n_mc: int, restarts: int, max_iter: int,
+             init_scale: float, tol_l2: float, box: Any, device: str) -> tuple[Any, int]:
+    r""":func:`moestat.estimate_gbar` for the cell's truth and fitted k, cached in :data:`GBAR_CACHE`.
+
+    The seed is derived from the study's master seed (``ctx.seed.entropy``) alone, so every cell of a
+    study (every n) scores against the same :math:`\bar{\mathcal G}`.  Returns the result and its seed.
+    """
+    from .metrics import estimate_gbar
+
+    seed = int(np.random.SeedSequence(ctx.seed.entropy, spawn_key=(2,)).generate_state(1)[0])
+    p = ctx.truth.numpy()
+    truth_key = tuple(np.ascontiguousarray(np.asarray(getattr(p, b), dtype=float)).tobytes()
+                      for b in ("gate_bias", "gate_weight", "expert_weight", "expert_bias"))
+    spec = ctx.truth_spec
+    key = (spec.gate, spec.expert, spec.d, spec.k, truth_key, ctx.fit_spec.k, tuple(dup), _hashable(box), n_mc,
+           restarts, max_iter, init_scale, tol_l2, seed)
+    if key not in GBAR_CACHE:
+        extra = ctx.fit_spec.k - spec.k
+        GBAR_CACHE[key] = estimate_gbar(spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
+                                        duplicate=list(dup)[:extra], seed=seed, init_scale=init_scale,
+                                        max_iter=max_iter, tol_l2=tol_l2, box=box, device=device)
+    return GBAR_CACHE[key], seed
+
+
+def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
+                      gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
+                      gbar_box: Any = "fit", gbar_device: str = "cpu") -> dict[str, np.ndarray]:
     r"""The Voronoi loss each theory uses for the fitted gate, in one column ``loss`` (kind in ``loss_kind``).
 
     * softmax fits: the softmax Voronoi loss against :math:`G^*` (``kind="softmax"``; translation removed);
     * sigmoid fits whose duplicated atoms all have zero gate slope (regime 1): :math:`D_1(\hat G, G^*)`;
     * sigmoid fits in regime 2 with linear/relu experts: :math:`\inf_t D_3(\hat G, \bar G_t)` over the exact
       split family :func:`split_family` (``n_split`` values of t in [0, 1]);
-    * sigmoid fits in regime 2 with other experts: NaN (:math:`\bar G` must be estimated; see
-      ``moestat.metrics``), ``loss_kind = "D3 (G-bar unknown)"``.
+    * sigmoid fits in regime 2 with other (non-homogeneous) experts, e.g. gelu:
+      :math:`\inf_{\bar G \in \bar{\mathcal G}} D_3(\hat G, \bar G)` over the near-minimisers of
+      :func:`moestat.estimate_gbar` (nguyen2024 Thm 5; notes §4.4, §8 C2), ``loss_kind = "D3 estimated G-bar"``.
+      :math:`\bar{\mathcal G}` is computed once per (truth, fitted k, duplicated atoms, box, settings) and cached
+      (:data:`GBAR_CACHE`): ``gbar_n_mc`` noise-free Monte-Carlo inputs from :math:`U[-1,1]^d`, ``gbar_restarts``
+      starts duplicating the fit's duplicated atom, L-BFGS for at most ``gbar_max_iter`` iterations inside
+      ``gbar_box`` (``"fit"``: the fit's own box — needed for gelu, whose copies could otherwise escape to
+      infinity, notes §8 C3), on ``gbar_device`` (CPU by default: float64, bit-reproducible).  The starts
+      duplicate only the fit's duplicated atoms, so the infimum is over the near-minimisers of the basin the
+      near-truth LSE starts in.  Its settings, seed and held-out :math:`L^2(\mu)` distance
+      :math:`\min_G \|f_G - f_{G^*}\|` become columns ``gbar_*``.
     """
     from .metrics import voronoi_loss
 
@@ -339,7 +400,18 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201) -> dict[str, np.nd
         gbar = split_family(ctx.truth, dup, np.linspace(0.0, 1.0, n_split))
         value = voronoi_loss(ctx.fit.params, None, kind="D3", gbar=gbar)
         return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D3 split family", dtype=object)}
-    return {"loss": np.full(R, np.nan), "loss_kind": np.full(R, "D3 (G-bar unknown)", dtype=object)}
+    box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
+    res, seed = gbar_for(ctx, dup, n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
+                         init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device)
+    value = voronoi_loss(ctx.fit.params, None, kind="D3", gbar=res.near_minimisers)
+    cols: dict[str, np.ndarray] = {"loss": np.asarray(value, float),
+                                   "loss_kind": np.full(R, "D3 estimated G-bar", dtype=object)}
+    scalars = {"gbar_l2": float(res.l2[0]), "gbar_n_near": int(res.near.sum()), "gbar_n_mc": gbar_n_mc,
+               "gbar_restarts": gbar_restarts, "gbar_max_iter": gbar_max_iter, "gbar_init_scale": gbar_init_scale,
+               "gbar_tol_l2": gbar_tol_l2, "gbar_seed": seed, "gbar_converged": int(res.converged.sum())}
+    for name, v in scalars.items():
+        cols[name] = np.full(R, v)
+    return cols
 
 
 METRICS: dict[str, Callable[..., Any]] = {
