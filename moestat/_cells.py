@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +143,7 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
     preset's default duplicated atoms (``truth.info["duplicate"]``) are used.  The resolved settings
     of the fit (``duplicate``, ``init_scale``, ``max_iter``, tolerances, ...) become columns.
     """
-    from .fit.lse import fit_lse
+    from .fit.lse import ConvergenceWarning, fit_lse
 
     opts = dict(options)
     init = opts.get("init", "near_truth" if truth is not None else "auto")
@@ -156,7 +157,10 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
                 raise ValueError(f"the fit has {extra} more experts than the truth; give options.duplicate, the "
                                  f"{extra} true atoms (0-based) that get an extra fitted copy.")
             opts["duplicate"] = dup[:extra]
-    fit = fit_lse(spec, X, y, seed=seed, device=device, **opts)
+    with warnings.catch_warnings():
+        # convergence is recorded per replicate in the frame (converged, status, n_iter columns)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = fit_lse(spec, X, y, seed=seed, device=device, **opts)
     return estimate_from_fit(fit)
 
 
