@@ -122,6 +122,26 @@ def _rel_decrease_small(f_old: torch.Tensor, f_new: torch.Tensor, tol: float) ->
     return (f_old - f_new) <= tol * scale
 
 
+
+def _finish_stopped(tr, it: int, max_iter: int, gn: torch.Tensor, gtol: float, theta: torch.Tensor,
+                    f: torch.Tensor, n_iter: torch.Tensor, extra: torch.Tensor | None = None
+                    ) -> torch.Tensor | None:
+    """Record the problems that stop at this iteration; return the mask of those that go on.
+
+    Status 1: projected-gradient norm <= ``gtol``; ``extra`` (a status vector, 0 = none) adds
+    optimiser-specific stops; 4: the iteration cap.  Returns None when no problem stopped.
+    """
+    status = torch.zeros(gn.shape[0], dtype=torch.long, device=gn.device)
+    status[gn <= gtol] = 1
+    if extra is not None:
+        status = torch.where(status == 0, extra, status)
+    if it == max_iter:
+        status[status == 0] = 4
+    done = status > 0
+    if not bool(done.any()):
+        return None
+    return tr.finish(done, status, theta, f, gn, n_iter)
+
 def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
           gtol: float = 1e-10, memory: int = 10, max_ls: int = 30, c1: float = 1e-4,
           history: bool = False, progress: bool = False) -> OptimResult:
@@ -142,13 +162,8 @@ def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol:
         gp = problem.projected_gradient(theta, g)
         gn = _gnorm(gp)
         tr.record(it, f, gn)
-        status = torch.zeros(A, dtype=torch.long, device=dev)
-        status[gn <= gtol] = 1
-        if it == max_iter:
-            status[status == 0] = 4
-        done = status > 0
-        if bool(done.any()):
-            keep = tr.finish(done, status, theta, f, gn, n_iter)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter)
+        if keep is not None:
             if not bool(keep.any()):
                 break
             theta, f, g, gp = theta[keep], f[keep], g[keep], gp[keep]
@@ -240,13 +255,8 @@ def adam(problem: LSProblem, theta: torch.Tensor, *, lr: float = 1e-2, max_iter:
         gp = problem.projected_gradient(theta, g)
         gn = _gnorm(gp)
         tr.record(it, f, gn)
-        status = torch.zeros(A, dtype=torch.long, device=theta.device)
-        status[gn <= gtol] = 1
-        if it == max_iter:
-            status[status == 0] = 4
-        done = status > 0
-        if bool(done.any()):
-            keep = tr.finish(done, status, theta, f, gn, n_iter)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter)
+        if keep is not None:
             if not bool(keep.any()):
                 break
             theta, g, m, v, n_iter = theta[keep], g[keep], m[keep], v[keep], n_iter[keep]
@@ -327,14 +337,9 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
         g[:, fidx] = 2.0 * b
         gn = _gnorm(problem.projected_gradient(theta, g))
         tr.record(it, f, gn)
-        status = torch.zeros(A, dtype=torch.long, device=dev)
-        status[gn <= gtol] = 1
-        status[(status == 0) & (lam > 1e16)] = 6
-        if it == max_iter:
-            status[status == 0] = 4
-        done = status > 0
-        if bool(done.any()):
-            keep = tr.finish(done, status, theta, f, gn, n_iter)
+        damping_stop = torch.where(lam > 1e16, 6, 0).to(torch.long)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=damping_stop)
+        if keep is not None:
             if not bool(keep.any()):
                 break
             theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
