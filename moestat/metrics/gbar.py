@@ -16,6 +16,12 @@ For ReLU and linear experts the set is a continuum (notes §8 C2): duplicating a
 expert, :math:`\varphi(t z) + \varphi((1-t)z) = \varphi(z)` for :math:`t \in (0, 1)`, reproduces
 :math:`f_{G^*}` exactly, so the minimum distance is 0 and the near-minimisers spread along the orbit.
 :class:`GBarResult` reports that spread.
+
+For experts with :math:`\varphi(0) = 0` (GELU, tanh, ReLU, linear) a box on the parameters does not
+rule out an extra atom with a zero expert, :math:`a = 0, b = 0`, which also reproduces
+:math:`f_{G^*}` with k atoms whatever its gate.  The set returned is therefore the near-minimisers
+*reachable from starts that duplicate the given true atoms*, not the whole argmin; the misspecified
+limit of nguyen2024 Theorem 5 needs a parameter set that keeps experts away from zero.
 """
 
 from __future__ import annotations
