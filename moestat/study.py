@@ -739,26 +739,24 @@ def _fsync_replace(tmp: str, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+def _write_atomic(path: Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it over ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        frame.to_parquet(tmp, index=False)
+        write(tmp)
         _fsync_replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    _write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def _write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.to_csv(tmp, index=False)
-        _fsync_replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def load_results(path: str | os.PathLike) -> pd.DataFrame:
