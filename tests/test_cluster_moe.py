@@ -235,3 +235,60 @@ def test_setting3_nonlinear_moe_specialises_full_algorithm():
     assert ev["dispatch_entropy"].mean() < 0.15
     lin = fit_cluster_moe(tr, activation="linear", T=4000, test=te, seed=2025, dtype="float32").evaluate(te)
     assert lin["dispatch_entropy"].mean() > ev["dispatch_entropy"].mean() + 0.3  # the linear MoE does not specialise
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Load-balancing loss (Switch Transformer, Fedus et al. 2022 eq. 4; chen2022 Table 9 leaves it unstated)
+
+
+def test_load_balance_loss_closed_form_tiny_case():
+    # n = 2 examples, M = 2 experts, gate logits h = (0, log 3) and (log 3, 0): pi = (1/4, 3/4), (3/4, 1/4).
+    pi = torch.softmax(torch.log(torch.tensor([[[1.0, 3.0], [3.0, 1.0]]], dtype=torch.float64)), dim=-1)
+    # both examples dispatched to expert 0: frac = (1, 0), mean pi_0 = 1/2 -> L = 2 * (1 * 1/2 + 0) = 1
+    one = torch.tensor([1.0], dtype=torch.float64)
+    torch.testing.assert_close(cm.load_balance_loss(torch.tensor([[0, 0]]), pi), one)
+    # example 0 -> expert 1 (gate 3/4), example 1 -> expert 0 (gate 3/4): frac = (1/2, 1/2), pibar = (1/2, 1/2)
+    torch.testing.assert_close(cm.load_balance_loss(torch.tensor([[1, 0]]), pi), one)
+    # a skewed gate: pi = (0.9, 0.1) for both, all dispatched to 0 -> L = 2 * 0.9 = 1.8 (the collapse penalty)
+    skew = torch.tensor([[[0.9, 0.1], [0.9, 0.1]]], dtype=torch.float64)
+    torch.testing.assert_close(cm.load_balance_loss(torch.tensor([[0, 0]]), skew), 1.8 * one)
+
+
+def test_load_balance_router_gradient_closed_form():
+    """Autograd of a * L_bal w.r.t. Theta vs the closed form in the load_balance_loss docstring."""
+    X, y, W, Theta = _rand_state(R=2, n=25, M=5, d=7, J=2, scale=0.3)
+    noise = torch.rand(2, 25, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    Tg = Theta.clone().requires_grad_()
+    a = 0.7
+    with_lb, out = cm.moe_loss(X, y, W, Tg, "cubic", noise, load_balance=a)
+    without, _ = cm.moe_loss(X, y, W, Tg, "cubic", noise)
+    g_bal = torch.autograd.grad((with_lb - without).sum(), Tg)[0]
+    pi, e, s = out["pi"].detach(), out["expert"], X.sum(2)
+    M, n = 5, 25
+    frac = Fnn.one_hot(e, M).double().mean(1)  # (R, M)
+    inner = (pi * frac[:, None, :]).sum(-1, keepdim=True)  # sum_m' frac_m' pi_m'(x_i)
+    ref = a * M / n * torch.einsum("rnm,rnd->rdm", pi * (frac[:, None, :] - inner), s)
+    torch.testing.assert_close(g_bal, ref)
+    # sums to 0 over experts (softmax Jacobian); 1e-13 = float64 rounding of a difference of two gradients
+    torch.testing.assert_close(g_bal.sum(-1), torch.zeros(2, 7, dtype=torch.float64), atol=1e-13, rtol=0)
+
+
+def test_load_balance_acts_only_on_router_and_keeps_lemma_e1():
+    X, y, W, Theta = _rand_state(R=1, n=30, M=4, d=6, J=2)
+    noise = torch.rand(1, 30, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    Wg = W.clone().requires_grad_()
+    g0 = torch.autograd.grad(cm.moe_loss(X, y, Wg, Theta, "cubic", noise)[0].sum(), Wg)[0]
+    g1 = torch.autograd.grad(cm.moe_loss(X, y, Wg, Theta, "cubic", noise, load_balance=2.0)[0].sum(), Wg)[0]
+    torch.testing.assert_close(g0, g1, rtol=0, atol=0)
+    data = ms.simulate_clusters(setting=1, n=60, reps=2, seed=1)
+    fit = fit_cluster_moe(data, T=60, eta=0.01, eta_r=1.0, load_balance=0.5, seed=3, device="cpu")
+    assert fit.Theta.sum(-1).norm() < 1e-12 and fit.config["load_balance"] == 0.5
+    plain = fit_cluster_moe(data, T=60, eta=0.01, eta_r=1.0, seed=3, device="cpu")
+    assert not torch.allclose(plain.Theta, fit.Theta)  # the term does move the router
+
+
+def test_load_shares_and_entropy():
+    counts = np.array([[[5, 0, 0, 5], [5, 0, 0, 5]], [[0, 0, 7, 0], [0, 0, 3, 0]]])  # (R=2, K=2, M=4)
+    np.testing.assert_allclose(cm.load_shares(counts), [[0.5, 0, 0, 0.5], [0, 0, 1, 0]])
+    np.testing.assert_allclose(cm.load_entropy(counts), [np.log(2), 0.0])
+    np.testing.assert_allclose(cm.load_entropy(np.ones((1, 3, 8))), [np.log(8)])

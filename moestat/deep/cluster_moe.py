@@ -184,17 +184,58 @@ def moe_forward(X: torch.Tensor, W: torch.Tensor, Theta: torch.Tensor, activatio
     return {"F": F, "expert": expert, "h": h, "pi": pi, "f": f}
 
 
+def load_balance_loss(expert: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    r"""Switch-Transformer auxiliary loss (Fedus et al. 2022, eq. 4), per replicate, shape (R,).
+
+    .. math:: \mathcal L_{\mathrm{bal}} = M\sum_{m=1}^M \mathrm{frac}_m\,\bar\pi_m,\qquad
+              \mathrm{frac}_m = \frac1n\sum_i 1[m_i = m],\qquad \bar\pi_m = \frac1n\sum_i \pi_m(x_i),
+
+    with ``expert`` (R, n) the dispatch :math:`m_i` (a constant: no gradient flows through it) and ``pi``
+    (R, n, M) the softmax gate values.  chen2022 uses a load-balancing loss in Table 9 and its CIFAR runs
+    (coefficient 1e-3) but never states its formula; this is the standard one it cites.  It equals 1
+    whenever :math:`\pi_m(x_i) = 1/M` for all :math:`i, m` (whatever the dispatch) and ranges in
+    :math:`(0, M)`.  Its router gradient is
+
+    .. math:: \nabla_{\theta_m}\mathcal L_{\mathrm{bal}} = \frac Mn\sum_i \pi_m(x_i)
+              \Bigl(\mathrm{frac}_m - \sum_{m'}\mathrm{frac}_{m'}\pi_{m'}(x_i)\Bigr) s(x_i),
+
+    which sums to 0 over :math:`m`, so Lemma E.1 (:math:`\sum_m\theta_m^{(t)} = 0`) still holds.
+    """
+    M = pi.shape[-1]
+    frac = Fnn.one_hot(expert, M).to(pi.dtype).mean(dim=1)
+    return M * (frac * pi.mean(dim=1)).sum(dim=-1)
+
+
 def moe_loss(X: torch.Tensor, y: torch.Tensor, W: torch.Tensor, Theta: torch.Tensor, activation: str,
              noise: torch.Tensor | None, load_balance: float = 0.0, dense: bool = False,
              s: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Perturbed loss (chen2022 eq. 3.3) plus the optional Switch load-balancing term, per replicate (R,)."""
+    """Perturbed loss (chen2022 eq. 3.3) plus ``load_balance`` x :func:`load_balance_loss`, per replicate (R,).
+
+    The balance term uses the dispatch of this iteration (noisy during training).
+    """
     out = moe_forward(X, W, Theta, activation, noise, dense, s)
     loss = Fnn.softplus(-y * out["F"]).mean(dim=1)
     if load_balance > 0:
-        M = Theta.shape[-1]
-        frac = Fnn.one_hot(out["expert"], M).to(X.dtype).mean(dim=1)
-        loss = loss + load_balance * M * (frac * out["pi"].mean(dim=1)).sum(dim=-1)
+        loss = loss + load_balance * load_balance_loss(out["expert"], out["pi"])
     return loss, out
+
+
+def load_shares(counts: Any) -> np.ndarray:
+    """Share of examples routed to each expert, shape (R, M), from cluster x expert counts (R, K, M)."""
+    loads = np.asarray(counts, dtype=np.float64).sum(axis=-2)
+    return loads / loads.sum(axis=-1, keepdims=True)
+
+
+def load_entropy(counts: Any) -> np.ndarray:
+    r"""Entropy of the expert load distribution in nats, :math:`-\sum_m q_m\log q_m` (:math:`0\log 0 = 0`).
+
+    :math:`q_m` is the share of examples routed to expert :math:`m` (:func:`load_shares`).  It is
+    :math:`\log M` for a perfectly balanced router and 0 when one expert takes everything; unlike the
+    dispatch entropy :math:`H(\text{cluster}\mid\text{expert})` it measures balance, not purity.
+    """
+    q = load_shares(counts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(q > 0, q * np.log(q), 0.0).sum(axis=-1)
 
 
 @dataclass
@@ -263,6 +304,7 @@ class ClusterMoEFit:
             counts = mt.dispatch_counts(data.cluster, pred["expert"], data.config.K, self.W.shape[1])
             frame["dispatch_entropy"] = mt.dispatch_entropy(counts)
             frame = frame.merge(mt.load_summary(counts), on="rep")
+            frame["load_entropy"] = load_entropy(counts)
             frame["router_sum_norm"] = to_numpy(self.Theta.sum(dim=-1).norm(dim=-1))
         else:
             frame["dispatch_entropy"] = np.nan
