@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -34,8 +35,11 @@ def test_vignette_runs_and_resumes(tmp_path, monkeypatch):
     assert {"moe-cubic", "moe-linear", "single-cubic", "single-linear", "oracle-moe"} <= models
     moe = res[res["model"].str.startswith("moe")]
     assert moe["dispatch_entropy"].between(0, 1.4).all() and res["accuracy"].between(0, 1).all()
-    assert len(res.query("model == 'moe-cubic'")) == 2 * 2  # 2 settings x 2 runs
-    for fig in ("accuracy.png", "dispatch_entropy.png", "alignment.png", "dispatch_tables.png"):
+    assert len(res.query("model == 'moe-cubic' and ablation == 'none'")) == 2 * 2  # 2 settings x 2 runs
+    lb = res.query("ablation == 'load-balance'")
+    assert set(lb["model"]) == {"moe-cubic", "moe-linear"} and set(lb["setting"]) == {1} and len(lb) == 2 * 2
+    assert lb["load_entropy"].between(0, np.log(8) + 1e-12).all() and (lb["load_balance"] > 0).all()
+    for fig in ("accuracy.png", "dispatch_entropy.png", "alignment.png", "dispatch_tables.png", "load_balance.png"):
         assert (tmp_path / fig).stat().st_size > 0
     prov = json.loads((tmp_path / "provenance.json").read_text())
     assert prov["config"]["size"] == "quick" and prov["config"]["n_train"] == 120

@@ -12,10 +12,12 @@
 #   linear router with Uniform[0, 1] routing noise) reaches ~100% and routes each cluster to its own
 #   experts (dispatch entropy ~ 0), while a linear MoE does not specialise (entropy ~ log 4).
 #
-# This vignette refits the four models of Table 1 (MoE cubic / linear with M = 8 experts of J = 16
-# filters, single CNNs cubic / linear with 128 filters) over independent replicates of settings 1 and 3,
-# and compares accuracy and dispatch entropy with the paper.  What differs from the paper, and why, is
-# stated in ``SIZES`` below and in the rendered page.
+# This vignette refits the four models of Tables 1 and 3 (MoE cubic / linear with M = 8 experts of
+# J = 16 filters, single CNNs cubic / linear with 128 filters) over independent replicates of the paper's
+# four settings, and compares accuracy and dispatch entropy with the paper.  A load-balancing ablation
+# (Table 9 and the paper's remark that load balancing "is not the key to the success of MoE") refits both
+# MoEs with the Switch auxiliary loss and records accuracy, dispatch entropy and expert load shares.
+# What differs from the paper, and why, is stated in ``SIZES`` below and in the rendered page.
 
 # %%
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 NAME = "cluster-moe"
-TITLE = "chen2022: MoE of CNN experts on clustered patches (Table 1, settings 1 and 3)"
+TITLE = "chen2022: MoE of CNN experts on clustered patches (Tables 1, 3 and 9, settings 1-4)"
 
 #: chen2022 Table 3 (Table 1 = settings 1-2): test accuracy (%) and dispatch entropy, mean and sd over 10
 #: runs for the MoEs; single models are one number each (no sd).
@@ -42,25 +44,39 @@ PAPER = pd.DataFrame([
     (4, "single-linear", 74.63, np.nan, np.nan, np.nan), (4, "single-cubic", 68.60, np.nan, np.nan, np.nan),
     (4, "moe-linear", 93.30, 1.48, 1.160, 0.155), (4, "moe-cubic", 98.92, 1.18, 0.089, 0.120),
 ], columns=["setting", "model", "paper_accuracy", "paper_accuracy_sd", "paper_entropy", "paper_entropy_sd"])
+PAPER["ablation"] = "none"
+#: chen2022 Table 9: linear MoE *with* load balancing (10 runs; the loss and its coefficient are not stated).
+PAPER_LB = pd.DataFrame([(1, 93.81, 1.02), (2, 89.20, 2.20), (3, 95.12, 0.58), (4, 92.50, 1.55)],
+                        columns=["setting", "paper_accuracy", "paper_accuracy_sd"]).assign(
+                            model="moe-linear", ablation="load-balance")
+PAPER_ALL = pd.concat([PAPER, PAPER_LB], ignore_index=True)
 
+#: Coefficient ``a`` of the Switch load-balancing loss in the ablation (chen2022 does not state the one of
+#: Table 9; its CIFAR runs use 1e-3, which changes nothing measurable here — see the rendered page).
+LB_COEF = 0.1
 _COMMON = dict(M=8, J=16, J_single=128, eta=1e-3, eta_r=0.1, sigma0=0.1, router_noise=1.0,
                single_optimizer="adam", single_weight_decay=5e-4, data_seed=20220, model_seed=2022,
-               eval_every=250, models=("moe-cubic", "moe-linear", "single-cubic", "single-linear"))
+               eval_every=250, models=("moe-cubic", "moe-linear", "single-cubic", "single-linear"),
+               ablation_settings=(1, 2, 3, 4), ablation_models=("moe-cubic", "moe-linear"),
+               load_balance=(LB_COEF,))
 #: Sizes.  "paper" is chen2022's (n_train = n_test = 16,000, 10 runs; T is not reported).  "full" is what
 #: the rendered page shows: the largest size that fits the shared 2-core machine (n_train reduced to
-#: 1,000 = 20 d; everything else as in the paper, float32).  "quick" is the CI smoke test.
+#: 1,000 = 20 d; everything else as in the paper, float32).  "quick" is the CI smoke test.  Main cells
+#: and ablation cells of the same (setting, run) share data, initialisation and router-noise seeds, so
+#: the with/without load-balancing comparison is paired.
 SIZES = {
-    "paper": dict(_COMMON, settings=(1, 3), runs=10, n_train=16_000, n_test=16_000, T_moe=4000, T_single=1000,
+    "paper": dict(_COMMON, settings=(1, 2, 3, 4), runs=10, n_train=16_000, n_test=16_000, T_moe=4000, T_single=1000,
                   dtype="float64"),
-    "full": dict(_COMMON, settings=(1, 3), runs=10, n_train=1_000, n_test=16_000, T_moe=4000, T_single=1000,
+    "full": dict(_COMMON, settings=(1, 2, 3, 4), runs=10, n_train=1_000, n_test=16_000, T_moe=4000, T_single=1000,
                  dtype="float32"),
     # supplement: does the setting-1 gap to the paper shrink with more training data?
     "s1-n4000": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000, T_single=1000,
-                     dtype="float32", models=("moe-cubic",)),
+                     dtype="float32", models=("moe-cubic",), ablation_settings=()),
     "s1-n4000-single": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000,
-                            T_single=1000, dtype="float32", models=("single-cubic", "single-linear")),
+                            T_single=1000, dtype="float32", models=("single-cubic", "single-linear"),
+                            ablation_settings=()),
     "quick": dict(_COMMON, settings=(1, 3), runs=2, n_train=400, n_test=2_000, T_moe=300, T_single=150,
-                  J_single=32, eval_every=100, dtype="float32"),
+                  J_single=32, eval_every=100, dtype="float32", ablation_settings=(1,)),
 }
 
 
@@ -79,43 +95,51 @@ def _size(quick: bool) -> tuple[str, dict]:
 # ``resume=True`` skips finished cells.
 
 # %%
-def _fit_cell(setting: int, model: str, cfg: dict, train, test):
+def _fit_cell(setting: int, model: str, cfg: dict, train, test, load_balance: float = 0.0):
     from moestat.deep import fit_cluster_moe, fit_single_cnn
 
     kind, act = model.split("-")
     if kind == "moe":
         return fit_cluster_moe(train, M=cfg["M"], J=cfg["J"], activation=act, T=cfg["T_moe"], eta=cfg["eta"],
                                eta_r=cfg["eta_r"], sigma0=cfg["sigma0"], router_noise=cfg["router_noise"],
-                               test=test, eval_every=cfg["eval_every"], seed=cfg["model_seed"] + setting,
-                               device="cpu", dtype=cfg["dtype"])
+                               load_balance=load_balance, test=test, eval_every=cfg["eval_every"],
+                               seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
     return fit_single_cnn(train, J=cfg["J_single"], activation=act, T=cfg["T_single"],
                           optimizer=cfg["single_optimizer"], weight_decay=cfg["single_weight_decay"],
                           sigma0=cfg["sigma0"], test=test, eval_every=cfg["eval_every"],
                           seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
 
 
-def _run_cell(out: Path, setting: int, model: str, cfg: dict, train, test, resume: bool) -> pd.DataFrame:
+def _stem(setting: int, model: str, load_balance: float = 0.0) -> str:
+    return f"setting{setting}-{model}" + (f"-lb{load_balance:g}" if load_balance > 0 else "")
+
+
+def _run_cell(out: Path, setting: int, model: str, cfg: dict, train, test, resume: bool,
+              load_balance: float = 0.0) -> pd.DataFrame:
     from moestat.deep import metrics as mt
 
-    piece = out / "pieces" / f"setting{setting}-{model}.csv"
+    stem = _stem(setting, model, load_balance)
+    piece = out / "pieces" / f"{stem}.csv"
     if resume and piece.exists():
         return pd.read_csv(piece)
-    fit = _fit_cell(setting, model, cfg, train, test)
+    fit = _fit_cell(setting, model, cfg, train, test, load_balance)
     ev = fit.evaluate(test)
-    res = pd.DataFrame({"setting": setting, "model": model, "run": ev["rep"], "n_train": train.n, "n_test": test.n,
+    res = pd.DataFrame({"setting": setting, "model": model,
+                        "ablation": "load-balance" if load_balance > 0 else "none", "load_balance": load_balance,
+                        "run": ev["rep"], "n_train": train.n, "n_test": test.n,
                         "T": fit.config["T"], "accuracy": ev["accuracy"], "dispatch_entropy": ev["dispatch_entropy"],
                         "train_accuracy": fit.evaluate(train)["accuracy"],
                         "wall_time_s": fit.wall_time_s})
     if fit.kind == "moe":
-        res["n_dead_experts"] = ev["n_dead_experts"].to_numpy()
-        res["max_load_share"] = ev["max_load_share"].to_numpy()
-        res["router_sum_norm"] = ev["router_sum_norm"].to_numpy()
-        tab = mt.dispatch_table(fit.dispatch_counts(test)).assign(setting=setting, model=model)
-        tab.to_csv(out / "pieces" / f"setting{setting}-{model}-dispatch.csv", index=False)
-        fit.alignment.assign(setting=setting, model=model).to_csv(
-            out / "pieces" / f"setting{setting}-{model}-alignment.csv", index=False)
-    fit.history.assign(setting=setting, model=model).to_csv(
-        out / "pieces" / f"setting{setting}-{model}-history.csv", index=False)
+        for col in ("n_dead_experts", "max_load_share", "load_entropy", "router_sum_norm"):
+            res[col] = ev[col].to_numpy()
+        tab = mt.dispatch_table(fit.dispatch_counts(test)).assign(setting=setting, model=model,
+                                                                  load_balance=load_balance)
+        tab.to_csv(out / "pieces" / f"{stem}-dispatch.csv", index=False)
+        fit.alignment.assign(setting=setting, model=model).to_csv(out / "pieces" / f"{stem}-alignment.csv",
+                                                                  index=False)
+    fit.history.assign(setting=setting, model=model, load_balance=load_balance).to_csv(
+        out / "pieces" / f"{stem}-history.csv", index=False)
     res.to_csv(piece, index=False)
     return res
 
@@ -134,7 +158,8 @@ def _oracles(setting: int, test) -> pd.DataFrame:
     rows = []
     for name, score in (("oracle-moe", mt.moe_oracle(test)), ("oracle-patch-additive", mt.patch_additive_oracle(test))):
         acc = mt.accuracy(test.y, score)
-        rows.append(pd.DataFrame({"setting": setting, "model": name, "run": np.arange(len(acc)), "n_train": 0,
+        rows.append(pd.DataFrame({"setting": setting, "model": name, "ablation": "none", "load_balance": 0.0,
+                                  "run": np.arange(len(acc)), "n_train": 0,
                                   "n_test": test.n, "T": 0, "accuracy": acc, "dispatch_entropy": np.nan}))
     return pd.concat(rows, ignore_index=True)
 
@@ -174,11 +199,16 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
     pieces = out / "pieces"
     models = list(cfg["models"])
     settings = list(cfg["settings"])
+    ncol = min(2, len(settings))
+    nrow = -(-len(settings) // ncol)
+    main = results[results["ablation"] == "none"]
     # 1. accuracy per run, paper means marked
-    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4), sharey=True)
-    for ax, s in zip(np.atleast_1d(axes), settings, strict=True):
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 4 * nrow), sharey=True, squeeze=False)
+    for ax in axes.flat[len(settings):]:
+        ax.set_visible(False)
+    for ax, s in zip(axes.flat, settings, strict=False):
         for i, m in enumerate(models):
-            acc = results.loc[(results["setting"] == s) & (results["model"] == m), "accuracy"] * 100
+            acc = main.loc[(main["setting"] == s) & (main["model"] == m), "accuracy"] * 100
             ax.scatter(np.full(len(acc), i) + np.linspace(-0.15, 0.15, len(acc)), acc, s=14, label=None)
             p = PAPER.loc[(PAPER["setting"] == s) & (PAPER["model"] == m), "paper_accuracy"]
             if len(p):
@@ -186,13 +216,16 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
         ax.axhline(87.5, color="tab:red", lw=1)
         ax.set_xticks(range(len(models)), models, rotation=20)
         ax.set_title(f"setting {s} (dashed: paper; red: 87.5% ceiling)")
-    np.atleast_1d(axes)[0].set_ylabel("test accuracy (%)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)")
     fig.tight_layout()
     fig.savefig(out / "accuracy.png", dpi=110)
     plt.close(fig)
     # 2. dispatch entropy over training (chen2022 Fig. 3)
-    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 3.6), sharey=True)
-    for ax, s in zip(np.atleast_1d(axes), settings, strict=True):
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 3.6 * nrow), sharey=True, squeeze=False)
+    for ax in axes.flat[len(settings):]:
+        ax.set_visible(False)
+    for ax, s in zip(axes.flat, settings, strict=False):
         for m, col in (("moe-cubic", "tab:blue"), ("moe-linear", "tab:orange")):
             f = pieces / f"setting{s}-{m}-history.csv"
             if not f.exists():
@@ -206,7 +239,8 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
         ax.set_xlabel("iteration")
         ax.set_title(f"setting {s}")
         ax.legend()
-    np.atleast_1d(axes)[0].set_ylabel("dispatch entropy (nats, test)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("dispatch entropy (nats, test)")
     fig.tight_layout()
     fig.savefig(out / "dispatch_entropy.png", dpi=110)
     plt.close(fig)
@@ -249,19 +283,70 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
     fig.tight_layout()
     fig.savefig(out / "dispatch_tables.png", dpi=110)
     plt.close(fig)
+    _load_balance_figure(out, results, cfg, plt)
+
+
+def _load_balance_figure(out: Path, results: pd.DataFrame, cfg: dict, plt) -> None:
+    """Accuracy, dispatch entropy and load entropy with and without load balancing, and the sorted
+    expert load shares (test split, noiseless routing) of the first ablation setting."""
+    abl = [s for s in cfg["ablation_settings"] if s in cfg["settings"]]
+    if not abl:
+        return
+    moe = results[results["model"].isin(cfg["ablation_models"]) & results["setting"].isin(abl)]
+    series = [(m, a) for m in cfg["ablation_models"] for a in (0.0, *cfg["load_balance"])]
+    fig, axes = plt.subplots(1, 4, figsize=(19, 3.8))
+    width = 0.8 / len(series)
+    for i, (m, a) in enumerate(series):
+        g = moe[(moe["model"] == m) & np.isclose(moe["load_balance"], a)]
+        label = f"{m}, " + ("no balancing" if a == 0 else f"balancing a={a:g}")
+        marker = "o" if a == 0 else "s"
+        for ax, col, scale in zip(axes[:3], ("accuracy", "dispatch_entropy", "load_entropy"), (100, 1, 1),
+                                  strict=True):
+            stat = g.groupby("setting")[col].agg(["mean", "std"]).reindex(abl)
+            x = np.arange(len(abl)) + (i - (len(series) - 1) / 2) * width
+            ax.errorbar(x, stat["mean"] * scale, yerr=stat["std"] * scale, fmt=marker, capsize=3, label=label,
+                        color=f"C{cfg['ablation_models'].index(m)}", mfc="white" if a else None)
+        s0 = abl[0]
+        f = out / "pieces" / f"{_stem(s0, m, a)}-dispatch.csv"
+        if f.exists():
+            tab = pd.read_csv(f).groupby(["rep", "expert"])["count"].sum().unstack()
+            shares = np.sort((tab.T / tab.sum(axis=1)).T.to_numpy(), axis=1)[:, ::-1]
+            axes[3].plot(np.arange(1, shares.shape[1] + 1), shares.mean(axis=0), marker=marker, label=label,
+                         color=f"C{cfg['ablation_models'].index(m)}", mfc="white" if a else None)
+    for ax, ylab in zip(axes[:3], ("test accuracy (%)", "dispatch entropy H(cluster|expert)",
+                                   "load entropy (nats; log 8 = 2.08)"), strict=True):
+        ax.set_xticks(range(len(abl)), [f"setting {s}" for s in abl])
+        ax.set_ylabel(ylab)
+    axes[2].axhline(np.log(cfg["M"]), color="grey", ls=":", lw=1)
+    axes[3].axhline(1 / cfg["M"], color="grey", ls=":", lw=1)
+    axes[3].set_xlabel("expert, sorted by load")
+    axes[3].set_ylabel(f"mean load share, setting {abl[0]}")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "load_balance.png", dpi=110)
+    plt.close(fig)
 
 
 # %% [markdown]
 # ## Run
 
 # %%
-def summarize(results: pd.DataFrame, by: tuple[str, ...] = ("setting", "model")) -> pd.DataFrame:
-    """Mean and sd per (setting, model) next to the paper's values."""
-    g = results.groupby(list(by))
+def summarize(results: pd.DataFrame, by: tuple[str, ...] = ("setting", "model", "ablation")) -> pd.DataFrame:
+    """Mean and sd per (setting, model, ablation) next to the paper's values (Table 3, and Table 9 for the
+    linear MoE with load balancing); MoE rows also get the mean load statistics."""
+    results = results.assign(ablation=results["ablation"].fillna("none")) if "ablation" in results else \
+        results.assign(ablation="none")
+    g = results.groupby(list(by), dropna=False)
     summ = pd.DataFrame({"runs": g.size(), "accuracy": g["accuracy"].mean() * 100,
                          "accuracy_sd": g["accuracy"].std() * 100, "dispatch_entropy": g["dispatch_entropy"].mean(),
-                         "dispatch_entropy_sd": g["dispatch_entropy"].std()}).reset_index()
-    return summ.merge(PAPER, on=["setting", "model"], how="left")
+                         "dispatch_entropy_sd": g["dispatch_entropy"].std()})
+    for col in ("load_entropy", "max_load_share", "n_dead_experts"):
+        if col in results:
+            summ[col] = g[col].mean()
+    summ = summ.reset_index()
+    keys = [k for k in ("setting", "model", "ablation") if k in by]
+    return summ.merge(PAPER_ALL[keys + [c for c in PAPER_ALL if c.startswith("paper")]].drop_duplicates(keys),
+                      on=keys, how="left")
 
 
 def run(out, quick: bool = False, resume: bool = True) -> None:
@@ -288,15 +373,24 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
             for s in cfg["settings"]:
                 frames.append(_run_cell(out, s, m, cfg, *splits[s], resume))
                 print(f"{NAME}: setting {s} {m} done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        for s in (s for s in cfg["ablation_settings"] if s in splits):  # load-balancing ablation (Table 9)
+            for a in cfg["load_balance"]:
+                for m in cfg["ablation_models"]:
+                    frames.append(_run_cell(out, s, m, cfg, *splits[s], resume, load_balance=a))
+                    print(f"{NAME}: setting {s} {m} load_balance={a:g} done ({time.perf_counter() - t0:.0f} s)",
+                          flush=True)
     finally:
         torch.set_num_threads(threads)
     results = pd.concat(frames, ignore_index=True)
     results["init_all_groups_nonempty"] = _init_groups(results, cfg, splits)
     results.to_csv(out / "results.csv", index=False)
     summ = summarize(results)
-    summ.to_csv(out / "summary.csv", index=False)
+    summ[summ["ablation"] == "none"].to_csv(out / "summary.csv", index=False)
     moe = results[results["model"].str.startswith("moe")]
-    summarize(moe, ("setting", "model", "init_all_groups_nonempty")).to_csv(out / "summary_by_init.csv", index=False)
+    summarize(moe[moe["ablation"] == "none"], ("setting", "model", "init_all_groups_nonempty")).to_csv(
+        out / "summary_by_init.csv", index=False)
+    lb = summarize(moe, ("setting", "model", "ablation", "load_balance"))
+    lb[lb["setting"].isin(cfg["ablation_settings"])].to_csv(out / "summary_load_balance.csv", index=False)
     single = results[results["model"].str.startswith("single") & results["setting"].isin([3, 4])]
     if len(single):
         chk = mt.ceiling_check(single["accuracy"].to_numpy(), cfg["n_test"])
