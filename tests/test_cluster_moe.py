@@ -292,3 +292,16 @@ def test_load_shares_and_entropy():
     np.testing.assert_allclose(cm.load_shares(counts), [[0.5, 0, 0, 0.5], [0, 0, 1, 0]])
     np.testing.assert_allclose(cm.load_entropy(counts), [np.log(2), 0.0])
     np.testing.assert_allclose(cm.load_entropy(np.ones((1, 3, 8))), [np.log(8)])
+
+
+def test_single_cnn_minibatch(small):
+    tr, te = small
+    kw = dict(J=8, activation="cubic", T=30, batch_size=32, device="cpu")
+    batched = fit_single_cnn(tr, seed=6, **kw)
+    for r in range(tr.n_reps):  # each replicate draws its batches from its own generator
+        alone = fit_single_cnn(tr.select(r), seed=[batched.seeds[r]], **kw)
+        torch.testing.assert_close(alone.W[0], batched.W[r], rtol=1e-9, atol=1e-11)
+    full = fit_single_cnn(tr, seed=6, **dict(kw, batch_size=None))
+    assert not torch.allclose(full.W, batched.W) and batched.config["batch_size"] == 32
+    with pytest.raises(ValueError, match="batch_size"):
+        fit_single_cnn(tr, batch_size=0)

@@ -442,9 +442,9 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
 
 def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic", T: int = 2000,
                    optimizer: str = "adam", lr: float | None = None, weight_decay: float = 5e-4,
-                   sigma0: float = 0.1, train_second_layer: bool | None = None, test: ClusterData | None = None,
-                   eval_every: int | None = None, seed: SeedLike = 0, device: str | torch.device = "auto",
-                   dtype: torch.dtype | str | None = None) -> ClusterMoEFit:
+                   sigma0: float = 0.1, train_second_layer: bool | None = None, batch_size: int | None = None,
+                   test: ClusterData | None = None, eval_every: int | None = None, seed: SeedLike = 0,
+                   device: str | torch.device = "auto", dtype: torch.dtype | str | None = None) -> ClusterMoEFit:
     """Fit ``R`` single two-layer CNNs (the patch-additive baselines of chen2022 Tables 1, 3, 7, 8).
 
     Parameters
@@ -459,6 +459,10 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         Step size; default 0.01, or 0.003 for the linear activation (App. A.2).
     train_second_layer : bool, optional
         Train the output weights :math:`a_j` (initialised at 1); default: fixed for odd activations.
+    batch_size : int, optional
+        ``None`` (default): full-batch steps.  Otherwise each of the ``T`` steps uses ``batch_size``
+        examples drawn uniformly with replacement, independently per replicate (from the replicate's own
+        generator, after its initialisation draw); the loss is the mean over the batch.
     weight_decay, sigma0, test, eval_every, seed, device, dtype
         As in :func:`fit_cluster_moe` (``weight_decay`` is the L2 penalty of the optimizer).
 
@@ -474,6 +478,8 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     lr = _check_positive("lr", (0.003 if activation == "linear" else 0.01) if lr is None else lr)
     weight_decay, sigma0 = _check_nonneg("weight_decay", weight_decay), _check_positive("sigma0", sigma0)
     train_a = activation not in _ODD if train_second_layer is None else bool(train_second_layer)
+    if batch_size is not None:
+        batch_size = check_int("batch_size", batch_size)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     R, n, _, d = train.X.shape
@@ -500,16 +506,23 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
 
     t0 = time.perf_counter()
     evaluate(0, None)
+    rows_r = torch.arange(R, device=dev)[:, None]
     for t in range(T):
         opt.zero_grad(set_to_none=True)
-        loss = Fnn.softplus(-y * single_forward(X, W, a, activation)).mean(dim=1)
+        if batch_size is None:
+            Xb, yb = X, y
+        else:
+            idx = torch.stack([torch.randint(n, (batch_size,), generator=g, device=dev) for g in gens])
+            Xb, yb = X[rows_r, idx], y[rows_r, idx]
+        loss = Fnn.softplus(-yb * single_forward(Xb, W, a, activation)).mean(dim=1)
         loss.sum().backward()
         opt.step()
         if (t + 1) % eval_every == 0 or t + 1 == T:
             evaluate(t + 1, loss.detach())
     wall = time.perf_counter() - t0
     config = dict(model=f"single-{activation}", M=1, J=J, activation=activation, T=T, optimizer=optimizer, lr=lr,
-                  weight_decay=weight_decay, sigma0=sigma0, train_second_layer=train_a, n_train=n,
+                  weight_decay=weight_decay, sigma0=sigma0, train_second_layer=train_a, batch_size=batch_size,
+                  n_train=n,
                   device=str(dev), dtype=str(dt).replace("torch.", ""))
     return ClusterMoEFit("single", activation, W.detach()[:, None], None, a.detach(), config, pd.DataFrame(rows),
                          pd.concat(align, ignore_index=True), seeds, wall)
