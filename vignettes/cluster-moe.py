@@ -78,7 +78,8 @@ SIZES = {
                             T_single=1000, dtype="float32", models=("single-cubic", "single-linear"),
                             ablation_settings=()),
     "quick": dict(_COMMON, settings=(1, 3), runs=2, n_train=400, n_test=2_000, T_moe=300, T_single=150,
-                  J_single=32, eval_every=100, dtype="float32", ablation_settings=(1,), load_balance=(0.1,)),
+                  J_single=32, eval_every=100, dtype="float32", ablation_settings=(1,), load_balance=(0.1,),
+                  load_balance_extra={}),
 }
 
 
