@@ -295,7 +295,7 @@ def test_load_shares_and_entropy():
 
 
 def test_single_cnn_minibatch(small):
-    tr, te = small
+    tr, _ = small
     kw = dict(J=8, activation="cubic", T=30, batch_size=32, device="cpu")
     batched = fit_single_cnn(tr, seed=6, **kw)
     for r in range(tr.n_reps):  # each replicate draws its batches from its own generator
@@ -305,3 +305,19 @@ def test_single_cnn_minibatch(small):
     assert not torch.allclose(full.W, batched.W) and batched.config["batch_size"] == 32
     with pytest.raises(ValueError, match="batch_size"):
         fit_single_cnn(tr, batch_size=0)
+
+
+def test_single_cnn_bias_definition_and_fit(small):
+    X, _, W, _ = _rand_state(R=1, n=3, M=1, d=5, J=4)
+    a = torch.tensor([[1.0, -2.0, 0.5, 1.0]], dtype=torch.float64)
+    b = torch.tensor([[0.3, -0.1, 0.0, 2.0]], dtype=torch.float64)
+    for act in ("cubic", "linear", "relu"):
+        ref = torch.tensor([[sum(float(a[0, j]) * cm.ACTIVATIONS[act](X[0, i, p] @ W[0, 0, :, j] + b[0, j])
+                                 for j in range(4) for p in range(4)) for i in range(3)]], dtype=torch.float64)
+        torch.testing.assert_close(cm.single_forward(X, W[:, 0], a, act, b), ref)
+    tr, te = small
+    fit = fit_single_cnn(tr, J=8, activation="cubic", T=20, bias=True, seed=0, device="cpu")
+    assert fit.b.shape == (3, 8) and fit.b.abs().sum() > 0 and fit.config["bias"] is True
+    # a patch-additive predictor with biases still obeys the Thm 4.1 orbit identity
+    orbit = mt.thm41_orbit_margins(lambda X: fit.predict(_with_X(te, X))["F"], te)
+    np.testing.assert_allclose(orbit.sum(-1), 0.0, atol=1e-7)

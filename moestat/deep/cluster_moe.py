@@ -252,6 +252,8 @@ class ClusterMoEFit:
         Router, shape (R, d, M) (None for a single CNN).
     a : torch.Tensor or None
         Second-layer weights of a single CNN, shape (R, J).
+    b : torch.Tensor or None
+        Filter biases of a single CNN fitted with ``bias=True``, shape (R, J).
     config : dict
         Every knob of the fit.
     history : DataFrame
@@ -272,6 +274,7 @@ class ClusterMoEFit:
     alignment: pd.DataFrame
     seeds: list[np.random.SeedSequence] = field(repr=False)
     wall_time_s: float = 0.0
+    b: torch.Tensor | None = None
 
     @property
     def n_reps(self) -> int:
@@ -282,7 +285,7 @@ class ClusterMoEFit:
         with torch.no_grad():
             X, _ = _tensors(data, self.W.device, self.W.dtype)
             if self.kind == "single":
-                return {"F": to_numpy(single_forward(X, self.W[:, 0], self.a, self.activation))}
+                return {"F": to_numpy(single_forward(X, self.W[:, 0], self.a, self.activation, self.b))}
             nz = None
             if noise > 0:
                 gens = _generators(replicate_seeds(seed, self.n_reps), X.device)
@@ -318,12 +321,22 @@ class ClusterMoEFit:
         return long
 
 
-def single_forward(X: torch.Tensor, W: torch.Tensor, a: torch.Tensor, activation: str) -> torch.Tensor:
-    """Single CNN :math:`F(x) = \\sum_j a_j\\sum_p\\sigma(\\langle w_j, x^{(p)}\\rangle)`; W (R, d, J), a (R, J)."""
+def single_forward(X: torch.Tensor, W: torch.Tensor, a: torch.Tensor, activation: str,
+                   b: torch.Tensor | None = None) -> torch.Tensor:
+    """Single CNN :math:`F(x) = \\sum_j a_j\\sum_p\\sigma(\\langle w_j, x^{(p)}\\rangle + b_j)`.
+
+    Shapes: ``X`` (R, n, P, d), ``W`` (R, d, J), ``a`` and ``b`` (R, J).
+
+    ``b = None`` is the bias-free CNN of chen2022 eq. 3.1; with biases it is the family of Thm 4.1.
+    """
     R, n, P, d = X.shape
-    if activation == "linear":  # sum_j a_j <w_j, s(x)>
-        return torch.bmm(X.sum(dim=2), (W * a[:, None, :]).sum(dim=-1, keepdim=True)).squeeze(-1)
-    Z = ACTIVATIONS[activation](torch.bmm(X.reshape(R, n * P, d), W)).reshape(R, n, P, -1).sum(dim=2)
+    if activation == "linear":  # sum_j a_j (<w_j, s(x)> + P b_j)
+        out = torch.bmm(X.sum(dim=2), (W * a[:, None, :]).sum(dim=-1, keepdim=True)).squeeze(-1)
+        return out if b is None else out + P * (a * b).sum(dim=-1, keepdim=True)
+    Z = torch.bmm(X.reshape(R, n * P, d), W)
+    if b is not None:
+        Z = Z + b[:, None, :]
+    Z = ACTIVATIONS[activation](Z).reshape(R, n, P, -1).sum(dim=2)
     return (Z * a[:, None, :]).sum(dim=-1)
 
 
@@ -442,7 +455,8 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
 
 def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic", T: int = 2000,
                    optimizer: str = "adam", lr: float | None = None, weight_decay: float = 5e-4,
-                   sigma0: float = 0.1, train_second_layer: bool | None = None, batch_size: int | None = None,
+                   sigma0: float = 0.1, train_second_layer: bool | None = None, bias: bool = False,
+                   batch_size: int | None = None,
                    test: ClusterData | None = None, eval_every: int | None = None, seed: SeedLike = 0,
                    device: str | torch.device = "auto", dtype: torch.dtype | str | None = None) -> ClusterMoEFit:
     """Fit ``R`` single two-layer CNNs (the patch-additive baselines of chen2022 Tables 1, 3, 7, 8).
@@ -459,6 +473,9 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         Step size; default 0.01, or 0.003 for the linear activation (App. A.2).
     train_second_layer : bool, optional
         Train the output weights :math:`a_j` (initialised at 1); default: fixed for odd activations.
+    bias : bool
+        Give every filter a trained bias :math:`b_j` (initialised at 0): :math:`\\sigma(\\langle w_j,
+        x^{(p)}\\rangle + b_j)`, the family of Thm 4.1.  Default False, the bias-free CNN of eq. 3.1.
     batch_size : int, optional
         ``None`` (default): full-batch steps.  Otherwise each of the ``T`` steps uses ``batch_size``
         examples drawn uniformly with replacement, independently per replicate (from the replicate's own
@@ -489,7 +506,8 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     Xt, _ = _tensors(test, dev, dt) if test is not None else (None, None)
     W = (sigma0 * _randn(gens, (d, J), device=dev, dtype=dt)).requires_grad_(True)
     a = torch.ones((R, J), device=dev, dtype=dt, requires_grad=train_a)
-    params = [W, a] if train_a else [W]
+    b = torch.zeros((R, J), device=dev, dtype=dt, requires_grad=True) if bias else None
+    params = [W] + ([a] if train_a else []) + ([b] if bias else [])
     opt = (torch.optim.Adam(params, lr=lr, weight_decay=weight_decay) if optimizer == "adam"
            else torch.optim.SGD(params, lr=lr, weight_decay=weight_decay))
     rows: list[dict[str, Any]] = []
@@ -501,7 +519,7 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         align.append(mt.alignment_frame(to_numpy(W)[:, None], None, train.V, train.C, it))
         if Xt is not None:
             with torch.no_grad():
-                score = to_numpy(single_forward(Xt, W, a, activation))
+                score = to_numpy(single_forward(Xt, W, a, activation, b))
             _record(rows, it, "test", "accuracy", mt.accuracy(test.y, score))
 
     t0 = time.perf_counter()
@@ -514,15 +532,16 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         else:
             idx = torch.stack([torch.randint(n, (batch_size,), generator=g, device=dev) for g in gens])
             Xb, yb = X[rows_r, idx], y[rows_r, idx]
-        loss = Fnn.softplus(-yb * single_forward(Xb, W, a, activation)).mean(dim=1)
+        loss = Fnn.softplus(-yb * single_forward(Xb, W, a, activation, b)).mean(dim=1)
         loss.sum().backward()
         opt.step()
         if (t + 1) % eval_every == 0 or t + 1 == T:
             evaluate(t + 1, loss.detach())
     wall = time.perf_counter() - t0
     config = dict(model=f"single-{activation}", M=1, J=J, activation=activation, T=T, optimizer=optimizer, lr=lr,
-                  weight_decay=weight_decay, sigma0=sigma0, train_second_layer=train_a, batch_size=batch_size,
+                  weight_decay=weight_decay, sigma0=sigma0, train_second_layer=train_a, bias=bool(bias),
+                  batch_size=batch_size,
                   n_train=n,
                   device=str(dev), dtype=str(dt).replace("torch.", ""))
     return ClusterMoEFit("single", activation, W.detach()[:, None], None, a.detach(), config, pd.DataFrame(rows),
-                         pd.concat(align, ignore_index=True), seeds, wall)
+                         pd.concat(align, ignore_index=True), seeds, wall, None if b is None else b.detach())
