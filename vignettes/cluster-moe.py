@@ -77,6 +77,13 @@ SIZES = {
     "s1-n4000-single": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000,
                             T_single=1000, dtype="float32", models=("single-cubic", "single-linear"),
                             ablation_settings=()),
+    # supplement: is the setting-1 single cubic CNN gap a model-class gap?  chen2022 eq. 3.1 experts have no
+    # bias; the Thm 4.1 family does.  Same data and seeds as runs 0-2 of "full" (and n_train = 16,000).
+    "s1-single-bias": dict(_COMMON, settings=(1,), runs=3, n_train=1_000, n_test=16_000, T_moe=4000, T_single=1000,
+                           dtype="float32", models=("single-cubic", "single-cubic-bias"), ablation_settings=()),
+    "s1-n16000-single-bias": dict(_COMMON, settings=(1,), runs=2, n_train=16_000, n_test=16_000, T_moe=4000,
+                                  T_single=1000, dtype="float32", models=("single-cubic", "single-cubic-bias"),
+                                  ablation_settings=()),
     "quick": dict(_COMMON, settings=(1, 3), runs=2, n_train=400, n_test=2_000, T_moe=300, T_single=150,
                   J_single=32, eval_every=100, dtype="float32", ablation_settings=(1,), load_balance=(0.1,),
                   load_balance_extra={}),
@@ -101,7 +108,7 @@ def _size(quick: bool) -> tuple[str, dict]:
 def _fit_cell(setting: int, model: str, cfg: dict, train, test, load_balance: float = 0.0):
     from moestat.deep import fit_cluster_moe, fit_single_cnn
 
-    kind, act = model.split("-")
+    kind, act, *variant = model.split("-")  # "single-cubic-bias": a single CNN with filter biases
     if kind == "moe":
         return fit_cluster_moe(train, M=cfg["M"], J=cfg["J"], activation=act, T=cfg["T_moe"], eta=cfg["eta"],
                                eta_r=cfg["eta_r"], sigma0=cfg["sigma0"], router_noise=cfg["router_noise"],
@@ -109,7 +116,7 @@ def _fit_cell(setting: int, model: str, cfg: dict, train, test, load_balance: fl
                                seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
     return fit_single_cnn(train, J=cfg["J_single"], activation=act, T=cfg["T_single"],
                           optimizer=cfg["single_optimizer"], weight_decay=cfg["single_weight_decay"],
-                          sigma0=cfg["sigma0"], test=test, eval_every=cfg["eval_every"],
+                          sigma0=cfg["sigma0"], bias=variant == ["bias"], test=test, eval_every=cfg["eval_every"],
                           seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
 
 
