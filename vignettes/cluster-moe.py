@@ -285,6 +285,8 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
     fig.tight_layout()
     fig.savefig(out / "accuracy.png", dpi=110)
     plt.close(fig)
+    if not any(m.startswith("moe") for m in models):  # single-CNN supplements: no routing figures
+        return
     # 2. dispatch entropy over training (chen2022 Fig. 3)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 3.6 * nrow), sharey=True, squeeze=False)
     for ax in axes.flat[len(settings):]:
