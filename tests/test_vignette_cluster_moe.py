@@ -39,6 +39,14 @@ def test_vignette_runs_and_resumes(tmp_path, monkeypatch):
     lb = res.query("ablation == 'load-balance'")
     assert set(lb["model"]) == {"moe-cubic", "moe-linear"} and set(lb["setting"]) == {1} and len(lb) == 2 * 2
     assert lb["load_entropy"].between(0, np.log(8) + 1e-12).all() and (lb["load_balance"] > 0).all()
+    eff = pd.read_csv(tmp_path / "ablation_effects.csv")
+    assert set(eff["metric"]) >= {"accuracy", "dispatch_entropy", "load_entropy"} and (eff["runs"] == 2).all()
+    assert (eff["ci_low"] <= eff["mean_difference"]).all() and (eff["mean_difference"] <= eff["ci_high"]).all()
+    cub = res.query("setting == 1 and model == 'moe-cubic'")
+    acc = cub.groupby("ablation")["accuracy"].mean()
+    direct = acc["load-balance"] - acc["none"]
+    got = eff.query("model == 'moe-cubic' and metric == 'accuracy'")["mean_difference"].item()
+    assert np.isclose(got, direct)
     for fig in ("accuracy.png", "dispatch_entropy.png", "alignment.png", "dispatch_tables.png", "load_balance.png"):
         assert (tmp_path / fig).stat().st_size > 0
     prov = json.loads((tmp_path / "provenance.json").read_text())

@@ -416,6 +416,25 @@ def summarize(results: pd.DataFrame, by: tuple[str, ...] = ("setting", "model", 
                       on=keys, how="left")
 
 
+def ablation_effects(results: pd.DataFrame) -> pd.DataFrame:
+    """Paired effect of load balancing: per (setting, model, coefficient) and metric, the mean over runs of
+    (with - without) on the same data, initialisation and router noise, with a 95% t interval."""
+    from scipy import stats
+
+    metrics = ["accuracy", "dispatch_entropy", "load_entropy", "max_load_share", "n_dead_experts"]
+    keys = ["setting", "model", "run"]
+    base = results[results["ablation"] == "none"].set_index(keys)[metrics]
+    rows = []
+    for (s, m, a), g in results[results["ablation"] == "load-balance"].groupby(["setting", "model", "load_balance"]):
+        diff = g.set_index(keys)[metrics] - base.reindex(g.set_index(keys).index)
+        for col in metrics:
+            d = diff[col].dropna()
+            half = stats.t.ppf(0.975, len(d) - 1) * d.std() / np.sqrt(len(d)) if len(d) > 1 else np.nan
+            rows.append(dict(setting=s, model=m, load_balance=a, metric=col, runs=len(d), mean_difference=d.mean(),
+                             ci_low=d.mean() - half, ci_high=d.mean() + half))
+    return pd.DataFrame(rows)
+
+
 def run(out, quick: bool = False, resume: bool = True) -> None:
     import torch
 
@@ -458,6 +477,8 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
         out / "summary_by_init.csv", index=False)
     lb = summarize(moe, ("setting", "model", "ablation", "load_balance"))
     lb[lb["setting"].isin(cfg["ablation_settings"])].to_csv(out / "summary_load_balance.csv", index=False)
+    if (results["ablation"] == "load-balance").any():
+        ablation_effects(results).to_csv(out / "ablation_effects.csv", index=False)
     single = results[results["model"].str.startswith("single") & results["setting"].isin([3, 4])]
     if len(single):
         chk = mt.ceiling_check(single["accuracy"].to_numpy(), cfg["n_test"])
