@@ -321,3 +321,18 @@ def test_single_cnn_bias_definition_and_fit(small):
     # a patch-additive predictor with biases still obeys the Thm 4.1 orbit identity
     orbit = mt.thm41_orbit_margins(lambda X: fit.predict(_with_X(te, X))["F"], te)
     np.testing.assert_allclose(orbit.sum(-1), 0.0, atol=1e-7)
+
+
+def test_presets_match_paper():
+    """chen2022 App. A.2 / Table 3, copied literally: alpha, beta, gamma ranges and sigma_p of settings 1-4."""
+    paper = {1: ((0.5, 2.0), (1.0, 2.0), (0.5, 3.0), 1.0), 2: ((0.5, 2.0), (1.0, 2.0), (0.5, 3.0), 2.0),
+             3: ((0.5, 2.0), (1.0, 2.0), (0.5, 2.0), 1.0), 4: ((0.5, 2.0), (1.0, 2.0), (0.5, 2.0), 2.0)}
+    for s, (alpha, beta, gamma, sigma_p) in paper.items():
+        c = ms.simulate_clusters(setting=s, n=4, seed=0).config
+        assert (c.K, c.P, c.d, c.alpha, c.beta, c.gamma, c.sigma_p) == (4, 4, 50, alpha, beta, gamma, sigma_p)
+        assert c.alpha_gamma_equal == (s in (3, 4))  # Thm 4.1 applies to settings 3 and 4 only
+    # setting 2: the Gaussian patch has E||xi||^2 = sigma_p^2 = 4 (N(0, sigma_p^2/d I)); 3 se of the mean
+    # of 5,000 draws of a scaled chi2_50 (sd 4 sqrt(2/50) = 0.8) is 0.034
+    d2 = ms.simulate_clusters(setting=2, n=5000, seed=1)
+    xi = d2.X[d2.roles == 3]
+    assert abs((xi ** 2).sum(-1).mean() - 4.0) < 0.034
