@@ -74,6 +74,8 @@ SIZES = {
     # supplement: does the setting-1 gap to the paper shrink with more training data?
     "s1-n4000": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000, T_single=1000,
                      dtype="float32", models=("moe-cubic",), ablation_settings=()),
+    "s2-n4000": dict(_COMMON, settings=(2,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000, T_single=1000,
+                     dtype="float32", models=("moe-cubic",), ablation_settings=()),
     "s1-n4000-single": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000,
                             T_single=1000, dtype="float32", models=("single-cubic", "single-linear"),
                             ablation_settings=()),
