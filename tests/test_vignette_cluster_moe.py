@@ -39,6 +39,7 @@ def test_vignette_runs_and_resumes(tmp_path, monkeypatch):
     lb = res.query("ablation == 'load-balance'")
     assert set(lb["model"]) == {"moe-cubic", "moe-linear"} and set(lb["setting"]) == {1} and len(lb) == 2 * 2
     assert lb["load_entropy"].between(0, np.log(8) + 1e-12).all() and (lb["load_balance"] > 0).all()
+    assert moe["experts_per_cluster"].between(1, 8).all() and moe["expert_purity"].between(0.25, 1).all()
     eff = pd.read_csv(tmp_path / "ablation_effects.csv")
     assert set(eff["metric"]) >= {"accuracy", "dispatch_entropy", "load_entropy"} and (eff["runs"] == 2).all()
     assert (eff["ci_low"] <= eff["mean_difference"]).all() and (eff["mean_difference"] <= eff["ci_high"]).all()
@@ -67,3 +68,15 @@ def test_signal_span_optimum_respects_thm41():
     # an accuracy on the 10,000 hold-out examples
     assert (res["holdout_accuracy"] <= 0.875 + 0.015).all()
     assert (res["holdout_accuracy"] > 0.6).all()  # the search finds something well above chance
+
+
+def test_dispatch_spread():
+    mod = _load()
+    # replicate 0: each cluster on its own expert (4 of 8 idle); replicate 1: cluster 0 split 50/50 over
+    # experts 0 and 1, expert 1 also gets all of cluster 1 -> purity (50 + 100) / 200
+    counts = np.zeros((2, 2, 8))
+    counts[0, 0, 0], counts[0, 1, 3] = 100, 100
+    counts[1, 0, 0], counts[1, 0, 1], counts[1, 1, 1] = 50, 50, 100
+    spread, purity = mod.dispatch_spread(counts)
+    np.testing.assert_allclose(spread, [1.0, 1.5])
+    np.testing.assert_allclose(purity, [1.0, 0.75])

@@ -201,6 +201,39 @@ def _init_groups(results: pd.DataFrame, cfg: dict, splits: dict) -> pd.Series:
 
 
 # %% [markdown]
+# ## How clusters spread over experts
+#
+# Two per-run summaries of the final test dispatch table :math:`n_{k,m}`: the mean over clusters of the
+# number of experts that receive more than 5% of the cluster's examples, and the purity
+# :math:`\sum_m\max_k n_{k,m}/n` (share of examples whose expert's majority cluster is their own).  They
+# are read back from the saved dispatch pieces, so resumed renders get them too.
+
+# %%
+def dispatch_spread(counts: np.ndarray, threshold: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """``(experts_per_cluster, expert_purity)`` per replicate from counts of shape (R, K, M)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    share = counts / np.maximum(counts.sum(axis=2, keepdims=True), 1)
+    return (share > threshold).sum(axis=2).mean(axis=1), counts.max(axis=1).sum(axis=1) / counts.sum(axis=(1, 2))
+
+
+def _dispatch_stats(out: Path, results: pd.DataFrame) -> pd.DataFrame:
+    results = results.assign(experts_per_cluster=np.nan, expert_purity=np.nan)
+    moe = results["model"].str.startswith("moe")
+    for (s, m, a), idx in results[moe].groupby(["setting", "model", "load_balance"]).groups.items():
+        f = out / "pieces" / f"{_stem(s, m, a)}-dispatch.csv"
+        if not f.exists():
+            continue
+        tab = pd.read_csv(f)
+        counts = np.zeros((tab["rep"].max() + 1, tab["cluster"].max() + 1, tab["expert"].max() + 1))
+        counts[tab["rep"], tab["cluster"], tab["expert"]] = tab["count"]
+        spread, purity = dispatch_spread(counts)
+        runs = results.loc[idx, "run"].to_numpy()
+        results.loc[idx, "experts_per_cluster"] = spread[runs]
+        results.loc[idx, "expert_purity"] = purity[runs]
+    return results
+
+
+# %% [markdown]
 # ## Supplement: the best single CNN in the signal span
 #
 # On a signal patch :math:`z = \lambda u` (:math:`u` one of the 2K signals) a single CNN contributes
@@ -412,7 +445,7 @@ def summarize(results: pd.DataFrame, by: tuple[str, ...] = ("setting", "model", 
     summ = pd.DataFrame({"runs": g.size(), "accuracy": g["accuracy"].mean() * 100,
                          "accuracy_sd": g["accuracy"].std() * 100, "dispatch_entropy": g["dispatch_entropy"].mean(),
                          "dispatch_entropy_sd": g["dispatch_entropy"].std()})
-    for col in ("load_entropy", "max_load_share", "n_dead_experts"):
+    for col in ("load_entropy", "max_load_share", "n_dead_experts", "experts_per_cluster", "expert_purity"):
         if col in results:
             summ[col] = g[col].mean()
     summ = summ.reset_index()
@@ -474,6 +507,7 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
         torch.set_num_threads(threads)
     results = pd.concat(frames, ignore_index=True)
     results["init_all_groups_nonempty"] = _init_groups(results, cfg, splits)
+    results = _dispatch_stats(out, results)
     results.to_csv(out / "results.csv", index=False)
     summ = summarize(results)
     summ[summ["ablation"] == "none"].to_csv(out / "summary.csv", index=False)
