@@ -82,9 +82,9 @@ SIZES = {
     # supplement: is the setting-1 single cubic CNN gap a model-class gap?  chen2022 eq. 3.1 experts have no
     # bias; the Thm 4.1 family does.  Same data and seeds as runs 0-2 of "full" (and n_train = 16,000 for
     # setting 1).
-    "single-bias": dict(_COMMON, settings=(1, 2, 3, 4), runs=3, n_train=1_000, n_test=16_000, T_moe=4000, T_single=1000,
-                           dtype="float32", models=("single-cubic", "single-cubic-bias"), ablation_settings=(),
-                           signal_span_settings=(1, 3)),
+    "single-bias": dict(_COMMON, settings=(1, 2, 3, 4), runs=3, n_train=1_000, n_test=16_000, T_moe=4000,
+                        T_single=1000, dtype="float32", models=("single-cubic", "single-cubic-bias"),
+                        ablation_settings=(), signal_span_settings=(1, 3)),
     "s1-n16000-single-bias": dict(_COMMON, settings=(1,), runs=2, n_train=16_000, n_test=16_000, T_moe=4000,
                                   T_single=1000, dtype="float32", models=("single-cubic", "single-cubic-bias"),
                                   ablation_settings=()),
