@@ -88,6 +88,10 @@ SIZES = {
     "s1-n16000-single-bias": dict(_COMMON, settings=(1,), runs=2, n_train=16_000, n_test=16_000, T_moe=4000,
                                   T_single=1000, dtype="float32", models=("single-cubic", "single-cubic-bias"),
                                   ablation_settings=()),
+    # supplement: mini-batch Adam (batch 64, 128 epochs) as implicit regularisation, same data and seeds
+    "s1-single-minibatch": dict(_COMMON, settings=(1,), runs=3, n_train=1_000, n_test=16_000, T_moe=4000,
+                                T_single=2000, single_batch_size=64, dtype="float32",
+                                models=("single-cubic", "single-cubic-bias"), ablation_settings=()),
     "quick": dict(_COMMON, settings=(1, 3), runs=2, n_train=400, n_test=2_000, T_moe=300, T_single=150,
                   J_single=32, eval_every=100, dtype="float32", ablation_settings=(1,), load_balance=(0.1,),
                   load_balance_extra={}),
@@ -120,7 +124,8 @@ def _fit_cell(setting: int, model: str, cfg: dict, train, test, load_balance: fl
                                seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
     return fit_single_cnn(train, J=cfg["J_single"], activation=act, T=cfg["T_single"],
                           optimizer=cfg["single_optimizer"], weight_decay=cfg["single_weight_decay"],
-                          sigma0=cfg["sigma0"], bias=variant == ["bias"], test=test, eval_every=cfg["eval_every"],
+                          sigma0=cfg["sigma0"], bias=variant == ["bias"], batch_size=cfg.get("single_batch_size"),
+                          test=test, eval_every=cfg["eval_every"],
                           seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
 
 
