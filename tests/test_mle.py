@@ -91,6 +91,18 @@ def test_em_and_gradient_reach_the_same_optimum():
     assert np.allclose(em.theta, gr.theta, atol=2e-4)
 
 
+def test_em_with_constant_experts_uses_the_inputs_in_the_gate():
+    # constant experts: a mixture of k Gaussians whose weights depend on x (the gate keeps its slopes)
+    spec = ms.MoE(gate="softmax", expert="constant", k=2, d=1)
+    truth = ms.Params([0.0, 0.0], [[4.0], [0.0]], [[0.0], [0.0]], [1.5, -1.5], noise_sd=[0.4, 0.4])
+    data = _data(spec, truth, 600, seed=13)
+    em = ms.fit_mle(spec, data.X[0], data.y[0], seed=14, tol=1e-12)
+    gr = ms.fit_mle(spec, data.X[0], data.y[0], seed=14, method="gradient", gtol=1e-9, tol=1e-12)
+    assert abs(em.loglik - gr.loglik) < 1e-6 * abs(em.loglik)
+    em = em.align_to(truth)
+    assert abs(em.params.gate_weight[0, 0] - em.params.gate_weight[1, 0] - 4.0) < 1.0  # ~5 standard errors at n=600
+
+
 def test_batched_fit_equals_single_fit_for_replicate_zero():
     data = _data(SPEC2, TRUTH2, 300, reps=3, seed=7)
     batch = ms.fit_mle(SPEC2, data.X, data.y, seed=8, restarts=3)

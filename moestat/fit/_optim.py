@@ -66,7 +66,7 @@ def concat_results(parts: list[tuple[int, OptimResult]]) -> OptimResult:
 class _Tracker:
     """Bookkeeping shared by the optimisers: global results, the active set, history, progress."""
 
-    def __init__(self, problem: LSProblem, theta: torch.Tensor, max_iter: int, history: bool,
+    def __init__(self, problem: LSProblem | ClosureProblem, theta: torch.Tensor, max_iter: int, history: bool,
                  progress: bool, desc: str) -> None:
         B = theta.shape[0]
         dev = theta.device
@@ -113,6 +113,38 @@ class _Tracker:
         return self.res
 
 
+class ClosureProblem:
+    r"""A batch of ``B`` independent smooth minimisations given by a closure, for the optimisers here.
+
+    ``f(x, rows)`` maps the parameters ``x`` (A, P) of the problems ``rows`` (A,) (global indices of
+    the active problems) to their values (A,); gradients come from autograd.  There is no box:
+    projection is the identity.  The likelihood engine (:func:`moestat.fit_mle`) minimises the
+    negative log-likelihood through it, so both engines share one L-BFGS (:func:`lbfgs`).
+    """
+
+    def __init__(self, f, B: int, device: torch.device | str) -> None:
+        self.f = f
+        self.n_evals = 0
+        self.active = torch.arange(B, device=device)
+
+    def set_active(self, idx: torch.Tensor) -> None:
+        self.active = idx
+
+    def value_grad(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.n_evals += 1
+        with torch.enable_grad():
+            xv = x.detach().requires_grad_(True)
+            fx = self.f(xv, self.active)
+            (g,) = torch.autograd.grad(fx.sum(), xv)
+        return fx.detach(), g.detach()
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def projected_gradient(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
 def _gnorm(g: torch.Tensor) -> torch.Tensor:
     return g.abs().amax(1)
 
@@ -142,7 +174,47 @@ def _finish_stopped(tr, it: int, max_iter: int, gn: torch.Tensor, gtol: float, t
         return None
     return tr.finish(done, status, theta, f, gn, n_iter)
 
-def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
+def lbfgs_direction(g: torch.Tensor, Sh: torch.Tensor, Yh: torch.Tensor, rho: torch.Tensor, gamma: torch.Tensor,
+                    ptr: int) -> torch.Tensor:
+    r"""The L-BFGS product :math:`H g` for every problem, by the compact representation.
+
+    Byrd, Nocedal & Schnabel (1994), eq. (2.6), with :math:`H_0 = \gamma I`:
+
+    .. math:: H g = \gamma g + S p - \gamma Y v,\quad v = R^{-1} S^\top g,\quad
+              p = R^{-\top}\big((D + \gamma Y^\top Y) v - \gamma Y^\top g\big),
+
+    where the m stored pairs are the columns of S and Y in chronological order,
+    :math:`R_{ij} = s_i^\top y_j` for :math:`i \le j` (upper triangular) and
+    :math:`D = \mathrm{diag}(s_i^\top y_i)`.  It equals the two-loop recursion (Nocedal & Wright 2006,
+    Alg. 7.4) but costs a fixed handful of batched products and two triangular solves instead of 4m
+    small vector operations.  A slot with ``rho == 0`` (empty, skipped or reset) is a zero pair, which
+    decouples from the others; its diagonal entry of R is set to 1.
+
+    Parameters
+    ----------
+    g : (A, P); Sh, Yh : (A, m, P) ring buffers; rho : (A, m) with :math:`1/s^\top y` or 0;
+    gamma : (A,); ptr : index of the slot the next pair will overwrite (the oldest pair).
+    """
+    m = Sh.shape[1]
+    order = [(ptr + j) % m for j in range(m)]
+    valid = (rho[:, order] != 0).unsqueeze(-1)
+    S = Sh[:, order] * valid
+    Y = Yh[:, order] * valid
+    SY = torch.bmm(S, Y.transpose(1, 2))
+    R = torch.triu(SY)
+    R.diagonal(dim1=1, dim2=2).add_((~valid.squeeze(-1)).to(R.dtype))
+    gam = gamma.unsqueeze(-1)
+    Sg = torch.bmm(S, g.unsqueeze(-1))
+    Yg = torch.bmm(Y, g.unsqueeze(-1))
+    v = torch.linalg.solve_triangular(R, Sg, upper=True)
+    inner = torch.bmm(Y, Y.transpose(1, 2)).mul_(gam.unsqueeze(-1))
+    inner.diagonal(dim1=1, dim2=2).add_(SY.diagonal(dim1=1, dim2=2))
+    p = torch.linalg.solve_triangular(R.transpose(1, 2), torch.bmm(inner, v) - gam.unsqueeze(-1) * Yg, upper=False)
+    Hg = gam * g + torch.bmm(S.transpose(1, 2), p).squeeze(-1) - gam * torch.bmm(Y.transpose(1, 2), v).squeeze(-1)
+    return Hg
+
+
+def lbfgs(problem: LSProblem | ClosureProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
           gtol: float = 1e-10, memory: int = 10, max_ls: int = 30, c1: float = 1e-4,
           history: bool = False, progress: bool = False) -> OptimResult:
     """Batched L-BFGS with a backtracking line search and box projection (see module docstring)."""
@@ -170,18 +242,7 @@ def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol:
             Sh, Yh, rho, gamma, has_hist, n_iter = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep], \
                 n_iter[keep]
             A = theta.shape[0]
-        # two-loop recursion (rho = 0 marks an empty or skipped pair: a no-op)
-        q = gp.clone()
-        order = [(ptr - 1 - j) % memory for j in range(memory)]
-        alphas = []
-        for j in order:
-            a = rho[:, j] * (Sh[:, j] * q).sum(1)
-            q.sub_(a.unsqueeze(1) * Yh[:, j])
-            alphas.append(a)
-        q.mul_(gamma.unsqueeze(1))
-        for j, a in zip(reversed(order), reversed(alphas), strict=True):
-            b = rho[:, j] * (Yh[:, j] * q).sum(1)
-            q.add_(Sh[:, j] * (a - b).unsqueeze(1))
+        q = lbfgs_direction(gp, Sh, Yh, rho, gamma, ptr)
         d = -q
         d.masked_fill_(gp == 0, 0.0)
         gd = (d * gp).sum(1)
