@@ -6,10 +6,11 @@ leading axis, and each problem has its own convergence test.  A problem that has
 *frozen*: its result is written out and it is removed from the active set, so later iterations cost
 only what the remaining problems need (:meth:`LSProblem.set_active` gathers their data once).
 
-* :func:`lbfgs` — full-batch limited-memory BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5, two-loop
-  recursion) with a backtracking Armijo line search (safeguarded quadratic interpolation), box
-  constraints by projection along the search path and a projected gradient (coordinates at a bound
-  whose gradient points outward are held); curvature pairs with :math:`s^\top y \le 10^{-10}\|s\|\|y\|`
+* :func:`lbfgs` — full-batch limited-memory BFGS (Nocedal & Wright 2006, Alg. 7.5; the direction by the
+  compact representation of Byrd, Nocedal & Schnabel 1994, :func:`lbfgs_direction`) with a backtracking Armijo
+  line search (safeguarded quadratic interpolation), box constraints by projection along the search
+  path and a projected gradient (coordinates at a bound whose gradient points outward are held);
+  curvature pairs with :math:`s^\top y \le 10^{-10}\|s\|\|y\|`
   are skipped.
 * :func:`adam` — full-batch Adam (Kingma & Ba 2015) with projection.
 * :func:`sgd_protocol` — the papers' protocol (nguyen2024 §4): plain minibatch SGD, fixed epochs,
