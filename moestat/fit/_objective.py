@@ -157,7 +157,7 @@ def _compiled_chunk(gate: str, k: int, top_k: int | None, tau: float, family: Ex
         G, s, tk, p = theta.shape
         c = Xc.shape[1]
         Z = torch.bmm(theta.reshape(G, s * tk, p), Xc.transpose(1, 2)).view(G, s, tk, c)
-        zg, ze = Z[:, :, :k] / tau, Z[:, :, k:]
+        zg, ze = (Z[:, :, :k] if tau == 1.0 else Z[:, :, :k] * (1.0 / tau)), Z[:, :, k:]
         if gate == "sigmoid":
             pi = torch.sigmoid(zg)
         elif gate == "softmax":
@@ -173,7 +173,7 @@ def _compiled_chunk(gate: str, k: int, top_k: int | None, tau: float, family: Ex
         pc = pi * (r * two_over_n).unsqueeze(2)
         ug = pc * h * (1.0 - pi) if gate == "sigmoid" else pc * (h - f.unsqueeze(2))
         ue = pc if dh is None else pc * dh
-        U = torch.cat([ug / tau, ue], 2)
+        U = torch.cat([ug if tau == 1.0 else ug * (1.0 / tau), ue], 2)
         return part, torch.bmm(U.view(G, s * tk, c), Xc)
 
     _COMPILED[key] = torch.compile(chunk, dynamic=True)
