@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moestat.fit import _optim
 from moestat.fit._optim import lbfgs_direction
 
 
@@ -22,8 +23,8 @@ def _dense_inverse_bfgs(pairs: list[tuple[np.ndarray, np.ndarray]], gamma: float
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), m=st.integers(1, 8), n_pairs=st.integers(0, 12), P=st.integers(1, 9),
-       skipped=st.integers(0, 3))
-def test_compact_product_equals_dense_bfgs_inverse(seed, m, n_pairs, P, skipped):
+       skipped=st.integers(0, 3), compact=st.booleans())
+def test_direction_equals_dense_bfgs_inverse(seed, m, n_pairs, P, skipped, compact):
     rng = np.random.default_rng(seed)
     A = 3
     Sh = np.zeros((A, m, P))
@@ -45,11 +46,22 @@ def test_compact_product_equals_dense_bfgs_inverse(seed, m, n_pairs, P, skipped)
         ptr = (ptr + 1) % m
     gamma = rng.uniform(0.2, 3.0, size=A)
     g = rng.normal(size=(A, P))
-    got = lbfgs_direction(*(torch.as_tensor(a) for a in (g, Sh, Yh, rho, gamma)), ptr).numpy()
+    # both evaluations (the size switch picks one; force each in turn)
+    fn = _optim._compact_direction if compact else _two_loop_only
+    got = fn(*(torch.as_tensor(a) for a in (g, Sh, Yh, rho, gamma)), ptr).numpy()
     for a in range(A):
         recent = [p for p in kept[a][-m:] if p is not None]  # the ring buffer holds the last m slots
         H = _dense_inverse_bfgs(recent, gamma[a], P)
         np.testing.assert_allclose(got[a], H @ g[a], rtol=1e-8, atol=1e-10)
+
+
+def _two_loop_only(*args):
+    old = _optim._COMPACT_MAX_ELEMS
+    _optim._COMPACT_MAX_ELEMS = -1
+    try:
+        return lbfgs_direction(*args)
+    finally:
+        _optim._COMPACT_MAX_ELEMS = old
 
 
 def test_empty_memory_gives_scaled_gradient():

@@ -7,7 +7,7 @@ leading axis, and each problem has its own convergence test.  A problem that has
 only what the remaining problems need (:meth:`LSProblem.set_active` gathers their data once).
 
 * :func:`lbfgs` — full-batch limited-memory BFGS (Nocedal & Wright 2006, Alg. 7.5; the direction by the
-  compact representation of Byrd, Nocedal & Schnabel 1994, :func:`lbfgs_direction`) with a backtracking Armijo
+  two-loop recursion or the compact representation, :func:`lbfgs_direction`) with a backtracking Armijo
   line search (safeguarded quadratic interpolation), box constraints by projection along the search
   path and a projected gradient (coordinates at a bound whose gradient points outward are held);
   curvature pairs with :math:`s^\top y \le 10^{-10}\|s\|\|y\|`
@@ -175,29 +175,56 @@ def _finish_stopped(tr, it: int, max_iter: int, gn: torch.Tensor, gtol: float, t
         return None
     return tr.finish(done, status, theta, f, gn, n_iter)
 
+_COMPACT_MAX_ELEMS = 32_768  # A * m * P up to which the compact form beats the two-loop recursion on CPU
+
+
 def lbfgs_direction(g: torch.Tensor, Sh: torch.Tensor, Yh: torch.Tensor, rho: torch.Tensor, gamma: torch.Tensor,
                     ptr: int) -> torch.Tensor:
-    r"""The L-BFGS product :math:`H g` for every problem, by the compact representation.
+    r"""The L-BFGS product :math:`H g` for every problem (A problems, m stored pairs, P parameters).
 
-    Byrd, Nocedal & Schnabel (1994), eq. (2.6), with :math:`H_0 = \gamma I`:
+    Two exact evaluations of the same product, picked by size: the two-loop recursion (Nocedal &
+    Wright 2006, Alg. 7.4; 4m vector operations of size A x P) for large batches, and the compact
+    representation (:func:`_compact_direction`; a fixed dozen operations) when
+    :math:`A m P \le 32768`, where the two-loop's per-operation overhead dominates (measured on
+    CPU: 5 problems x 20 pairs x 11 parameters, 0.73 ms vs 0.15 ms; 20 x 10 x 594, 0.73 ms vs 2.6 ms).
+
+    Parameters
+    ----------
+    g : (A, P); Sh, Yh : (A, m, P) ring buffers; rho : (A, m) with :math:`1/s^\top y`, or 0 for an
+    empty, skipped or reset slot (a no-op); gamma : (A,) the initial scaling :math:`H_0 = \gamma I`;
+    ptr : the slot the next pair will overwrite (the oldest pair).
+    """
+    if Sh.numel() <= _COMPACT_MAX_ELEMS:
+        return _compact_direction(g, Sh, Yh, rho, gamma, ptr)
+    m = Sh.shape[1]
+    q = g.clone()
+    order = [(ptr - 1 - j) % m for j in range(m)]  # newest first
+    alphas = []
+    for j in order:
+        a = rho[:, j] * (Sh[:, j] * q).sum(1)
+        q.sub_(a.unsqueeze(1) * Yh[:, j])
+        alphas.append(a)
+    q.mul_(gamma.unsqueeze(1))
+    for j, a in zip(reversed(order), reversed(alphas), strict=True):
+        b = rho[:, j] * (Yh[:, j] * q).sum(1)
+        q.add_(Sh[:, j] * (a - b).unsqueeze(1))
+    return q
+
+
+def _compact_direction(g: torch.Tensor, Sh: torch.Tensor, Yh: torch.Tensor, rho: torch.Tensor, gamma: torch.Tensor,
+                       ptr: int) -> torch.Tensor:
+    r""":math:`H g` by the compact representation (Byrd, Nocedal & Schnabel 1994, eq. 2.6), :math:`H_0 = \gamma I`:
 
     .. math:: H g = \gamma g + S p - \gamma Y v,\quad v = R^{-1} S^\top g,\quad
               p = R^{-\top}\big((D + \gamma Y^\top Y) v - \gamma Y^\top g\big),
 
-    where the m stored pairs are the columns of S and Y in chronological order,
+    with the stored pairs as the columns of S and Y in chronological order,
     :math:`R_{ij} = s_i^\top y_j` for :math:`i \le j` (upper triangular) and
-    :math:`D = \mathrm{diag}(s_i^\top y_i)`.  It equals the two-loop recursion (Nocedal & Wright 2006,
-    Alg. 7.4) but costs a fixed handful of batched products and two triangular solves instead of 4m
-    small vector operations.  A slot with ``rho == 0`` (empty, skipped or reset) is a zero pair, which
-    decouples from the others; its diagonal entry of R is set to 1.
-
-    Parameters
-    ----------
-    g : (A, P); Sh, Yh : (A, m, P) ring buffers; rho : (A, m) with :math:`1/s^\top y` or 0;
-    gamma : (A,); ptr : index of the slot the next pair will overwrite (the oldest pair).
+    :math:`D = \mathrm{diag}(s_i^\top y_i)`.  A slot with ``rho == 0`` acts as a zero pair, which
+    decouples from the others (its diagonal entry of R is set to 1).  Arguments as :func:`lbfgs_direction`.
     """
     m = Sh.shape[1]
-    order = [(ptr + j) % m for j in range(m)]
+    order = [(ptr + j) % m for j in range(m)]  # oldest first
     valid = (rho[:, order] != 0).unsqueeze(-1)
     S = Sh[:, order] * valid
     Y = Yh[:, order] * valid
@@ -211,8 +238,7 @@ def lbfgs_direction(g: torch.Tensor, Sh: torch.Tensor, Yh: torch.Tensor, rho: to
     inner = torch.bmm(Y, Y.transpose(1, 2)).mul_(gam.unsqueeze(-1))
     inner.diagonal(dim1=1, dim2=2).add_(SY.diagonal(dim1=1, dim2=2))
     p = torch.linalg.solve_triangular(R.transpose(1, 2), torch.bmm(inner, v) - gam.unsqueeze(-1) * Yg, upper=False)
-    Hg = gam * g + torch.bmm(S.transpose(1, 2), p).squeeze(-1) - gam * torch.bmm(Y.transpose(1, 2), v).squeeze(-1)
-    return Hg
+    return gam * g + torch.bmm(S.transpose(1, 2), p).squeeze(-1) - gam * torch.bmm(Y.transpose(1, 2), v).squeeze(-1)
 
 
 def lbfgs(problem: LSProblem | ClosureProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
