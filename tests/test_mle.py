@@ -304,3 +304,16 @@ def test_identified_vector_is_invariant_to_gate_translation_and_tracks_relabelli
     assert np.isclose(SPEC3.loglik(back, X, y), SPEC3.loglik(p, X, y))
     permuted = p.permute(list(perm))
     assert np.isclose(SPEC3.loglik(permuted, X, y), SPEC3.loglik(p, X, y))
+
+
+def test_fit_mle_runs_on_one_thread_and_restores_torch_setting():
+    data = _data(SPEC2, TRUTH2, 200, seed=15)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fit = ms.fit_mle(SPEC2, data.X[0], data.y[0], seed=16, restarts=2)
+        assert torch.get_num_threads() == 2 and fit.settings["threads"] == 1
+        with pytest.raises(ValueError, match="threads"):
+            ms.fit_mle(SPEC2, data.X[0], data.y[0], seed=16, restarts=2, threads=0)
+    finally:
+        torch.set_num_threads(old)

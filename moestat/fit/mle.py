@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .._torch import resolve_device, resolve_dtype, to_tensor
+from .._torch import cpu_threads, resolve_device, resolve_dtype, to_tensor
 from .._validation import check_choice, check_int
 from ..gates import log_mixture_weights
 from ..model import MoE
@@ -231,11 +231,33 @@ def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, 
     return out, ll, conv, n_iter
 
 
+def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, layout: ParamLayout,
+           floor: torch.Tensor, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
+           gtol: float, switch_after: int | None, screen: float | None):
+    """EM (then L-BFGS for the slow starts) or L-BFGS from the starts ``init_b`` (R, S, ...)."""
+    if method != "em":
+        pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
+                                            gtol=gtol, ftol=0.01 * tol)
+        return pb, ll, conv, n_iter, None
+    em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
+    st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
+                gate_steps=gate_steps, gate_solver=gate_solver)
+    pb, ll, conv, n_iter = st.params, st.loglik, st.converged, st.n_iter
+    slow = ~conv & torch.isfinite(ll)
+    if screen is not None:
+        best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
+        slow &= ll >= best_now - screen
+    if switch_after is not None and bool(slow.any()):
+        pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
+                                             max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
+    return pb, ll, conv, n_iter, st.history
+
+
 def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
             feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
-            switch_after: int | None = 30, screen: float | None = 10.0) -> MLEFit:
+            switch_after: int | None = 30, screen: float | None = 10.0, threads: int | None = 1) -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
     Parameters
@@ -290,6 +312,10 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         What to do when n is smaller than the number of free parameters: raise ``ValueError`` (default)
         or emit :class:`UnderdeterminedWarning` and fit anyway (the estimate is then one maximiser among
         many; the proximal EM terms keep it finite).  :class:`moestat.MoERegressor` uses ``"warn"``.
+    threads : int or None
+        Torch intra-op threads for the solve on CPU (restored afterwards); ``None`` keeps torch's
+        setting.  One thread by default, as :func:`moestat.fit_lse`: the batched problems are small, and
+        threads that wait on each other on a shared CPU cost more than they gain.
 
     Returns
     -------
@@ -346,22 +372,10 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
     init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
     init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
-    history = None
-    if method == "em":
-        em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
-        st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
-                    gate_steps=gate_steps, gate_solver=gate_solver)
-        pb, ll, conv, n_iter, history = st.params, st.loglik, st.converged, st.n_iter, st.history
-        slow = ~conv & torch.isfinite(ll)
-        if screen is not None:
-            best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
-            slow &= ll >= best_now - screen
-        if switch_after is not None and bool(slow.any()):
-            pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
-                                                 max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
-    else:
-        pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
-                                            gtol=gtol, ftol=0.01 * tol)
+    with cpu_threads(threads, dev):
+        pb, ll, conv, n_iter, history = _solve(spec, Xt, yt, init_b, layout, floor, method=method, tol=tol,
+                                               max_iter=max_iter, gate_steps=gate_steps, gate_solver=gate_solver,
+                                               gtol=gtol, switch_after=switch_after, screen=screen)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)
@@ -370,7 +384,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
                 "max_iter": max_iter, "sd_floor": sd_floor, "gate_solver": gate_solver if method == "em" else None,
                 "gate_steps": gate_steps if method == "em" else None, "gtol": gtol,
                 "switch_after": switch_after if method == "em" else None, "screen": screen if method == "em" else None,
-                "device": str(dev), "dtype": str(dt).replace("torch.", ""),
+                "device": str(dev), "dtype": str(dt).replace("torch.", ""), "threads": threads,
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key)}
     return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
