@@ -199,11 +199,17 @@ class MeanKernel:
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool = False, chunk_bytes: int = 2**21,
-                  chunk_min_elems: int = 2**17) -> MeanKernel:
+                  chunk_min_elems: int | None = None) -> MeanKernel:
         """Kernel for ``spec``; ``compile=True`` uses a torch.compile'd gradient (falls back to eager if the
-        expert family has no closed-form derivative)."""
+        expert family has no closed-form derivative).
+
+        ``chunk_min_elems`` defaults to :math:`2^{17}` for the eager kernel and :math:`2^{19}` for the
+        compiled one, whose per-call overhead is larger (measured: at n = 1,000 and R = 20, one chunk
+        instead of three took the compiled evaluation from 4.8x to 3.8x the forward product)."""
         compiled = (_compiled_chunk(spec.gate, spec.k, spec.top_k, float(spec.temperature), spec.family)
                     if compile else None)
+        if chunk_min_elems is None:
+            chunk_min_elems = 2**19 if compiled is not None else 2**17
         return cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
                    activation_and_derivative(spec.family), chunk_bytes=chunk_bytes,
                    chunk_min_elems=chunk_min_elems, compiled=compiled)
