@@ -34,24 +34,29 @@ def main() -> None:
     torch.set_num_threads(1)
     truth = presets.sigmoid_vs_softmax(regime=2)
     spec = truth.spec.with_k(9)
-    R, k, p = 20, spec.k, spec.d + 1
+    R = 20
     print("| n | rows per chunk | eager ratio | compiled ratio |")
     print("|---|---|---|---|")
     for n in (1000, 10000):
-        data = ms.simulate(truth.spec, truth.params, n=n, reps=R, seed=1)
-        X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
-        Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
-        theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
-        Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
-        t_fwd = lower_decile(lambda: torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z))
-        for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
-            ratios = []
-            for compile_ in (False, True):
-                kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
-                ratios.append(lower_decile(lambda kernel=kernel: kernel.value_grad(theta, Xa, y)) / t_fwd)
-            rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, p, 8)
-            print(f"| {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
+        sweep(truth, spec, n, R)
 
+
+def sweep(truth, spec, n: int, R: int) -> None:
+    """Print one table row per minimum chunk size at sample size ``n``."""
+    k, p = spec.k, spec.d + 1
+    data = ms.simulate(truth.spec, truth.params, n=n, reps=R, seed=1)
+    X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
+    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
+    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
+    Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
+    t_fwd = lower_decile(lambda: torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z))
+    for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
+        ratios = []
+        for compile_ in (False, True):
+            kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
+            ratios.append(lower_decile(lambda kernel=kernel: kernel.value_grad(theta, Xa, y)) / t_fwd)
+        rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, p, 8)
+        print(f"| {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()
