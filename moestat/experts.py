@@ -104,8 +104,8 @@ class ExpertFamily:
     def evaluate(self, X: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Torch-only evaluation (no conversions); see ``__call__``."""
         if not self.input_dependent:
-            shape = (*X.shape[:-1], bias.shape[-1])
-            return bias.unsqueeze(-2).expand(shape)
+            lead = torch.broadcast_shapes(X.shape[:-2], bias.shape[:-1])
+            return bias.unsqueeze(-2).expand(*lead, X.shape[-2], bias.shape[-1])
         z = X @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
         return self.activation(z)
 

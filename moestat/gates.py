@@ -57,14 +57,14 @@ def sigmoid_gate(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor
     return torch.sigmoid(logits / _check_temperature(temperature))
 
 
-def _topk_mask(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    k = logits.shape[-1]
+def _topk_mask(logits: torch.Tensor, top_k: int, dim: int = -1) -> torch.Tensor:
+    k = logits.shape[dim]
     top_k = check_int("top_k", top_k)
     if top_k > k:
         raise ValueError(f"top_k={top_k} exceeds the number of experts k={k}; choose top_k <= k.")
-    idx = logits.topk(top_k, dim=-1).indices
+    idx = logits.topk(top_k, dim=dim).indices
     mask = torch.zeros_like(logits, dtype=torch.bool)
-    return mask.scatter(-1, idx, True)
+    return mask.scatter(dim, idx, True)
 
 
 def topk_softmax_gate(logits: torch.Tensor, top_k: int, temperature: float = 1.0) -> torch.Tensor:
@@ -93,23 +93,25 @@ def gate_weights(name: str, logits: torch.Tensor, *, top_k: int | None = None,
 
 
 def log_mixture_weights(name: str, logits: torch.Tensor, *, top_k: int | None = None,
-                        temperature: float = 1.0) -> torch.Tensor:
+                        temperature: float = 1.0, dim: int = -1) -> torch.Tensor:
     r"""Log of the *normalised* mixture weights used in a mixture density.
 
     A mixture density needs weights that sum to one.  Softmax and top-K gates
     already do.  Sigmoid gates are normalised over experts,
     :math:`\tilde\pi_i = \sigma(\ell_i)/\sum_j \sigma(\ell_j)`, which is the
     convention moestat uses for the Gaussian MoE likelihood with sigmoid gates.
-    Experts outside the top-K get :math:`-\infty`.
+    Experts outside the top-K get :math:`-\infty`.  ``dim`` is the expert axis (the likelihood engine
+    keeps experts on axis 1 and observations last, where these reductions are several times faster
+    on CPU than over a short last axis).
     """
     check_choice("gate", name, GATES)
     tau = _check_temperature(temperature)
     if name == "softmax":
-        return torch.log_softmax(logits / tau, dim=-1)
+        return torch.log_softmax(logits / tau, dim=dim)
     if name == "sigmoid":
         ls = torch.nn.functional.logsigmoid(logits / tau)
-        return ls - torch.logsumexp(ls, dim=-1, keepdim=True)
+        return ls - torch.logsumexp(ls, dim=dim, keepdim=True)
     if top_k is None:
         raise ValueError("gate='topk' needs top_k (the number of active experts per input).")
-    mask = _topk_mask(logits, top_k)
-    return torch.log_softmax((logits / tau).masked_fill(~mask, float("-inf")), dim=-1)
+    mask = _topk_mask(logits, top_k, dim)
+    return torch.log_softmax((logits / tau).masked_fill(~mask, float("-inf")), dim=dim)

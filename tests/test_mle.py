@@ -91,6 +91,18 @@ def test_em_and_gradient_reach_the_same_optimum():
     assert np.allclose(em.theta, gr.theta, atol=2e-4)
 
 
+def test_em_with_constant_experts_uses_the_inputs_in_the_gate():
+    # constant experts: a mixture of k Gaussians whose weights depend on x (the gate keeps its slopes)
+    spec = ms.MoE(gate="softmax", expert="constant", k=2, d=1)
+    truth = ms.Params([0.0, 0.0], [[4.0], [0.0]], [[0.0], [0.0]], [1.5, -1.5], noise_sd=[0.4, 0.4])
+    data = _data(spec, truth, 600, seed=13)
+    em = ms.fit_mle(spec, data.X[0], data.y[0], seed=14, tol=1e-12)
+    gr = ms.fit_mle(spec, data.X[0], data.y[0], seed=14, method="gradient", gtol=1e-9, tol=1e-12)
+    assert abs(em.loglik - gr.loglik) < 1e-6 * abs(em.loglik)
+    em = em.align_to(truth)
+    assert abs(em.params.gate_weight[0, 0] - em.params.gate_weight[1, 0] - 4.0) < 1.0  # ~5 standard errors at n=600
+
+
 def test_batched_fit_equals_single_fit_for_replicate_zero():
     data = _data(SPEC2, TRUTH2, 300, reps=3, seed=7)
     batch = ms.fit_mle(SPEC2, data.X, data.y, seed=8, restarts=3)
@@ -292,3 +304,16 @@ def test_identified_vector_is_invariant_to_gate_translation_and_tracks_relabelli
     assert np.isclose(SPEC3.loglik(back, X, y), SPEC3.loglik(p, X, y))
     permuted = p.permute(list(perm))
     assert np.isclose(SPEC3.loglik(permuted, X, y), SPEC3.loglik(p, X, y))
+
+
+def test_fit_mle_runs_on_one_thread_and_restores_torch_setting():
+    data = _data(SPEC2, TRUTH2, 200, seed=15)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fit = ms.fit_mle(SPEC2, data.X[0], data.y[0], seed=16, restarts=2)
+        assert torch.get_num_threads() == 2 and fit.settings["threads"] == 1
+        with pytest.raises(ValueError, match="threads"):
+            ms.fit_mle(SPEC2, data.X[0], data.y[0], seed=16, restarts=2, threads=0)
+    finally:
+        torch.set_num_threads(old)

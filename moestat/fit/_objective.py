@@ -157,7 +157,7 @@ def _compiled_chunk(gate: str, k: int, top_k: int | None, tau: float, family: Ex
         G, s, tk, p = theta.shape
         c = Xc.shape[1]
         Z = torch.bmm(theta.reshape(G, s * tk, p), Xc.transpose(1, 2)).view(G, s, tk, c)
-        zg, ze = Z[:, :, :k] / tau, Z[:, :, k:]
+        zg, ze = (Z[:, :, :k] if tau == 1.0 else Z[:, :, :k] * (1.0 / tau)), Z[:, :, k:]
         if gate == "sigmoid":
             pi = torch.sigmoid(zg)
         elif gate == "softmax":
@@ -173,7 +173,7 @@ def _compiled_chunk(gate: str, k: int, top_k: int | None, tau: float, family: Ex
         pc = pi * (r * two_over_n).unsqueeze(2)
         ug = pc * h * (1.0 - pi) if gate == "sigmoid" else pc * (h - f.unsqueeze(2))
         ue = pc if dh is None else pc * dh
-        U = torch.cat([ug / tau, ue], 2)
+        U = torch.cat([ug if tau == 1.0 else ug * (1.0 / tau), ue], 2)
         return part, torch.bmm(U.view(G, s * tk, c), Xc)
 
     _COMPILED[key] = torch.compile(chunk, dynamic=True)
@@ -199,11 +199,17 @@ class MeanKernel:
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool = False, chunk_bytes: int = 2**21,
-                  chunk_min_elems: int = 2**17) -> MeanKernel:
+                  chunk_min_elems: int | None = None) -> MeanKernel:
         """Kernel for ``spec``; ``compile=True`` uses a torch.compile'd gradient (falls back to eager if the
-        expert family has no closed-form derivative)."""
+        expert family has no closed-form derivative).
+
+        ``chunk_min_elems`` defaults to :math:`2^{17}` for the eager kernel and :math:`2^{19}` for the
+        compiled one, whose per-call overhead is larger (measured: at n = 1,000 and R = 20, one chunk
+        instead of three took the compiled evaluation from 4.8x to 3.8x the forward product)."""
         compiled = (_compiled_chunk(spec.gate, spec.k, spec.top_k, float(spec.temperature), spec.family)
                     if compile else None)
+        if chunk_min_elems is None:
+            chunk_min_elems = 2**19 if compiled is not None else 2**17
         return cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
                    activation_and_derivative(spec.family), chunk_bytes=chunk_bytes,
                    chunk_min_elems=chunk_min_elems, compiled=compiled)

@@ -6,10 +6,11 @@ leading axis, and each problem has its own convergence test.  A problem that has
 *frozen*: its result is written out and it is removed from the active set, so later iterations cost
 only what the remaining problems need (:meth:`LSProblem.set_active` gathers their data once).
 
-* :func:`lbfgs` — full-batch limited-memory BFGS (Nocedal & Wright 2006, Alg. 7.4/7.5, two-loop
-  recursion) with a backtracking Armijo line search (safeguarded quadratic interpolation), box
-  constraints by projection along the search path and a projected gradient (coordinates at a bound
-  whose gradient points outward are held); curvature pairs with :math:`s^\top y \le 10^{-10}\|s\|\|y\|`
+* :func:`lbfgs` — full-batch limited-memory BFGS (Nocedal & Wright 2006, Alg. 7.5; the direction by the
+  two-loop recursion or the compact representation, :func:`lbfgs_direction`) with a backtracking Armijo
+  line search (safeguarded quadratic interpolation), box constraints by projection along the search
+  path and a projected gradient (coordinates at a bound whose gradient points outward are held);
+  curvature pairs with :math:`s^\top y \le 10^{-10}\|s\|\|y\|`
   are skipped.
 * :func:`adam` — full-batch Adam (Kingma & Ba 2015) with projection.
 * :func:`sgd_protocol` — the papers' protocol (nguyen2024 §4): plain minibatch SGD, fixed epochs,
@@ -66,7 +67,7 @@ def concat_results(parts: list[tuple[int, OptimResult]]) -> OptimResult:
 class _Tracker:
     """Bookkeeping shared by the optimisers: global results, the active set, history, progress."""
 
-    def __init__(self, problem: LSProblem, theta: torch.Tensor, max_iter: int, history: bool,
+    def __init__(self, problem: LSProblem | ClosureProblem, theta: torch.Tensor, max_iter: int, history: bool,
                  progress: bool, desc: str) -> None:
         B = theta.shape[0]
         dev = theta.device
@@ -113,6 +114,38 @@ class _Tracker:
         return self.res
 
 
+class ClosureProblem:
+    r"""A batch of ``B`` independent smooth minimisations given by a closure, for the optimisers here.
+
+    ``f(x, rows)`` maps the parameters ``x`` (A, P) of the problems ``rows`` (A,) (global indices of
+    the active problems) to their values (A,); gradients come from autograd.  There is no box:
+    projection is the identity.  The likelihood engine (:func:`moestat.fit_mle`) minimises the
+    negative log-likelihood through it, so both engines share one L-BFGS (:func:`lbfgs`).
+    """
+
+    def __init__(self, f, B: int, device: torch.device | str) -> None:
+        self.f = f
+        self.n_evals = 0
+        self.active = torch.arange(B, device=device)
+
+    def set_active(self, idx: torch.Tensor) -> None:
+        self.active = idx
+
+    def value_grad(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.n_evals += 1
+        with torch.enable_grad():
+            xv = x.detach().requires_grad_(True)
+            fx = self.f(xv, self.active)
+            (g,) = torch.autograd.grad(fx.sum(), xv)
+        return fx.detach(), g.detach()
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def projected_gradient(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
 def _gnorm(g: torch.Tensor) -> torch.Tensor:
     return g.abs().amax(1)
 
@@ -142,7 +175,73 @@ def _finish_stopped(tr, it: int, max_iter: int, gn: torch.Tensor, gtol: float, t
         return None
     return tr.finish(done, status, theta, f, gn, n_iter)
 
-def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
+_COMPACT_MAX_ELEMS = 32_768  # A * m * P up to which the compact form beats the two-loop recursion on CPU
+
+
+def lbfgs_direction(g: torch.Tensor, Sh: torch.Tensor, Yh: torch.Tensor, rho: torch.Tensor, gamma: torch.Tensor,
+                    ptr: int) -> torch.Tensor:
+    r"""The L-BFGS product :math:`H g` for every problem (A problems, m stored pairs, P parameters).
+
+    Two exact evaluations of the same product, picked by size: the two-loop recursion (Nocedal &
+    Wright 2006, Alg. 7.4; 4m vector operations of size A x P) for large batches, and the compact
+    representation (:func:`_compact_direction`; a fixed dozen operations) when
+    :math:`A m P \le 32768`, where the two-loop's per-operation overhead dominates (measured on
+    CPU: 5 problems x 20 pairs x 11 parameters, 0.73 ms vs 0.15 ms; 20 x 10 x 594, 0.73 ms vs 2.6 ms).
+
+    Parameters
+    ----------
+    g : (A, P); Sh, Yh : (A, m, P) ring buffers; rho : (A, m) with :math:`1/s^\top y`, or 0 for an
+    empty, skipped or reset slot (a no-op); gamma : (A,) the initial scaling :math:`H_0 = \gamma I`;
+    ptr : the slot the next pair will overwrite (the oldest pair).
+    """
+    if Sh.numel() <= _COMPACT_MAX_ELEMS:
+        return _compact_direction(g, Sh, Yh, rho, gamma, ptr)
+    m = Sh.shape[1]
+    q = g.clone()
+    order = [(ptr - 1 - j) % m for j in range(m)]  # newest first
+    alphas = []
+    for j in order:
+        a = rho[:, j] * (Sh[:, j] * q).sum(1)
+        q.sub_(a.unsqueeze(1) * Yh[:, j])
+        alphas.append(a)
+    q.mul_(gamma.unsqueeze(1))
+    for j, a in zip(reversed(order), reversed(alphas), strict=True):
+        b = rho[:, j] * (Yh[:, j] * q).sum(1)
+        q.add_(Sh[:, j] * (a - b).unsqueeze(1))
+    return q
+
+
+def _compact_direction(g: torch.Tensor, Sh: torch.Tensor, Yh: torch.Tensor, rho: torch.Tensor, gamma: torch.Tensor,
+                       ptr: int) -> torch.Tensor:
+    r""":math:`H g` by the compact representation (Byrd, Nocedal & Schnabel 1994, eq. 2.6), :math:`H_0 = \gamma I`:
+
+    .. math:: H g = \gamma g + S p - \gamma Y v,\quad v = R^{-1} S^\top g,\quad
+              p = R^{-\top}\big((D + \gamma Y^\top Y) v - \gamma Y^\top g\big),
+
+    with the stored pairs as the columns of S and Y in chronological order,
+    :math:`R_{ij} = s_i^\top y_j` for :math:`i \le j` (upper triangular) and
+    :math:`D = \mathrm{diag}(s_i^\top y_i)`.  A slot with ``rho == 0`` acts as a zero pair, which
+    decouples from the others (its diagonal entry of R is set to 1).  Arguments as :func:`lbfgs_direction`.
+    """
+    m = Sh.shape[1]
+    order = [(ptr + j) % m for j in range(m)]  # oldest first
+    valid = (rho[:, order] != 0).unsqueeze(-1)
+    S = Sh[:, order] * valid
+    Y = Yh[:, order] * valid
+    SY = torch.bmm(S, Y.transpose(1, 2))
+    R = torch.triu(SY)
+    R.diagonal(dim1=1, dim2=2).add_((~valid.squeeze(-1)).to(R.dtype))
+    gam = gamma.unsqueeze(-1)
+    Sg = torch.bmm(S, g.unsqueeze(-1))
+    Yg = torch.bmm(Y, g.unsqueeze(-1))
+    v = torch.linalg.solve_triangular(R, Sg, upper=True)
+    inner = torch.bmm(Y, Y.transpose(1, 2)).mul_(gam.unsqueeze(-1))
+    inner.diagonal(dim1=1, dim2=2).add_(SY.diagonal(dim1=1, dim2=2))
+    p = torch.linalg.solve_triangular(R.transpose(1, 2), torch.bmm(inner, v) - gam.unsqueeze(-1) * Yg, upper=False)
+    return gam * g + torch.bmm(S.transpose(1, 2), p).squeeze(-1) - gam * torch.bmm(Y.transpose(1, 2), v).squeeze(-1)
+
+
+def lbfgs(problem: LSProblem | ClosureProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol: float = 1e-12,
           gtol: float = 1e-10, memory: int = 10, max_ls: int = 30, c1: float = 1e-4,
           history: bool = False, progress: bool = False) -> OptimResult:
     """Batched L-BFGS with a backtracking line search and box projection (see module docstring)."""
@@ -170,18 +269,7 @@ def lbfgs(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 1000, tol:
             Sh, Yh, rho, gamma, has_hist, n_iter = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep], \
                 n_iter[keep]
             A = theta.shape[0]
-        # two-loop recursion (rho = 0 marks an empty or skipped pair: a no-op)
-        q = gp.clone()
-        order = [(ptr - 1 - j) % memory for j in range(memory)]
-        alphas = []
-        for j in order:
-            a = rho[:, j] * (Sh[:, j] * q).sum(1)
-            q.sub_(a.unsqueeze(1) * Yh[:, j])
-            alphas.append(a)
-        q.mul_(gamma.unsqueeze(1))
-        for j, a in zip(reversed(order), reversed(alphas), strict=True):
-            b = rho[:, j] * (Yh[:, j] * q).sum(1)
-            q.add_(Sh[:, j] * (a - b).unsqueeze(1))
+        q = lbfgs_direction(gp, Sh, Yh, rho, gamma, ptr)
         d = -q
         d.masked_fill_(gp == 0, 0.0)
         gd = (d * gp).sum(1)

@@ -15,7 +15,8 @@ Two estimators, both batched over replicates x restarts in one tensor program:
   (:mod:`moestat.fit.em`); softmax gate, linear or constant experts;
 * ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd) for
   every gate and expert family; every (replicate, restart) pair has its own L-BFGS memory and
-  backtracking line search (:mod:`moestat.fit._lbfgs`), all in one tensor program.  With top-K gates
+  backtracking line search (:func:`moestat.fit._optim.lbfgs`, shared with the least-squares engine),
+  all in one tensor program.  With top-K gates
   and ``top_k = 1`` the gate gradient is zero almost everywhere, so the gate cannot move from its start.
 
 The noise standard deviations are kept above the floor
@@ -25,22 +26,25 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from .._torch import resolve_device, resolve_dtype, to_tensor
+from .._torch import cpu_threads, resolve_device, resolve_dtype, to_tensor
 from .._validation import check_choice, check_int
+from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
 from ._layout import BlockParams, ParamLayout
-from ._lbfgs import lbfgs_batched
+from ._optim import ClosureProblem, lbfgs
 from .em import design, em_fit, weighted_ls
 from .results import MLEFit
 
 METHODS = ("em", "gradient")
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 class UnderdeterminedWarning(UserWarning):
@@ -141,6 +145,28 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
                        var.sqrt())
 
 
+def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log\tilde\pi_i(x_t) + \log\mathcal N(y_t; h_i(x_t), \sigma_i^2)` in the (A, k, n) layout.
+
+    The same quantity as :meth:`moestat.MoE.log_density_components` (which returns (..., n, k)), for A
+    flat problems with their own data: ``Zt`` (A, d+1, n) is the transposed design :math:`(1, x_t)`,
+    ``y`` (A, n), and the blocks ``p`` have leading axis A.  Experts sit on axis 1 and observations
+    last, so the softmax/log-sum-exp reductions over experts run along a strided axis (several times
+    faster on CPU than over a short last axis) and logits and expert pre-activations are batched
+    matrix products.
+    """
+    gate = torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1)
+    logw = log_mixture_weights(spec.gate, torch.bmm(gate, Zt), top_k=spec.top_k, temperature=spec.temperature,
+                               dim=1)
+    if spec.family.input_dependent:
+        mu = spec.family.activation(torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt))
+    else:
+        mu = p.expert_bias.unsqueeze(-1)
+    sd = p.noise_sd.unsqueeze(-1)
+    z = (y.unsqueeze(1) - mu) / sd
+    return logw - 0.5 * z * z - torch.log(sd) - _HALF_LOG_2PI
+
+
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
                  sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float) -> tuple[BlockParams, torch.Tensor,
                                                                                  torch.Tensor, torch.Tensor]:
@@ -148,31 +174,39 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
 
     The noise sd is parameterised as :math:`\sigma = (\sigma_{\min}^2 + e^{2\rho})^{1/2}` so the floor
     holds throughout.  A pair is converged when :math:`\max_j|\partial(\ell/n)/\partial\theta_j| \le`
-    ``gtol``, or when a step improves :math:`\ell` by at most ``ftol`` relative (see
-    :func:`moestat.fit._lbfgs.lbfgs_batched`).
+    ``gtol``, or when a step lowers :math:`-\ell/n` by at most ``ftol`` relative; every pair has its own
+    L-BFGS memory and line search, and converged pairs leave the active set
+    (:func:`moestat.fit._optim.lbfgs`, the optimiser of the least-squares engine).
     """
-    n = X.shape[1]
+    R, n, _ = X.shape
     k = spec.k
-    floor2 = (sd_floor**2)[:, None, None]
+    S = init.gate_bias.shape[1]
+    rep_of = torch.arange(R * S, device=X.device) // S
+    floor2 = (sd_floor**2).repeat_interleave(S)[:, None]
     theta0 = layout.pack(init)
     sd0 = init.noise_sd.clamp_min(1.01 * sd_floor[:, None, None])
-    rho0 = 0.5 * torch.log(sd0**2 - floor2)
-    v0 = torch.cat([theta0[..., :-k], rho0], dim=-1).detach()
-    X4, y3 = X.unsqueeze(1), y.unsqueeze(1)
+    rho0 = 0.5 * torch.log(sd0**2 - (sd_floor**2)[:, None, None])
+    v0 = torch.cat([theta0[..., :-k], rho0], dim=-1).detach().reshape(R * S, -1)
+    Zt = design(X, True).transpose(1, 2)
+    cache: dict = {}
 
-    def unpack(v: torch.Tensor) -> BlockParams:
+    def unpack(v: torch.Tensor, fl2: torch.Tensor) -> BlockParams:
         p = layout.unpack(v)
-        p.noise_sd = torch.sqrt(floor2 + torch.exp(2 * v[..., -k:]))
+        p.noise_sd = torch.sqrt(fl2 + torch.exp(2 * v[..., -k:]))
         return p
 
-    def negll(v: torch.Tensor) -> torch.Tensor:
-        ll = torch.logsumexp(spec.log_density_components(unpack(v), X4, y3), dim=-1).sum(-1)
-        return -ll / n
+    def negll(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if cache.get("rows") is not rows:  # gather the active pairs' data once per active set
+            r = rep_of[rows]
+            cache.update(rows=rows, Zt=Zt[r], y=y[r], fl2=floor2[rows])
+        logc = log_components(spec, unpack(v, cache["fl2"]), cache["Zt"], cache["y"])
+        return -torch.logsumexp(logc, dim=1).sum(-1) / n
 
-    v, f, conv, n_iter = lbfgs_batched(negll, v0, max_iter=max_iter, gtol=gtol, ftol=ftol)
-    ll = -f * n
-    conv = conv & torch.isfinite(ll)
-    return unpack(v).map(lambda a: a.detach()), ll, conv, n_iter
+    res = lbfgs(ClosureProblem(negll, R * S, X.device), v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
+    ll = (-res.loss * n).reshape(R, S)
+    conv = res.converged.reshape(R, S) & torch.isfinite(ll)
+    p = unpack(res.theta, floor2).map(lambda a: a.detach().reshape(R, S, *a.shape[1:]))
+    return p, ll, conv, res.n_iter.reshape(R, S)
 
 
 def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, ll: torch.Tensor, conv: torch.Tensor,
@@ -197,11 +231,33 @@ def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, 
     return out, ll, conv, n_iter
 
 
+def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, layout: ParamLayout,
+           floor: torch.Tensor, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
+           gtol: float, switch_after: int | None, screen: float | None):
+    """EM (then L-BFGS for the slow starts) or L-BFGS from the starts ``init_b`` (R, S, ...)."""
+    if method != "em":
+        pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
+                                            gtol=gtol, ftol=0.01 * tol)
+        return pb, ll, conv, n_iter, None
+    em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
+    st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
+                gate_steps=gate_steps, gate_solver=gate_solver)
+    pb, ll, conv, n_iter = st.params, st.loglik, st.converged, st.n_iter
+    slow = ~conv & torch.isfinite(ll)
+    if screen is not None:
+        best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
+        slow &= ll >= best_now - screen
+    if switch_after is not None and bool(slow.any()):
+        pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
+                                             max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
+    return pb, ll, conv, n_iter, st.history
+
+
 def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
             feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
-            switch_after: int | None = 30, screen: float | None = 10.0) -> MLEFit:
+            switch_after: int | None = 30, screen: float | None = 10.0, threads: int | None = 1) -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
     Parameters
@@ -256,6 +312,10 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
         What to do when n is smaller than the number of free parameters: raise ``ValueError`` (default)
         or emit :class:`UnderdeterminedWarning` and fit anyway (the estimate is then one maximiser among
         many; the proximal EM terms keep it finite).  :class:`moestat.MoERegressor` uses ``"warn"``.
+    threads : int or None
+        Torch intra-op threads for the solve on CPU (restored afterwards); ``None`` keeps torch's
+        setting.  One thread by default, as :func:`moestat.fit_lse`: the batched problems are small, and
+        threads that wait on each other on a shared CPU cost more than they gain.
 
     Returns
     -------
@@ -312,22 +372,10 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
     init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
     init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
-    history = None
-    if method == "em":
-        em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
-        st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
-                    gate_steps=gate_steps, gate_solver=gate_solver)
-        pb, ll, conv, n_iter, history = st.params, st.loglik, st.converged, st.n_iter, st.history
-        slow = ~conv & torch.isfinite(ll)
-        if screen is not None:
-            best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
-            slow &= ll >= best_now - screen
-        if switch_after is not None and bool(slow.any()):
-            pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
-                                                 max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
-    else:
-        pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
-                                            gtol=gtol, ftol=0.01 * tol)
+    with cpu_threads(threads, dev):
+        pb, ll, conv, n_iter, history = _solve(spec, Xt, yt, init_b, layout, floor, method=method, tol=tol,
+                                               max_iter=max_iter, gate_steps=gate_steps, gate_solver=gate_solver,
+                                               gtol=gtol, switch_after=switch_after, screen=screen)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)
@@ -336,7 +384,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
                 "max_iter": max_iter, "sd_floor": sd_floor, "gate_solver": gate_solver if method == "em" else None,
                 "gate_steps": gate_steps if method == "em" else None, "gtol": gtol,
                 "switch_after": switch_after if method == "em" else None, "screen": screen if method == "em" else None,
-                "device": str(dev), "dtype": str(dt).replace("torch.", ""),
+                "device": str(dev), "dtype": str(dt).replace("torch.", ""), "threads": threads,
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key)}
     return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),

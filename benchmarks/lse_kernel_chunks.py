@@ -1,0 +1,62 @@
+"""Sweep of the least-squares kernel's chunk size, eager and torch.compile'd (issue 3).
+
+Workload: the nguyen2024 regime-2 preset (d = 32, k* = 8, relu experts, sigmoid truth) fitted with
+k = 9, R = 20 replicates, float64.  For each n and minimum chunk size, prints one objective + gradient
+evaluation as a ratio to the forward product it contains (``theta @ X^T`` for all R problems), both
+measured in the same run (lower decile of 40 calls).  Run
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_kernel_chunks.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+import moestat as ms
+from moestat.fit._objective import MeanKernel
+from moestat.simulators import presets
+
+
+def lower_decile(fn, reps: int = 40) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.quantile(ts, 0.1))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    truth = presets.sigmoid_vs_softmax(regime=2)
+    spec = truth.spec.with_k(9)
+    R = 20
+    print("| n | rows per chunk | eager ratio | compiled ratio |")
+    print("|---|---|---|---|")
+    for n in (1000, 10000):
+        sweep(truth, spec, n, R)
+
+
+def sweep(truth, spec, n: int, R: int) -> None:
+    """Print one table row per minimum chunk size at sample size ``n``."""
+    k, p = spec.k, spec.d + 1
+    data = ms.simulate(truth.spec, truth.params, n=n, reps=R, seed=1)
+    X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
+    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
+    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
+    Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
+    t_fwd = lower_decile(lambda: torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z))
+    for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
+        ratios = []
+        for compile_ in (False, True):
+            kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
+            ratios.append(lower_decile(lambda kernel=kernel: kernel.value_grad(theta, Xa, y)) / t_fwd)
+        rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, p, 8)
+        print(f"| {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
+
+if __name__ == "__main__":
+    main()
