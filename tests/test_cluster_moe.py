@@ -235,3 +235,104 @@ def test_setting3_nonlinear_moe_specialises_full_algorithm():
     assert ev["dispatch_entropy"].mean() < 0.15
     lin = fit_cluster_moe(tr, activation="linear", T=4000, test=te, seed=2025, dtype="float32").evaluate(te)
     assert lin["dispatch_entropy"].mean() > ev["dispatch_entropy"].mean() + 0.3  # the linear MoE does not specialise
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Load-balancing loss (Switch Transformer, Fedus et al. 2022 eq. 4; chen2022 Table 9 leaves it unstated)
+
+
+def test_load_balance_loss_closed_form_tiny_case():
+    # n = 2 examples, M = 2 experts, gate logits h = (0, log 3) and (log 3, 0): pi = (1/4, 3/4), (3/4, 1/4).
+    pi = torch.softmax(torch.log(torch.tensor([[[1.0, 3.0], [3.0, 1.0]]], dtype=torch.float64)), dim=-1)
+    # both examples dispatched to expert 0: frac = (1, 0), mean pi_0 = 1/2 -> L = 2 * (1 * 1/2 + 0) = 1
+    one = torch.tensor([1.0], dtype=torch.float64)
+    torch.testing.assert_close(cm.load_balance_loss(torch.tensor([[0, 0]]), pi), one)
+    # example 0 -> expert 1 (gate 3/4), example 1 -> expert 0 (gate 3/4): frac = (1/2, 1/2), pibar = (1/2, 1/2)
+    torch.testing.assert_close(cm.load_balance_loss(torch.tensor([[1, 0]]), pi), one)
+    # a skewed gate: pi = (0.9, 0.1) for both, all dispatched to 0 -> L = 2 * 0.9 = 1.8 (the collapse penalty)
+    skew = torch.tensor([[[0.9, 0.1], [0.9, 0.1]]], dtype=torch.float64)
+    torch.testing.assert_close(cm.load_balance_loss(torch.tensor([[0, 0]]), skew), 1.8 * one)
+
+
+def test_load_balance_router_gradient_closed_form():
+    """Autograd of a * L_bal w.r.t. Theta vs the closed form in the load_balance_loss docstring."""
+    X, y, W, Theta = _rand_state(R=2, n=25, M=5, d=7, J=2, scale=0.3)
+    noise = torch.rand(2, 25, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    Tg = Theta.clone().requires_grad_()
+    a = 0.7
+    with_lb, out = cm.moe_loss(X, y, W, Tg, "cubic", noise, load_balance=a)
+    without, _ = cm.moe_loss(X, y, W, Tg, "cubic", noise)
+    g_bal = torch.autograd.grad((with_lb - without).sum(), Tg)[0]
+    pi, e, s = out["pi"].detach(), out["expert"], X.sum(2)
+    M, n = 5, 25
+    frac = Fnn.one_hot(e, M).double().mean(1)  # (R, M)
+    inner = (pi * frac[:, None, :]).sum(-1, keepdim=True)  # sum_m' frac_m' pi_m'(x_i)
+    ref = a * M / n * torch.einsum("rnm,rnd->rdm", pi * (frac[:, None, :] - inner), s)
+    torch.testing.assert_close(g_bal, ref)
+    # sums to 0 over experts (softmax Jacobian); 1e-13 = float64 rounding of a difference of two gradients
+    torch.testing.assert_close(g_bal.sum(-1), torch.zeros(2, 7, dtype=torch.float64), atol=1e-13, rtol=0)
+
+
+def test_load_balance_acts_only_on_router_and_keeps_lemma_e1():
+    X, y, W, Theta = _rand_state(R=1, n=30, M=4, d=6, J=2)
+    noise = torch.rand(1, 30, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    Wg = W.clone().requires_grad_()
+    g0 = torch.autograd.grad(cm.moe_loss(X, y, Wg, Theta, "cubic", noise)[0].sum(), Wg)[0]
+    g1 = torch.autograd.grad(cm.moe_loss(X, y, Wg, Theta, "cubic", noise, load_balance=2.0)[0].sum(), Wg)[0]
+    torch.testing.assert_close(g0, g1, rtol=0, atol=0)
+    data = ms.simulate_clusters(setting=1, n=60, reps=2, seed=1)
+    fit = fit_cluster_moe(data, T=60, eta=0.01, eta_r=1.0, load_balance=0.5, seed=3, device="cpu")
+    assert fit.Theta.sum(-1).norm() < 1e-12 and fit.config["load_balance"] == 0.5
+    plain = fit_cluster_moe(data, T=60, eta=0.01, eta_r=1.0, seed=3, device="cpu")
+    assert not torch.allclose(plain.Theta, fit.Theta)  # the term does move the router
+
+
+def test_load_shares_and_entropy():
+    counts = np.array([[[5, 0, 0, 5], [5, 0, 0, 5]], [[0, 0, 7, 0], [0, 0, 3, 0]]])  # (R=2, K=2, M=4)
+    np.testing.assert_allclose(cm.load_shares(counts), [[0.5, 0, 0, 0.5], [0, 0, 1, 0]])
+    np.testing.assert_allclose(cm.load_entropy(counts), [np.log(2), 0.0])
+    np.testing.assert_allclose(cm.load_entropy(np.ones((1, 3, 8))), [np.log(8)])
+
+
+def test_single_cnn_minibatch(small):
+    tr, _ = small
+    kw = dict(J=8, activation="cubic", T=30, batch_size=32, device="cpu")
+    batched = fit_single_cnn(tr, seed=6, **kw)
+    for r in range(tr.n_reps):  # each replicate draws its batches from its own generator
+        alone = fit_single_cnn(tr.select(r), seed=[batched.seeds[r]], **kw)
+        torch.testing.assert_close(alone.W[0], batched.W[r], rtol=1e-9, atol=1e-11)
+    full = fit_single_cnn(tr, seed=6, **dict(kw, batch_size=None))
+    assert not torch.allclose(full.W, batched.W) and batched.config["batch_size"] == 32
+    with pytest.raises(ValueError, match="batch_size"):
+        fit_single_cnn(tr, batch_size=0)
+
+
+def test_single_cnn_bias_definition_and_fit(small):
+    X, _, W, _ = _rand_state(R=1, n=3, M=1, d=5, J=4)
+    a = torch.tensor([[1.0, -2.0, 0.5, 1.0]], dtype=torch.float64)
+    b = torch.tensor([[0.3, -0.1, 0.0, 2.0]], dtype=torch.float64)
+    for act in ("cubic", "linear", "relu"):
+        ref = torch.tensor([[sum(float(a[0, j]) * cm.ACTIVATIONS[act](X[0, i, p] @ W[0, 0, :, j] + b[0, j])
+                                 for j in range(4) for p in range(4)) for i in range(3)]], dtype=torch.float64)
+        torch.testing.assert_close(cm.single_forward(X, W[:, 0], a, act, b), ref)
+    tr, te = small
+    fit = fit_single_cnn(tr, J=8, activation="cubic", T=20, bias=True, seed=0, device="cpu")
+    assert fit.b.shape == (3, 8) and fit.b.abs().sum() > 0 and fit.config["bias"] is True
+    # a patch-additive predictor with biases still obeys the Thm 4.1 orbit identity
+    orbit = mt.thm41_orbit_margins(lambda X: fit.predict(_with_X(te, X))["F"], te)
+    np.testing.assert_allclose(orbit.sum(-1), 0.0, atol=1e-7)
+
+
+def test_presets_match_paper():
+    """chen2022 App. A.2 / Table 3, copied literally: alpha, beta, gamma ranges and sigma_p of settings 1-4."""
+    paper = {1: ((0.5, 2.0), (1.0, 2.0), (0.5, 3.0), 1.0), 2: ((0.5, 2.0), (1.0, 2.0), (0.5, 3.0), 2.0),
+             3: ((0.5, 2.0), (1.0, 2.0), (0.5, 2.0), 1.0), 4: ((0.5, 2.0), (1.0, 2.0), (0.5, 2.0), 2.0)}
+    for s, (alpha, beta, gamma, sigma_p) in paper.items():
+        c = ms.simulate_clusters(setting=s, n=4, seed=0).config
+        assert (c.K, c.P, c.d, c.alpha, c.beta, c.gamma, c.sigma_p) == (4, 4, 50, alpha, beta, gamma, sigma_p)
+        assert c.alpha_gamma_equal == (s in (3, 4))  # Thm 4.1 applies to settings 3 and 4 only
+    # setting 2: the Gaussian patch has E||xi||^2 = sigma_p^2 = 4 (N(0, sigma_p^2/d I)); 3 se of the mean
+    # of 5,000 draws of a scaled chi2_50 (sd 4 sqrt(2/50) = 0.8) is 0.034
+    d2 = ms.simulate_clusters(setting=2, n=5000, seed=1)
+    xi = d2.X[d2.roles == 3]
+    assert abs((xi ** 2).sum(-1).mean() - 4.0) < 0.034

@@ -184,17 +184,58 @@ def moe_forward(X: torch.Tensor, W: torch.Tensor, Theta: torch.Tensor, activatio
     return {"F": F, "expert": expert, "h": h, "pi": pi, "f": f}
 
 
+def load_balance_loss(expert: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    r"""Switch-Transformer auxiliary loss (Fedus et al. 2022, eq. 4), per replicate, shape (R,).
+
+    .. math:: \mathcal L_{\mathrm{bal}} = M\sum_{m=1}^M \mathrm{frac}_m\,\bar\pi_m,\qquad
+              \mathrm{frac}_m = \frac1n\sum_i 1[m_i = m],\qquad \bar\pi_m = \frac1n\sum_i \pi_m(x_i),
+
+    with ``expert`` (R, n) the dispatch :math:`m_i` (a constant: no gradient flows through it) and ``pi``
+    (R, n, M) the softmax gate values.  chen2022 uses a load-balancing loss in Table 9 and its CIFAR runs
+    (coefficient 1e-3) but never states its formula; this is the standard one it cites.  It equals 1
+    whenever :math:`\pi_m(x_i) = 1/M` for all :math:`i, m` (whatever the dispatch) and ranges in
+    :math:`(0, M)`.  Its router gradient is
+
+    .. math:: \nabla_{\theta_m}\mathcal L_{\mathrm{bal}} = \frac Mn\sum_i \pi_m(x_i)
+              \Bigl(\mathrm{frac}_m - \sum_{m'}\mathrm{frac}_{m'}\pi_{m'}(x_i)\Bigr) s(x_i),
+
+    which sums to 0 over :math:`m`, so Lemma E.1 (:math:`\sum_m\theta_m^{(t)} = 0`) still holds.
+    """
+    M = pi.shape[-1]
+    frac = Fnn.one_hot(expert, M).to(pi.dtype).mean(dim=1)
+    return M * (frac * pi.mean(dim=1)).sum(dim=-1)
+
+
 def moe_loss(X: torch.Tensor, y: torch.Tensor, W: torch.Tensor, Theta: torch.Tensor, activation: str,
              noise: torch.Tensor | None, load_balance: float = 0.0, dense: bool = False,
              s: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Perturbed loss (chen2022 eq. 3.3) plus the optional Switch load-balancing term, per replicate (R,)."""
+    """Perturbed loss (chen2022 eq. 3.3) plus ``load_balance`` x :func:`load_balance_loss`, per replicate (R,).
+
+    The balance term uses the dispatch of this iteration (noisy during training).
+    """
     out = moe_forward(X, W, Theta, activation, noise, dense, s)
     loss = Fnn.softplus(-y * out["F"]).mean(dim=1)
     if load_balance > 0:
-        M = Theta.shape[-1]
-        frac = Fnn.one_hot(out["expert"], M).to(X.dtype).mean(dim=1)
-        loss = loss + load_balance * M * (frac * out["pi"].mean(dim=1)).sum(dim=-1)
+        loss = loss + load_balance * load_balance_loss(out["expert"], out["pi"])
     return loss, out
+
+
+def load_shares(counts: Any) -> np.ndarray:
+    """Share of examples routed to each expert, shape (R, M), from cluster x expert counts (R, K, M)."""
+    loads = np.asarray(counts, dtype=np.float64).sum(axis=-2)
+    return loads / loads.sum(axis=-1, keepdims=True)
+
+
+def load_entropy(counts: Any) -> np.ndarray:
+    r"""Entropy of the expert load distribution in nats, :math:`-\sum_m q_m\log q_m` (:math:`0\log 0 = 0`).
+
+    :math:`q_m` is the share of examples routed to expert :math:`m` (:func:`load_shares`).  It is
+    :math:`\log M` for a perfectly balanced router and 0 when one expert takes everything; unlike the
+    dispatch entropy :math:`H(\text{cluster}\mid\text{expert})` it measures balance, not purity.
+    """
+    q = load_shares(counts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.where(q > 0, q * np.log(q), 0.0).sum(axis=-1)
 
 
 @dataclass
@@ -211,6 +252,8 @@ class ClusterMoEFit:
         Router, shape (R, d, M) (None for a single CNN).
     a : torch.Tensor or None
         Second-layer weights of a single CNN, shape (R, J).
+    b : torch.Tensor or None
+        Filter biases of a single CNN fitted with ``bias=True``, shape (R, J).
     config : dict
         Every knob of the fit.
     history : DataFrame
@@ -231,6 +274,7 @@ class ClusterMoEFit:
     alignment: pd.DataFrame
     seeds: list[np.random.SeedSequence] = field(repr=False)
     wall_time_s: float = 0.0
+    b: torch.Tensor | None = None
 
     @property
     def n_reps(self) -> int:
@@ -241,7 +285,7 @@ class ClusterMoEFit:
         with torch.no_grad():
             X, _ = _tensors(data, self.W.device, self.W.dtype)
             if self.kind == "single":
-                return {"F": to_numpy(single_forward(X, self.W[:, 0], self.a, self.activation))}
+                return {"F": to_numpy(single_forward(X, self.W[:, 0], self.a, self.activation, self.b))}
             nz = None
             if noise > 0:
                 gens = _generators(replicate_seeds(seed, self.n_reps), X.device)
@@ -263,6 +307,7 @@ class ClusterMoEFit:
             counts = mt.dispatch_counts(data.cluster, pred["expert"], data.config.K, self.W.shape[1])
             frame["dispatch_entropy"] = mt.dispatch_entropy(counts)
             frame = frame.merge(mt.load_summary(counts), on="rep")
+            frame["load_entropy"] = load_entropy(counts)
             frame["router_sum_norm"] = to_numpy(self.Theta.sum(dim=-1).norm(dim=-1))
         else:
             frame["dispatch_entropy"] = np.nan
@@ -276,12 +321,22 @@ class ClusterMoEFit:
         return long
 
 
-def single_forward(X: torch.Tensor, W: torch.Tensor, a: torch.Tensor, activation: str) -> torch.Tensor:
-    """Single CNN :math:`F(x) = \\sum_j a_j\\sum_p\\sigma(\\langle w_j, x^{(p)}\\rangle)`; W (R, d, J), a (R, J)."""
+def single_forward(X: torch.Tensor, W: torch.Tensor, a: torch.Tensor, activation: str,
+                   b: torch.Tensor | None = None) -> torch.Tensor:
+    """Single CNN :math:`F(x) = \\sum_j a_j\\sum_p\\sigma(\\langle w_j, x^{(p)}\\rangle + b_j)`.
+
+    Shapes: ``X`` (R, n, P, d), ``W`` (R, d, J), ``a`` and ``b`` (R, J).
+
+    ``b = None`` is the bias-free CNN of chen2022 eq. 3.1; with biases it is the family of Thm 4.1.
+    """
     R, n, P, d = X.shape
-    if activation == "linear":  # sum_j a_j <w_j, s(x)>
-        return torch.bmm(X.sum(dim=2), (W * a[:, None, :]).sum(dim=-1, keepdim=True)).squeeze(-1)
-    Z = ACTIVATIONS[activation](torch.bmm(X.reshape(R, n * P, d), W)).reshape(R, n, P, -1).sum(dim=2)
+    if activation == "linear":  # sum_j a_j (<w_j, s(x)> + P b_j)
+        out = torch.bmm(X.sum(dim=2), (W * a[:, None, :]).sum(dim=-1, keepdim=True)).squeeze(-1)
+        return out if b is None else out + P * (a * b).sum(dim=-1, keepdim=True)
+    Z = torch.bmm(X.reshape(R, n * P, d), W)
+    if b is not None:
+        Z = Z + b[:, None, :]
+    Z = ACTIVATIONS[activation](Z).reshape(R, n, P, -1).sum(dim=2)
     return (Z * a[:, None, :]).sum(dim=-1)
 
 
@@ -400,9 +455,10 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
 
 def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic", T: int = 2000,
                    optimizer: str = "adam", lr: float | None = None, weight_decay: float = 5e-4,
-                   sigma0: float = 0.1, train_second_layer: bool | None = None, test: ClusterData | None = None,
-                   eval_every: int | None = None, seed: SeedLike = 0, device: str | torch.device = "auto",
-                   dtype: torch.dtype | str | None = None) -> ClusterMoEFit:
+                   sigma0: float = 0.1, train_second_layer: bool | None = None, bias: bool = False,
+                   batch_size: int | None = None,
+                   test: ClusterData | None = None, eval_every: int | None = None, seed: SeedLike = 0,
+                   device: str | torch.device = "auto", dtype: torch.dtype | str | None = None) -> ClusterMoEFit:
     """Fit ``R`` single two-layer CNNs (the patch-additive baselines of chen2022 Tables 1, 3, 7, 8).
 
     Parameters
@@ -417,6 +473,13 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         Step size; default 0.01, or 0.003 for the linear activation (App. A.2).
     train_second_layer : bool, optional
         Train the output weights :math:`a_j` (initialised at 1); default: fixed for odd activations.
+    bias : bool
+        Give every filter a trained bias :math:`b_j` (initialised at 0): :math:`\\sigma(\\langle w_j,
+        x^{(p)}\\rangle + b_j)`, the family of Thm 4.1.  Default False, the bias-free CNN of eq. 3.1.
+    batch_size : int, optional
+        ``None`` (default): full-batch steps.  Otherwise each of the ``T`` steps uses ``batch_size``
+        examples drawn uniformly with replacement, independently per replicate (from the replicate's own
+        generator, after its initialisation draw); the loss is the mean over the batch.
     weight_decay, sigma0, test, eval_every, seed, device, dtype
         As in :func:`fit_cluster_moe` (``weight_decay`` is the L2 penalty of the optimizer).
 
@@ -432,6 +495,8 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     lr = _check_positive("lr", (0.003 if activation == "linear" else 0.01) if lr is None else lr)
     weight_decay, sigma0 = _check_nonneg("weight_decay", weight_decay), _check_positive("sigma0", sigma0)
     train_a = activation not in _ODD if train_second_layer is None else bool(train_second_layer)
+    if batch_size is not None:
+        batch_size = check_int("batch_size", batch_size)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     R, n, _, d = train.X.shape
@@ -441,7 +506,8 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     Xt, _ = _tensors(test, dev, dt) if test is not None else (None, None)
     W = (sigma0 * _randn(gens, (d, J), device=dev, dtype=dt)).requires_grad_(True)
     a = torch.ones((R, J), device=dev, dtype=dt, requires_grad=train_a)
-    params = [W, a] if train_a else [W]
+    b = torch.zeros((R, J), device=dev, dtype=dt, requires_grad=True) if bias else None
+    params = [W] + ([a] if train_a else []) + ([b] if bias else [])
     opt = (torch.optim.Adam(params, lr=lr, weight_decay=weight_decay) if optimizer == "adam"
            else torch.optim.SGD(params, lr=lr, weight_decay=weight_decay))
     rows: list[dict[str, Any]] = []
@@ -453,21 +519,29 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         align.append(mt.alignment_frame(to_numpy(W)[:, None], None, train.V, train.C, it))
         if Xt is not None:
             with torch.no_grad():
-                score = to_numpy(single_forward(Xt, W, a, activation))
+                score = to_numpy(single_forward(Xt, W, a, activation, b))
             _record(rows, it, "test", "accuracy", mt.accuracy(test.y, score))
 
     t0 = time.perf_counter()
     evaluate(0, None)
+    rows_r = torch.arange(R, device=dev)[:, None]
     for t in range(T):
         opt.zero_grad(set_to_none=True)
-        loss = Fnn.softplus(-y * single_forward(X, W, a, activation)).mean(dim=1)
+        if batch_size is None:
+            Xb, yb = X, y
+        else:
+            idx = torch.stack([torch.randint(n, (batch_size,), generator=g, device=dev) for g in gens])
+            Xb, yb = X[rows_r, idx], y[rows_r, idx]
+        loss = Fnn.softplus(-yb * single_forward(Xb, W, a, activation, b)).mean(dim=1)
         loss.sum().backward()
         opt.step()
         if (t + 1) % eval_every == 0 or t + 1 == T:
             evaluate(t + 1, loss.detach())
     wall = time.perf_counter() - t0
     config = dict(model=f"single-{activation}", M=1, J=J, activation=activation, T=T, optimizer=optimizer, lr=lr,
-                  weight_decay=weight_decay, sigma0=sigma0, train_second_layer=train_a, n_train=n,
+                  weight_decay=weight_decay, sigma0=sigma0, train_second_layer=train_a, bias=bool(bias),
+                  batch_size=batch_size,
+                  n_train=n,
                   device=str(dev), dtype=str(dt).replace("torch.", ""))
     return ClusterMoEFit("single", activation, W.detach()[:, None], None, a.detach(), config, pd.DataFrame(rows),
-                         pd.concat(align, ignore_index=True), seeds, wall)
+                         pd.concat(align, ignore_index=True), seeds, wall, None if b is None else b.detach())
