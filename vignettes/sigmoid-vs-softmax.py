@@ -172,7 +172,7 @@ def plot_losses(frame: pd.DataFrame, rates: pd.DataFrame, y: str, path: Path, yl
             label = f"{gate}, {fit}"
             if len(row):
                 r = row.iloc[0]
-                label += f": n^-{r['exponent']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+                label += f": slope {-r['exponent']:.2f} [{-r['ci_high']:.2f}, {-r['ci_low']:.2f}]"
                 ns = np.asarray(stats.index, float)
                 ax.plot(ns, np.exp(r["intercept"]) * ns ** (-r["exponent"]), ":", color="tab:red", lw=1)
             ax.errorbar(stats.index, stats["mean"], yerr=2 * stats["std"].fillna(0), fmt="o" + styles[fit],
