@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 
 import numpy as np
@@ -88,11 +89,10 @@ def test_compiled_kernel_matches_eager(gate, expert, temperature):
     Xa = torch.cat([torch.ones(G, n, 1, dtype=X.dtype), X], -1)
     y = torch.randn(G, n, dtype=X.dtype)
     theta = torch.randn(G, s, 2 * k, d + 1, dtype=X.dtype)
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
     eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
-    try:
-        compiled = MeanKernel.from_spec(spec, compile=True).value_grad(theta, Xa, y)
-    except Exception as err:  # inductor needs a C++ toolchain at run time
-        pytest.skip(f"torch.compile unavailable here: {type(err).__name__}")
+    compiled = MeanKernel.from_spec(spec, compile=True).value_grad(theta, Xa, y)
     # the same float64 arithmetic in a different order: round-off of sums over n = 300 terms
     assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)
     assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
