@@ -10,24 +10,17 @@ measured in the same run (lower decile of 40 calls).  Run
 
 from __future__ import annotations
 
-import time
+import sys
+from pathlib import Path
 
-import numpy as np
 import torch
 
 import moestat as ms
 from moestat.fit._objective import MeanKernel
 from moestat.simulators import presets
 
-
-def lower_decile(fn, reps: int = 40) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.quantile(ts, 0.1))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lse_batched import lower_decile
 
 
 def main() -> None:
