@@ -84,7 +84,7 @@ def config(quick: bool = False) -> dict:
              "grid": [16, 32, 64, 128, 256, 512, 1024, 2048]},
         ],
         "targets": {"synthetic": [0.9, 0.95], "digits": [0.8, 0.85, 0.9]},
-        "sweeps": {**SWEEP_DATA, "sizes": [64, 256], "runs": 20, "k_grid": [1, 2, 4, 5, 8, 10, 20, 40],
+        "sweeps": {**SWEEP_DATA, "sizes": [32, 64, 128, 256, 512], "runs": 20, "k_grid": [1, 2, 4, 5, 8, 10, 20, 40],
                    "l_grid": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15]},
     }
 
@@ -420,6 +420,46 @@ def summarise_sweeps(sweeps: pd.DataFrame) -> pd.DataFrame:
     return out[["sweep", "value", "n_train", "accuracy_mean", "accuracy_sd", "runs", "maxgate_mean", "epochs_mean"]]
 
 
+SWEEP_THEORY = {"k": 0.25, "l": 0.375}  # Thm 4.5 at fixed N: error bound ~ k^(1/4) l^(3/8) (chowdhury2023 §4.3)
+
+
+def sweep_slopes(sweeps: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    r"""OLS slope of log(mean test error) on log(knob) per (knob, N), over the theorem's range.
+
+    The range is :math:`l \ge l^*` for the l sweep and, for the k sweep, the k whose mean
+    Assumption-4.4 rate (``routing_maxgate``) is at least 0.95. The 95% CI resamples runs (the same
+    runs for every knob value: common random numbers); draws with a zero mean error are skipped.
+    ``theory`` is the exponent of Theorem 4.5's error bound at fixed N — an upper-bound order, so a
+    measured slope is not expected to equal it.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    l_star = int(sweeps["l_star"].iloc[0])
+    for (knob, N), g in sweeps.groupby(["sweep", "n_train"]):
+        if knob == "l":
+            keep = g[g["l"] >= l_star]
+        else:
+            ok = g.groupby("k")["routing_maxgate"].mean()
+            keep = g[g["k"].isin(ok.index[ok >= 0.95])]
+        err = keep.pivot_table(index="run", columns=knob, values="accuracy").rsub(1.0)
+        base = {"sweep": knob, "n_train": N, "range_min": float(err.columns.min()) if err.shape[1] else np.nan,
+                "range_max": float(err.columns.max()) if err.shape[1] else np.nan, "n_values": err.shape[1],
+                "theory": SWEEP_THEORY[knob]}
+        if err.shape[1] < 3 or (err.mean() <= 0).any():
+            rows.append({**base, "slope": np.nan, "ci_low": np.nan, "ci_high": np.nan})
+            continue
+        x = np.log(err.columns.to_numpy(float))
+        xc = x - x.mean()
+        slope = float(np.log(err.mean().to_numpy()) @ xc / (xc @ xc))
+        E = err.to_numpy()
+        draws = E[rng.integers(0, len(E), size=(n_boot, len(E)))].mean(1)   # (n_boot, values)
+        good = (draws > 0).all(1)
+        bs = np.log(draws[good]) @ xc / (xc @ xc)
+        lo, hi = np.quantile(bs, [0.025, 0.975]) if good.sum() >= 100 else (np.nan, np.nan)
+        rows.append({**base, "slope": slope, "ci_low": float(lo), "ci_high": float(hi)})
+    return pd.DataFrame(rows)
+
+
 def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
     import matplotlib
 
@@ -431,8 +471,9 @@ def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
     for ax, knob in zip(axes, ("k", "l"), strict=True):
         sub = summ[summ["sweep"] == knob]
         for i, (N, g) in enumerate(sub.groupby("n_train")):
-            ax.errorbar(g["value"], g["accuracy_mean"], yerr=g["accuracy_sd"].fillna(0), marker="o", ms=3,
-                        capsize=2, label=f"N = {N}", color=f"C{i}")
+            se = (g["accuracy_sd"] / np.sqrt(g["runs"])).fillna(0)
+            ax.errorbar(g["value"], g["accuracy_mean"], yerr=se, marker="o", ms=3, capsize=2, label=f"N = {N}",
+                        color=f"C{i}")
         if knob == "l":
             ax.axvline(int(sweeps["l_star"].iloc[0]), color="grey", ls="--", lw=0.8, label="l* (Def. D.3)")
             k_fixed = int(sweeps.loc[sweeps["sweep"] == "l", "k"].iloc[0])
@@ -441,7 +482,7 @@ def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
             ax.set_xscale("log", base=2)
             l_fixed = int(sweeps.loc[sweeps["sweep"] == "k", "l"].iloc[0])
             ax.set_xlabel(f"number of experts k (l = {l_fixed}, m = 40 in total)")
-        ax.set_ylabel("test accuracy (mean ± 1 sd over runs)")
+        ax.set_ylabel("test accuracy (mean ± 1 se over runs)")
         ax.set_title(f"joint-training pMoE: accuracy vs {knob}")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -502,6 +543,7 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
     if sweeps is not None:
         sweeps.to_csv(out / "sweeps.csv", index=False)
         summarise_sweeps(sweeps).to_csv(out / "sweeps_summary.csv", index=False)
+        sweep_slopes(sweeps, seed=cfg["seed"]).to_csv(out / "sweep_slopes.csv", index=False)
         plot_sweeps(sweeps, out)
     write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(MODELS)),
                            "parts": list(parts), "torch_threads_training": 1})
