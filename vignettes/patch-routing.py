@@ -25,6 +25,9 @@
 #    constants and log factors, and with the network width also growing as $n^{10}$) — a measured
 #    slope below 8 is consistent with the theory; the paper itself observed a ratio near 1.7 where
 #    $(n/l)^8 \approx 1.7 \times 10^7$.
+# 4. **Joint training against k and l at fixed N** (Figs. 6-7): test accuracy as the number of
+#    experts k or the patches per expert l moves from the §5.1 setting (k = 8, l = 6), on synthetic
+#    data with $l^* = 6$ (``--parts sweeps`` runs only this part; ``sweeps.csv``, ``sweep_k_l.png``).
 
 # %%
 from __future__ import annotations
