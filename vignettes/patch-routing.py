@@ -25,6 +25,9 @@
 #    constants and log factors, and with the network width also growing as $n^{10}$) — a measured
 #    slope below 8 is consistent with the theory; the paper itself observed a ratio near 1.7 where
 #    $(n/l)^8 \approx 1.7 \times 10^7$.
+# 4. **Joint training against k and l at fixed N** (Figs. 6-7): test accuracy as the number of
+#    experts k or the patches per expert l moves from the §5.1 setting (k = 8, l = 6), on synthetic
+#    data with $l^* = 6$ (``--parts sweeps`` runs only this part; ``sweeps.csv``, ``sweep_k_l.png``).
 
 # %%
 from __future__ import annotations
@@ -44,6 +47,10 @@ MODELS = {
     "cnn": {"fit": "cnn"},
 }
 THEORY_BOUND = 8.0  # chowdhury2023 Thms 4.2-4.3: N_C / N_S = Theta((n/l)^8) as upper bounds; N_C ~ n^8
+# Joint-training sweeps (Figs. 6-7): synthetic data with 5 confuser patches closer to o_1 in every sample, so
+# Definition D.3 gives l* = 6 as in the paper's Fig. 7 (delta_r = 0.6 > (1 - delta_d)/2 lets them outrank o_1).
+# The swept knob moves from the paper's joint setting k = 8, l = 6 (§5.1) with m = 40 neurons in total.
+SWEEP_DATA = {"n_patches": 16, "delta_r": 0.6, "n_confusers": [5, 0], "base_k": 8, "base_l": 6}
 
 
 def config(quick: bool = False) -> dict:
@@ -62,6 +69,7 @@ def config(quick: bool = False) -> dict:
                 {"variant": "digits", "n_patches": 16, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
             ],
             "targets": {"synthetic": [0.9, 0.95], "digits": [0.75, 0.8]},
+            "sweeps": {**SWEEP_DATA, "sizes": [64], "runs": 3, "k_grid": [1, 2, 8, 20], "l_grid": [1, 2, 6, 10]},
         }
     grid = [8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024]
     return {
@@ -79,6 +87,8 @@ def config(quick: bool = False) -> dict:
              "grid": [16, 32, 64, 128, 256, 512, 1024, 2048]},
         ],
         "targets": {"synthetic": [0.9, 0.95], "digits": [0.8, 0.85, 0.9]},
+        "sweeps": {**SWEEP_DATA, "sizes": [32, 64, 128, 256, 512], "runs": 20, "k_grid": [1, 2, 4, 5, 8, 10, 20, 40],
+                   "l_grid": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15]},
     }
 
 
@@ -323,20 +333,186 @@ def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path) -> None:
         plt.close(fig)
 
 
+
+# %% [markdown]
+# ## Joint training: test accuracy against k and l at fixed N (Figs. 6-7)
+#
+# Theorem 4.5 (joint training, conditional on the unproven router Assumption 4.4) needs
+# $N_J = \Omega(k^4 l^6 \cdots/\varepsilon^{16})$ samples, i.e. at fixed N the guaranteed error
+# grows like $k^{1/4} l^{3/8}$ — for $l \ge l^*$ and for k large enough that Assumption 4.4 holds.
+# The paper's Figs. 6-7 plot test accuracy against k and l at fixed N (no numbers are given). Here
+# one knob moves at a time from the §5.1 joint setting (k = 8, l = 6, m = 40), on synthetic data
+# built to have $l^* = 6$; each knob value is one batched fit over (run, N) lanes, all values share
+# the training replicates and the test set (common random numbers). ``maxgate`` is the rate of
+# Assumption 4.4 / Fig. 9: the best expert takes the discriminative patch with the largest gate.
+
+# %%
+def sweep_cells(cfg: dict) -> list[tuple[str, int]]:
+    """The (knob, value) pieces of the sweeps, in run order."""
+    sw = cfg["sweeps"]
+    return [("k", int(v)) for v in sw["k_grid"]] + [("l", int(v)) for v in sw["l_grid"]]
+
+
+def _sweep_data(cfg: dict):
+    import moestat as ms
+
+    sw = cfg["sweeps"]
+    sim = {"n_patches": sw["n_patches"], "d": cfg["d"], "delta_r": sw["delta_r"],
+           "n_confusers": tuple(sw["n_confusers"])}
+    key = [cfg["seed"], 2, sw["n_patches"]]
+    train = ms.simulate_patches(max(sw["sizes"]), reps=sw["runs"], seed=np.random.SeedSequence([*key, 0]), **sim)
+    test = ms.simulate_patches(cfg["n_test"], seed=np.random.SeedSequence([*key, 1]), **sim)
+    return train, test
+
+
+def run_sweep_cell(cfg: dict, knob: str, value: int, data=None) -> pd.DataFrame:
+    """Joint-training pMoE with ``knob`` (``"k"`` or ``"l"``) set to ``value``; one row per (run, N) lane.
+
+    Raises ``ValueError`` from ``fit_pmoe`` when l >= n (expert-choice top-l needs l < n) or when m is not
+    a multiple of k.
+    """
+    from moestat.deep import fit_pmoe
+
+    if knob not in ("k", "l"):
+        raise ValueError(f"knob must be 'k' or 'l', got {knob!r}.")
+    sw = cfg["sweeps"]
+    train, test = _sweep_data(cfg) if data is None else data
+    k = value if knob == "k" else sw["base_k"]
+    l = value if knob == "l" else sw["base_l"]
+    seed = np.random.SeedSequence([cfg["seed"], 3, {"k": 0, "l": 1}[knob], value])
+    fit = fit_pmoe(train, training="joint", k=k, l=l, m=cfg["m"], lr=cfg["lr"], batch_size=cfg["batch_size"],
+                   epochs=cfg["max_epochs"], stop_at_zero_error=True, sizes=sw["sizes"], seed=seed)
+    frame = fit.to_frame(test).rename(columns={"rep": "run"})
+    hits = fit.routing_hit_rate(test).groupby("lane")[["hit", "maxgate"]].mean()
+    frame["routing_hit"] = frame["lane"].map(hits["hit"])
+    frame["routing_maxgate"] = frame["lane"].map(hits["maxgate"])
+    frame.insert(0, "sweep", knob)
+    frame["l_star"] = test.l_star()
+    frame["n_confusers"] = repr(tuple(sw["n_confusers"]))
+    frame["delta_r"] = sw["delta_r"]
+    return frame
+
+
+def run_sweeps(cfg: dict, cells: Path, resume: bool = True) -> pd.DataFrame:
+    """Every (knob, value) piece, saved as ``cells/sweep-<knob>-<value>.csv`` as it finishes."""
+    frames, data = [], None
+    for knob, value in sweep_cells(cfg):
+        path = cells / f"sweep-{knob}-{value}.csv"
+        if resume and path.exists():
+            frames.append(pd.read_csv(path))
+            continue
+        data = _sweep_data(cfg) if data is None else data
+        frame = run_sweep_cell(cfg, knob, value, data)
+        frame.to_csv(path, index=False)
+        frames.append(frame)
+    sweeps = pd.concat(frames, ignore_index=True)
+    lead = ["sweep", "k", "l", "run", "n_train", "accuracy", "routing_hit", "routing_maxgate", "epochs_run",
+            "model", "n_patches", "l_star"]
+    return sweeps[lead + [c for c in sweeps.columns if c not in lead]]
+
+
+def summarise_sweeps(sweeps: pd.DataFrame) -> pd.DataFrame:
+    """Mean, sd and count of test accuracy (and routing rates) per (knob, value, N)."""
+    rows = []
+    for knob, g in sweeps.groupby("sweep"):
+        s = g.groupby([knob, "n_train"]).agg(
+            accuracy_mean=("accuracy", "mean"), accuracy_sd=("accuracy", "std"), runs=("accuracy", "size"),
+            maxgate_mean=("routing_maxgate", "mean"), epochs_mean=("epochs_run", "mean")).reset_index()
+        rows.append(s.rename(columns={knob: "value"}).assign(sweep=knob))
+    out = pd.concat(rows, ignore_index=True)
+    return out[["sweep", "value", "n_train", "accuracy_mean", "accuracy_sd", "runs", "maxgate_mean", "epochs_mean"]]
+
+
+SWEEP_THEORY = {"k": 0.25, "l": 0.375}  # Thm 4.5 at fixed N: error bound ~ k^(1/4) l^(3/8) (chowdhury2023 §4.3)
+
+
+def sweep_slopes(sweeps: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    r"""OLS slope of log(mean test error) on log(knob) per (knob, N), over the theorem's range.
+
+    The range is :math:`l \ge l^*` for the l sweep and, for the k sweep, the k whose mean
+    Assumption-4.4 rate (``routing_maxgate``) is at least 0.95. The 95% CI resamples runs (the same
+    runs for every knob value: common random numbers); draws with a zero mean error are skipped.
+    ``theory`` is the exponent of Theorem 4.5's error bound at fixed N — an upper-bound order, so a
+    measured slope is not expected to equal it.
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    l_star = int(sweeps["l_star"].iloc[0])
+    for (knob, N), g in sweeps.groupby(["sweep", "n_train"]):
+        if knob == "l":
+            keep = g[g["l"] >= l_star]
+        else:
+            ok = g.groupby("k")["routing_maxgate"].mean()
+            keep = g[g["k"].isin(ok.index[ok >= 0.95])]
+        err = keep.pivot_table(index="run", columns=knob, values="accuracy").rsub(1.0)
+        base = {"sweep": knob, "n_train": N, "range_min": float(err.columns.min()) if err.shape[1] else np.nan,
+                "range_max": float(err.columns.max()) if err.shape[1] else np.nan, "n_values": err.shape[1],
+                "theory": SWEEP_THEORY[knob]}
+        if err.shape[1] < 3 or (err.mean() <= 0).any():
+            rows.append({**base, "slope": np.nan, "ci_low": np.nan, "ci_high": np.nan})
+            continue
+        x = np.log(err.columns.to_numpy(float))
+        xc = x - x.mean()
+        slope = float(np.log(err.mean().to_numpy()) @ xc / (xc @ xc))
+        E = err.to_numpy()
+        draws = E[rng.integers(0, len(E), size=(n_boot, len(E)))].mean(1)   # (n_boot, values)
+        good = (draws > 0).all(1)
+        bs = np.log(draws[good]) @ xc / (xc @ xc)
+        lo, hi = np.quantile(bs, [0.025, 0.975]) if good.sum() >= 100 else (np.nan, np.nan)
+        rows.append({**base, "slope": slope, "ci_low": float(lo), "ci_high": float(hi)})
+    return pd.DataFrame(rows)
+
+
+def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = summarise_sweeps(sweeps)
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8))
+    for ax, knob in zip(axes, ("k", "l"), strict=True):
+        sub = summ[summ["sweep"] == knob]
+        for i, (N, g) in enumerate(sub.groupby("n_train")):
+            se = (g["accuracy_sd"] / np.sqrt(g["runs"])).fillna(0)
+            ax.errorbar(g["value"], g["accuracy_mean"], yerr=se, marker="o", ms=3, capsize=2, label=f"N = {N}",
+                        color=f"C{i}")
+        if knob == "l":
+            ax.axvline(int(sweeps["l_star"].iloc[0]), color="grey", ls="--", lw=0.8, label="l* (Def. D.3)")
+            k_fixed = int(sweeps.loc[sweeps["sweep"] == "l", "k"].iloc[0])
+            ax.set_xlabel(f"patches per expert l (k = {k_fixed})")
+        else:
+            ax.set_xscale("log", base=2)
+            l_fixed = int(sweeps.loc[sweeps["sweep"] == "k", "l"].iloc[0])
+            ax.set_xlabel(f"number of experts k (l = {l_fixed}, m = 40 in total)")
+        ax.set_ylabel("test accuracy (mean ± 1 se over runs)")
+        ax.set_title(f"joint-training pMoE: accuracy vs {knob}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "sweep_k_l.png", dpi=120)
+    plt.close(fig)
+
+
 # %% [markdown]
 # ## Run
 
 # %%
-def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, ...] | None = None) -> None:
-    """Train every block, write results.csv, rates.csv, figures and provenance.json into ``out``.
+def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, ...] | None = None,
+        parts: tuple[str, ...] = ("blocks", "sweeps")) -> None:
+    """Train every block and sweep; write results.csv, rates.csv, sweeps.csv, figures, provenance.json.
 
-    ``variants`` restricts the training to some data variants (e.g. to split the work over two
-    processes that share ``out``); the analysis then uses the cells present.
+    ``variants`` restricts the block training to some data variants (e.g. to split the work over two
+    processes that share ``out``); the analysis then uses the cells present. ``parts`` picks the pieces:
+    ``"blocks"`` (accuracy vs N, n*, ratios, scaling: results.csv, rates.csv) and/or ``"sweeps"``
+    (joint training vs k and l at fixed N: sweeps.csv, sweep_k_l.png).
     """
     import torch
 
     from moestat.provenance import write_provenance
 
+    unknown = set(parts) - {"blocks", "sweeps"}
+    if unknown or not parts:
+        raise ValueError(f"parts must be a non-empty subset of ('blocks', 'sweeps'), got {parts!r}.")
     out = Path(out)
     cells = out / "cells"
     cells.mkdir(parents=True, exist_ok=True)
@@ -345,7 +521,7 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
     torch.set_num_threads(1)  # small batched steps are overhead-bound; one thread per process is fastest
     try:
         frames = []
-        for block in cfg["blocks"]:
+        for block in cfg["blocks"] if "blocks" in parts else []:
             if variants is not None and block["variant"] not in variants:
                 continue
             for model in block["models"]:
@@ -356,23 +532,36 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
                 frame = run_block(cfg, block, model)
                 frame.to_csv(path, index=False)
                 frames.append(frame)
+        sweeps = run_sweeps(cfg, cells, resume) if "sweeps" in parts else None
     finally:
         torch.set_num_threads(threads)
-    results = pd.concat(frames, ignore_index=True)
-    lead = ["model", "run", "n_train", "accuracy", "variant", "l", "n_patches", "k", "m", "epochs_run"]
-    results = results[lead + [c for c in results.columns if c not in lead]]
-    results.to_csv(out / "results.csv", index=False)
-    rates = analyse(results, cfg)
-    rates.to_csv(out / "rates.csv", index=False)
-    plot(results, rates, out)
+    if frames:
+        results = pd.concat(frames, ignore_index=True)
+        lead = ["model", "run", "n_train", "accuracy", "variant", "l", "n_patches", "k", "m", "epochs_run"]
+        results = results[lead + [c for c in results.columns if c not in lead]]
+        results.to_csv(out / "results.csv", index=False)
+        rates = analyse(results, cfg)
+        rates.to_csv(out / "rates.csv", index=False)
+        plot(results, rates, out)
+    if sweeps is not None:
+        sweeps.to_csv(out / "sweeps.csv", index=False)
+        summarise_sweeps(sweeps).to_csv(out / "sweeps_summary.csv", index=False)
+        sweep_slopes(sweeps, seed=cfg["seed"]).to_csv(out / "sweep_slopes.csv", index=False)
+        plot_sweeps(sweeps, out)
     write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(MODELS)),
-                           "torch_threads_training": 1})
+                           "parts": list(parts), "torch_threads_training": 1})
 
 
 # %%
 if __name__ == "__main__":
+    import argparse
+    import functools
     import sys
 
     from moestat._vignette import vignette_cli
 
-    sys.exit(vignette_cli(run, NAME))
+    # extra switch of this vignette: --parts sweeps runs only the Figs. 6-7 sweeps (blocks, sweeps or both)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--parts", default="blocks,sweeps")
+    known, rest = pre.parse_known_args()
+    sys.exit(vignette_cli(functools.partial(run, parts=tuple(known.parts.split(","))), NAME, rest))
