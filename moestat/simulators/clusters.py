@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .._validation import check_choice, check_int
+from ._shapes import ReplicateShapes
 from .regression import SeedLike, replicate_seeds
 
 #: Patch roles recorded in :attr:`ClusterData.roles`.
@@ -92,7 +93,7 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
-class ClusterData:
+class ClusterData(ReplicateShapes):
     """Clustered-patch data for ``R`` replicates (chen2022 Def. 3.1).
 
     Attributes
@@ -130,13 +131,6 @@ class ClusterData:
     config: ClusterConfig
     seeds: list[np.random.SeedSequence] = field(repr=False)
 
-    @property
-    def n_reps(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def n(self) -> int:
-        return int(self.X.shape[1])
 
     def _take(self, sl: slice) -> ClusterData:
         per_obs = {k: getattr(self, k)[:, sl] for k in

@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from .._validation import check_choice, check_int
+from ._shapes import ReplicateShapes
 from .regression import SeedLike, replicate_seeds
 
 #: ``set_id`` code of the discriminative patch.
@@ -79,7 +80,7 @@ class PatternBank:
 
 
 @dataclass(frozen=True)
-class PatchData:
+class PatchData(ReplicateShapes):
     """Patch-classification data for R replicates.
 
     Attributes
@@ -109,14 +110,6 @@ class PatchData:
     info: dict[str, Any] = field(default_factory=dict)
     bank: PatternBank | None = None
 
-    @property
-    def n_reps(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def n(self) -> int:
-        """Number of samples per replicate (the paper's N)."""
-        return int(self.X.shape[1])
 
     @property
     def n_patches(self) -> int:

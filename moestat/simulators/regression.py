@@ -29,12 +29,13 @@ from .._torch import to_numpy, to_tensor
 from .._validation import check_choice, check_int
 from ..model import MoE
 from ..params import Params
+from ._shapes import ReplicateShapes
 
 SeedLike = int | np.random.SeedSequence | Sequence[np.random.SeedSequence] | None
 
 
 @dataclass(frozen=True)
-class Dataset:
+class Dataset(ReplicateShapes):
     """Simulated data for R replicates.
 
     Attributes
@@ -52,13 +53,6 @@ class Dataset:
     z: np.ndarray | None
     seeds: list[np.random.SeedSequence]
 
-    @property
-    def n_reps(self) -> int:
-        return int(self.X.shape[0])
-
-    @property
-    def n(self) -> int:
-        return int(self.X.shape[1])
 
     @property
     def d(self) -> int:
