@@ -146,6 +146,34 @@ def test_gauss_newton_matches_gradient_and_explicit_jacobian():
     assert torch.allclose(H[0], J.T @ J / n, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("gate, expert", [("sigmoid", "relu"), ("topk", "tanh")])
+def test_gauss_newton_with_restarts_and_fixed_coordinates(gate, expert):
+    """H from the Kronecker pair products equals the autograd J^T J restricted to the free coordinates,
+    for several restarts sharing one replicate's data and a mask of fixed coordinates."""
+    torch.manual_seed(5)
+    R, S, n, d, k = 2, 3, 257, 3, 3
+    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, top_k=2 if gate == "topk" else None)
+    X = torch.rand(R, n, d, dtype=torch.float64) * 2 - 1
+    y = torch.randn(R, n, dtype=torch.float64)
+    free = torch.rand(2 * k, d + 1) > 0.3
+    prob = LSProblem(MeanKernel.from_spec(spec), X, y, S, free)
+    theta = torch.randn(R * S, prob.P, dtype=torch.float64)
+    loss, H, b = prob.gauss_newton(theta, max_bytes=20_000)  # several chunks
+    idx = torch.nonzero(free.reshape(-1)).squeeze(1)
+    assert H.shape == (R * S, idx.numel(), idx.numel())
+    for a in range(R * S):
+        rep = a // S
+
+        def resid(th, rep=rep):
+            return spec.mean_torch(_theta_params(th, k, d), X[rep : rep + 1]).reshape(-1) - y[rep]
+
+        J = torch.autograd.functional.jacobian(resid, theta[a])[:, idx]
+        r = resid(theta[a])
+        assert torch.allclose(H[a], J.T @ J / n, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(b[a], J.T @ r / n, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(loss[a], (r * r).mean(), rtol=1e-12)
+
+
 # ------------------------------------------------------------------ starting values
 def test_weight_preserving_split():
     b = np.array([-3.0, 0.0, 2.5])

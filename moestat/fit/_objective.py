@@ -346,6 +346,19 @@ class MeanKernel:
         return r, U
 
 
+def _pair_products(rows: torch.Tensor) -> torch.Tensor:
+    """Products of all pairs of rows :math:`i \\le j` of ``rows`` (..., m, c), in the order of
+    ``torch.triu_indices(m, m)``: shape (..., m(m+1)/2, c).  One broadcast multiply per row into
+    contiguous slices (an index gather on the pair axis measured 10x slower)."""
+    m = rows.shape[-2]
+    out = rows.new_empty(*rows.shape[:-2], m * (m + 1) // 2, rows.shape[-1])
+    start = 0
+    for i in range(m):
+        torch.mul(rows[..., i : i + 1, :], rows[..., i:, :], out=out[..., start : start + m - i, :])
+        start += m - i
+    return out
+
+
 class LSProblem:
     """A batch of B = R*S least-squares problems sharing the data of their replicate.
 
@@ -381,6 +394,7 @@ class LSProblem:
         self.upper = None if upper is None else upper.reshape(-1)
         self.rep_of = torch.arange(R * S, device=X.device) // S
         self.n_evals = 0
+        self._pairs: tuple[torch.Tensor, torch.Tensor] | None = None
         self.set_active(torch.arange(R * S, device=X.device))
 
     # ------------------------------------------------------------ active set
@@ -415,33 +429,63 @@ class LSProblem:
         loss, grad = self.kernel.value_grad(theta.reshape(-1, 1, *self.shape), X, y)
         return loss.reshape(-1), grad.reshape(theta.shape).mul_(self.free)
 
-    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int = 2**28
+    def _pair_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the 2k derivative rows and the d+1 inputs: the position of every ordered pair (i, j) among the
+        unordered pairs in the order of :func:`_pair_products` (cached per device)."""
+        if self._pairs is None or self._pairs[0].device != device:
+            tables = []
+            for m in self.shape:
+                a, b = torch.triu_indices(m, m, device=device)
+                full = torch.empty(m, m, dtype=torch.long, device=device)
+                pos = torch.arange(a.numel(), device=device)
+                full[a, b] = pos
+                full[b, a] = pos
+                tables.append(full)
+            self._pairs = (tables[0], tables[1])
+        return self._pairs
+
+    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int = 2**27
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Objective (A,), :math:`H = J^\top J/n` (A, F, F) and :math:`b = J^\top r/n` (A, F).
 
-        ``F`` is the number of free coordinates; the gradient is :math:`2b`.  The Jacobian is
-        built in chunks of observations so that one chunk holds at most ``max_bytes``.
+        ``F`` is the number of free coordinates; the gradient is :math:`2b`.  The Jacobian row of
+        observation :math:`t` is the Kronecker product :math:`u_t \otimes \tilde x_t` (module docstring), so
+
+        .. math:: H_{(j,l),(j',l')} = \frac1n \sum_t (u_{tj} u_{tj'})\,(\tilde x_{tl} \tilde x_{tl'}),
+
+        one matrix product of the :math:`2k(2k+1)/2` products :math:`u_{tj}u_{tj'}` (:math:`j \le j'`) with
+        the :math:`(d+1)(d+2)/2` products :math:`\tilde x_{tl}\tilde x_{tl'}` (:math:`l \le l'`): about
+        :math:`nP^2/2` flops instead of the :math:`2nP^2` of :math:`J^\top J` with J formed explicitly
+        (3.7x fewer at k = 9, d = 32), and J is never stored.  Observations are processed in chunks whose
+        pair products take at most ``max_bytes``.
         """
         self.n_evals += 1
         th = self._theta4(theta)
-        G, s = th.shape[:2]
-        A, F, n = G * s, self.free_idx.numel(), self.n
-        H = torch.zeros(A, F, F, dtype=theta.dtype, device=theta.device)
-        b = torch.zeros(A, F, dtype=theta.dtype, device=theta.device)
+        G, s, two_k, p = th.shape
+        A, n = G * s, self.n
+        u_pair, x_pair = self._pair_tables(theta.device)
+        mu, mx = two_k * (two_k + 1) // 2, p * (p + 1) // 2
+        M = torch.zeros(G, s * mu, mx, dtype=theta.dtype, device=theta.device)
+        b = torch.zeros(G, s * two_k, p, dtype=theta.dtype, device=theta.device)
         loss = torch.zeros(A, dtype=theta.dtype, device=theta.device)
-        itemsize = theta.element_size()
-        chunk = max(1, min(n, max_bytes // max(1, A * self.P * itemsize)))
+        per_row = (A * (mu + two_k) + G * mx) * theta.element_size()
+        chunk = max(1, min(n, max_bytes // max(1, per_row)))
         for lo in range(0, n, chunk):
             Xc, yc = self._Xg[:, lo : lo + chunk], self._yg[:, lo : lo + chunk]
             r, u = self.kernel.residual_jacobian(th, Xc, yc)  # (G, s, c), (G, s, 2k, c)
             c = Xc.shape[1]
-            J = u.transpose(2, 3).unsqueeze(-1) * Xc.unsqueeze(1).unsqueeze(-2)  # (G, s, c, 2k, p)
-            J = J.reshape(A, c, self.P)[:, :, self.free_idx]
-            rr = r.reshape(A, c)
-            H.baddbmm_(J.transpose(1, 2), J)
-            b.add_(torch.bmm(J.transpose(1, 2), rr.unsqueeze(-1)).squeeze(-1))
-            loss.add_((rr * rr).sum(1))
-        return loss / n, H / n, b / n
+            uu = _pair_products(u.view(A, two_k, c)).view(G, s * mu, c)
+            xx = _pair_products(Xc.transpose(1, 2).contiguous())  # (G, mx, c)
+            M.baddbmm_(uu, xx.transpose(1, 2))
+            b.baddbmm_(u.mul_(r.unsqueeze(2)).view(G, s * two_k, c), Xc)
+            loss.add_((r * r).sum(2).reshape(A))
+        M = M.view(A, mu, mx)
+        H = M[:, u_pair.reshape(-1)][:, :, x_pair.reshape(-1)]  # (A, 2k*2k, p*p)
+        H = H.view(A, two_k, two_k, p, p).permute(0, 1, 3, 2, 4).reshape(A, self.P, self.P)
+        if self.free_idx.numel() < self.P:
+            H = H[:, self.free_idx][:, :, self.free_idx]
+        b = b.reshape(A, self.P)[:, self.free_idx]
+        return loss / n, H.div_(n), b / n
 
     # -------------------------------------------------------------- box
     def project(self, theta: torch.Tensor) -> torch.Tensor:
