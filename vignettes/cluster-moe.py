@@ -76,6 +76,9 @@ SIZES = {
                      dtype="float32", models=("moe-cubic",), ablation_settings=()),
     "s2-n4000": dict(_COMMON, settings=(2,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000, T_single=1000,
                      dtype="float32", models=("moe-cubic",), ablation_settings=()),
+    # supplement: setting 1's cubic MoE at the paper's n_train = 16,000 with its 10 runs
+    "s1-paper-moe": dict(_COMMON, settings=(1,), runs=10, n_train=16_000, n_test=16_000, T_moe=4000,
+                         T_single=1000, dtype="float32", models=("moe-cubic",), ablation_settings=()),
     "s1-n4000-single": dict(_COMMON, settings=(1,), runs=3, n_train=4_000, n_test=16_000, T_moe=4000,
                             T_single=1000, dtype="float32", models=("single-cubic", "single-linear"),
                             ablation_settings=()),

@@ -444,7 +444,7 @@ class LSProblem:
             self._pairs = (tables[0], tables[1])
         return self._pairs
 
-    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int = 2**27
+    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int = 2**23
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Objective (A,), :math:`H = J^\top J/n` (A, F, F) and :math:`b = J^\top r/n` (A, F).
 
@@ -457,7 +457,8 @@ class LSProblem:
         the :math:`(d+1)(d+2)/2` products :math:`\tilde x_{tl}\tilde x_{tl'}` (:math:`l \le l'`): about
         :math:`nP^2/2` flops instead of the :math:`2nP^2` of :math:`J^\top J` with J formed explicitly
         (3.7x fewer at k = 9, d = 32), and J is never stored.  Observations are processed in chunks whose
-        pair products take at most ``max_bytes``.
+        pair products take at most ``max_bytes`` (8 MiB: the products are written and read back from
+        cache; 128 MiB chunks measured 1.4x slower at n = 100,000).
         """
         self.n_evals += 1
         th = self._theta4(theta)
