@@ -597,7 +597,9 @@ class Study:
                              f"got {executor!r}.")
         futures: dict[cf.Future, str] = {}
         try:
-            for c in todo:
+            # largest cells first (longest-processing-time order): the pool's last cells are short ones,
+            # so no worker idles behind one long cell at the end; the frame's row order does not change
+            for c in sorted(todo, key=lambda c: -c["n"]):
                 futures[executor.submit(run_cell, self._payload(c, device))] = c["id"]
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()

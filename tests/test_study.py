@@ -229,6 +229,27 @@ def test_frames_identical_on_dask_local_cluster(tmp_path, processes):
     _same(serial, on_dask)
 
 
+def test_pool_gets_largest_cells_first_and_frame_keeps_cell_order(tmp_path):
+    """Cells go to an executor in decreasing n (longest first); the frame is the serial one."""
+    import concurrent.futures as cf
+
+    class Recording(cf.ThreadPoolExecutor):
+        def __init__(self):
+            super().__init__(max_workers=1)
+            self.ns = []
+
+        def submit(self, fn, payload, *args, **kwargs):
+            self.ns.append(payload["cell"]["n"])
+            return super().submit(fn, payload, *args, **kwargs)
+
+    s = _ols_study(n=[50, 400, 200])
+    serial = s.run(progress=False)
+    with Recording() as ex:
+        pooled = s.run(tmp_path / "r", executor=ex, progress=False)
+    assert ex.ns == sorted(ex.ns, reverse=True) and ex.ns[0] == 400
+    _same(serial, pooled)
+
+
 def test_bad_executor():
     with pytest.raises(ValueError, match="executor"):
         _ols_study(n=[50]).run(executor="threads", progress=False)
