@@ -10,7 +10,8 @@ k = 9 experts (duplicate=[0]) from near-truth starts, R = 20 replicates.
 2. Batched fit vs a Python loop fitting the replicates one at a time, same settings (L-BFGS).
 3. L-BFGS vs Adam vs the papers' SGD protocol at n = 10,000: objective reached and wall time.
 
-Timings use the lower decile of repeated calls (the machine may be shared).  Run
+Timings use the lower decile of repeated calls (the machine may be shared); a kernel and the forward
+product it is compared with are called alternately, so that load changes hit both alike.  Run
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_batched.py [--compile] [--quick]
 """
@@ -39,6 +40,20 @@ def lower_decile(fn, reps: int) -> float:
     return float(np.quantile(ts, 0.1))
 
 
+def interleaved_ratio(num, den, reps: int) -> tuple[float, float, float]:
+    """``(t_num / t_den, t_num, t_den)`` from lower deciles of calls alternating between the two, so that a
+    change in the machine's load during the measurement affects numerator and denominator alike."""
+    num(), den()
+    t_num, t_den = [], []
+    for _ in range(reps):
+        for fn, ts in ((den, t_den), (num, t_num)):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    a, b = float(np.quantile(t_num, 0.1)), float(np.quantile(t_den, 0.1))
+    return a / b, a, b
+
+
 def matmul_rate(size: int = 512, reps: int = 20) -> float:
     a = torch.randn(size, size, dtype=torch.float64)
     b = torch.randn(size, size, dtype=torch.float64)
@@ -54,22 +69,25 @@ def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list
     k, p = fit_spec.k, fit_spec.d + 1
     theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
     Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
-    t_fwd = lower_decile(lambda: torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z), reps)
+    def fwd():
+        torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z)
+
+    t_fwd = lower_decile(fwd, reps)
     flops = 2 * 2 * R * n * p * 2 * k  # forward + backward products
     rows = [{"n": n, "kernel": "forward product only", "ms": t_fwd * 1e3, "ratio": 1.0,
              "GFLOP/s": flops / 2 / t_fwd / 1e9}]
     eager = MeanKernel.from_spec(fit_spec)
-    t = lower_decile(lambda: eager.value_grad(theta, Xa, y), reps)
-    rows.append({"n": n, "kernel": "fused eager (moestat default)", "ms": t * 1e3, "ratio": t / t_fwd,
+    ratio, t, _ = interleaved_ratio(lambda: eager.value_grad(theta, Xa, y), fwd, reps)
+    rows.append({"n": n, "kernel": "fused eager (moestat default)", "ms": t * 1e3, "ratio": ratio,
                  "GFLOP/s": flops / t / 1e9})
     if compile_:
         comp = MeanKernel.from_spec(fit_spec, compile=True)
         t0 = time.perf_counter()
         comp.value_grad(theta, Xa, y)
         t_c = time.perf_counter() - t0
-        t = lower_decile(lambda: comp.value_grad(theta, Xa, y), reps)
+        ratio, t, _ = interleaved_ratio(lambda: comp.value_grad(theta, Xa, y), fwd, reps)
         rows.append({"n": n, "kernel": f"torch.compile (first call {t_c:.0f} s)", "ms": t * 1e3,
-                     "ratio": t / t_fwd, "GFLOP/s": flops / t / 1e9})
+                     "ratio": ratio, "GFLOP/s": flops / t / 1e9})
 
     def autograd():
         th = theta.reshape(R, 2 * k, p).clone().requires_grad_(True)
@@ -77,8 +95,8 @@ def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list
         loss = ((fit_spec.mean_torch(prm, X) - y) ** 2).mean(-1).sum()
         loss.backward()
 
-    t = lower_decile(autograd, reps)
-    rows.append({"n": n, "kernel": "plain autograd", "ms": t * 1e3, "ratio": t / t_fwd, "GFLOP/s": flops / t / 1e9})
+    ratio, t, _ = interleaved_ratio(autograd, fwd, reps)
+    rows.append({"n": n, "kernel": "plain autograd", "ms": t * 1e3, "ratio": ratio, "GFLOP/s": flops / t / 1e9})
     return rows
 
 

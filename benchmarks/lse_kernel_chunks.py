@@ -1,9 +1,10 @@
 """Sweep of the least-squares kernel's chunk size, eager and torch.compile'd (issue 3).
 
 Workload: the nguyen2024 regime-2 preset (d = 32, k* = 8, relu experts, sigmoid truth) fitted with
-k = 9, R = 20 replicates, float64.  For each n and minimum chunk size, prints one objective + gradient
+k = 9, float64; R = 20 replicates at n = 1,000 and 10,000, one at n = 100,000.  For each n and minimum
+chunk size, prints one objective + gradient
 evaluation as a ratio to the forward product it contains (``theta @ X^T`` for all R problems), both
-measured in the same run (lower decile of 40 calls).  Run
+measured in the same run (lower deciles of 40 calls of each, alternating).  Run
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_kernel_chunks.py
 """
@@ -20,17 +21,16 @@ from moestat.fit._objective import MeanKernel
 from moestat.simulators import presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lse_batched import lower_decile
+from lse_batched import interleaved_ratio
 
 
 def main() -> None:
     torch.set_num_threads(1)
     truth = presets.sigmoid_vs_softmax(regime=2)
     spec = truth.spec.with_k(9)
-    R = 20
-    print("| n | rows per chunk | eager ratio | compiled ratio |")
-    print("|---|---|---|---|")
-    for n in (1000, 10000):
+    print("| R | n | rows per chunk | eager ratio | compiled ratio |")
+    print("|---|---|---|---|---|")
+    for R, n in ((20, 1000), (20, 10_000), (1, 100_000)):  # the last: a study's replicate block at n = 1e5
         sweep(truth, spec, n, R)
 
 
@@ -42,14 +42,17 @@ def sweep(truth, spec, n: int, R: int) -> None:
     Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
     theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
     Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
-    t_fwd = lower_decile(lambda: torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z))
+
+    def fwd():
+        torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z)
+
     for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
         ratios = []
         for compile_ in (False, True):
             kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
-            ratios.append(lower_decile(lambda kernel=kernel: kernel.value_grad(theta, Xa, y)) / t_fwd)
+            ratios.append(interleaved_ratio(lambda kernel=kernel: kernel.value_grad(theta, Xa, y), fwd, 40)[0])
         rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, p, 8)
-        print(f"| {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
+        print(f"| {R} | {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()

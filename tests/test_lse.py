@@ -79,11 +79,14 @@ def test_kernel_matches_model_and_autograd(gate, top_k, expert):
         assert torch.allclose(grad.reshape(G * s, 2 * k, d + 1), g_ref, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize(("gate", "expert", "temperature"), [("sigmoid", "relu", 1.0), ("softmax", "tanh", 0.7)])
+@pytest.mark.parametrize(("gate", "expert", "temperature"), [
+    ("sigmoid", "relu", 1.0), ("softmax", "tanh", 0.7),  # written expert by expert (k <= 16)
+    ("sigmoid", "gelu", 1.3), ("topk", "linear", 1.0),  # top-K: the stacked form
+])
 def test_compiled_kernel_matches_eager(gate, expert, temperature):
     """The torch.compile'd objective+gradient (``fit_lse(compile=True)``) equals the eager fused kernel."""
     torch.manual_seed(2)
-    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, temperature=temperature)
+    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, temperature=temperature, top_k=2 if gate == "topk" else None)
     G, s, n, d, k = 2, 2, 300, 2, 3
     X = torch.rand(G, n, d, dtype=torch.float64) * 2 - 1
     Xa = torch.cat([torch.ones(G, n, 1, dtype=X.dtype), X], -1)
@@ -95,6 +98,25 @@ def test_compiled_kernel_matches_eager(gate, expert, temperature):
     compiled = MeanKernel.from_spec(spec, compile=True).value_grad(theta, Xa, y)
     # the same float64 arithmetic in a different order: round-off of sums over n = 300 terms
     assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)
+    assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch):
+    """Gates with more experts than ``_UNROLL_MAX_K`` compile the stacked (G, s, k, c) form."""
+    from moestat.fit import _objective
+
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
+    monkeypatch.setattr(_objective, "_UNROLL_MAX_K", 3)
+    torch.manual_seed(3)
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=4, d=2)
+    X = torch.rand(2, 200, 2, dtype=torch.float64) * 2 - 1
+    Xa = torch.cat([torch.ones(2, 200, 1, dtype=X.dtype), X], -1)
+    y = torch.randn(2, 200, dtype=X.dtype)
+    theta = torch.randn(2, 1, 8, 3, dtype=X.dtype)
+    eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
+    compiled = MeanKernel.from_spec(spec, compile=True).value_grad(theta, Xa, y)
+    assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)  # round-off of sums over 200 terms
     assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
 
 
