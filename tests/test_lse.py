@@ -101,6 +101,19 @@ def test_compiled_kernel_matches_eager(gate, expert, temperature):
     assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
 
 
+def test_each_compiled_kernel_has_its_own_code_object():
+    """Dynamo keeps at most 8 compiled graphs per code object and then silently runs Python: kernels of
+    different specs (gate, k, expert, temperature) must not share one code object and its budget."""
+    from moestat.fit._objective import _compiled_chunk
+
+    specs = [ms.MoE(gate=g, expert=e, k=k, d=1) for g in ("sigmoid", "softmax") for e in ("relu", "linear")
+             for k in (2, 3)]
+    fns = [_compiled_chunk(sp.gate, sp.k, sp.top_k, float(sp.temperature), sp.family) for sp in specs]
+    codes = {id(fn._torchdynamo_orig_callable.__code__) for fn in fns}
+    assert len(codes) == len(specs)
+    assert _compiled_chunk("sigmoid", 2, None, 1.0, specs[0].family) is fns[0]  # cached per spec
+
+
 def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch):
     """Gates with more experts than ``_UNROLL_MAX_K`` compile the stacked (G, s, k, c) form."""
     from moestat.fit import _objective

@@ -28,6 +28,7 @@ it against autograd and finite differences.  The Jacobian of the residuals used 
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 
 import torch
@@ -154,6 +155,11 @@ def _compiled_chunk(gate: str, k: int, top_k: int | None, tau: float, family: Ex
         return None
     body = _unrolled_chunk if gate in ("sigmoid", "softmax") and k <= _UNROLL_MAX_K else _stacked_chunk
     fn = body(gate, k, top_k, tau, act)
+    # dynamo caches compiled graphs per code object, at most ``recompile_limit`` (8) of them, and silently runs
+    # the Python function once the limit is reached; all closures made by ``body`` share one code object, so
+    # each kernel gets its own copy of the code and with it its own budget of shape variants
+    code = fn.__code__.replace(co_name=f"moe_chunk_{len(_COMPILED)}")
+    fn = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
     _COMPILED[key] = torch.compile(fn, dynamic=True)
     return _COMPILED[key]
 
@@ -170,9 +176,10 @@ def _unrolled_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Calla
     inv_tau = 1.0 / tau
 
     def chunk(theta, Xc, yc, two_over_n: float):
-        G, s, tk, p = theta.shape
-        c = Xc.shape[1]
-        Z = torch.bmm(theta.reshape(G, s * tk, p), Xc.transpose(1, 2)).view(G, s, tk, c)
+        G, s_tk = theta.shape[:2]  # theta: (G, s * 2k, d + 1), so that s is not specialised
+        tk, c = 2 * k, Xc.shape[1]
+        s = s_tk // tk
+        Z = torch.bmm(theta, Xc.transpose(1, 2)).view(G, s, tk, c)
         zg = [Z[:, :, i] if tau == 1.0 else Z[:, :, i] * inv_tau for i in range(k)]
         if gate == "sigmoid":
             pi = [torch.sigmoid(z) for z in zg]
@@ -201,7 +208,7 @@ def _unrolled_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Calla
             ug = [u * inv_tau for u in ug]
         ue = [pc[i] if hd[i][1] is None else pc[i] * hd[i][1] for i in range(k)]
         U = torch.stack(ug + ue, 2)
-        return part, torch.bmm(U.view(G, s * tk, c), Xc)
+        return part, torch.bmm(U.view(G, s_tk, c), Xc)
 
     return chunk
 
@@ -210,9 +217,10 @@ def _stacked_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Callab
     """Chunk function on the stacked (G, s, k, c) gate and expert blocks (any gate, any k)."""
 
     def chunk(theta, Xc, yc, two_over_n: float):
-        G, s, tk, p = theta.shape
-        c = Xc.shape[1]
-        Z = torch.bmm(theta.reshape(G, s * tk, p), Xc.transpose(1, 2)).view(G, s, tk, c)
+        G, s_tk = theta.shape[:2]  # theta: (G, s * 2k, d + 1), so that s is not specialised
+        tk, c = 2 * k, Xc.shape[1]
+        s = s_tk // tk
+        Z = torch.bmm(theta, Xc.transpose(1, 2)).view(G, s, tk, c)
         zg, ze = (Z[:, :, :k] if tau == 1.0 else Z[:, :, :k] * (1.0 / tau)), Z[:, :, k:]
         if gate == "sigmoid":
             pi = torch.sigmoid(zg)
@@ -230,7 +238,7 @@ def _stacked_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Callab
         ug = pc * h * (1.0 - pi) if gate == "sigmoid" else pc * (h - f.unsqueeze(2))
         ue = pc if dh is None else pc * dh
         U = torch.cat([ug if tau == 1.0 else ug * (1.0 / tau), ue], 2)
-        return part, torch.bmm(U.view(G, s * tk, c), Xc)
+        return part, torch.bmm(U.view(G, s_tk, c), Xc)
 
     return chunk
 
@@ -375,7 +383,7 @@ class MeanKernel:
         for lo in range(0, n, c):
             Xc, yc = (X, y) if c >= n else (X[:, lo : lo + c], y[:, lo : lo + c])
             if self.compiled is not None:
-                part, g = self.compiled(theta, Xc, yc, 2.0 / n)
+                part, g = self.compiled(theta.view(G, s * two_k, p), Xc, yc, 2.0 / n)
                 loss.add_(part)
                 grad.add_(g)
                 continue
