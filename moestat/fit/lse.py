@@ -338,7 +338,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
         a batch whose data exceed the cache is memory-bound and slower than fitting the replicates one
         by one; see docs/performance/lse.md), everything at once on CUDA.  ``None``: one program.
-        Results do not depend on it.
+        L-BFGS, LM and Adam results do not depend on it; the SGD protocol's minibatch order does (the
+        problems of one program share a random stream).
     threads : int or None
         torch intra-op threads on CPU during the solve (default 1, restored afterwards): blocks of
         small batched problems gain little from threads and lose 10-25x when other processes share the
