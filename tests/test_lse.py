@@ -83,8 +83,11 @@ def test_kernel_matches_model_and_autograd(gate, top_k, expert):
     ("sigmoid", "relu", 1.0), ("softmax", "tanh", 0.7),  # written expert by expert (k <= 16)
     ("sigmoid", "gelu", 1.3), ("topk", "linear", 1.0),  # top-K: the stacked form
 ])
-def test_compiled_kernel_matches_eager(gate, expert, temperature):
+def test_compiled_kernel_matches_eager(gate, expert, temperature, monkeypatch):
     """The torch.compile'd objective+gradient (``fit_lse(compile=True)``) equals the eager fused kernel."""
+    from moestat.fit import _objective
+
+    monkeypatch.setattr(_objective, "_COMPILED_MIN_ELEMS", 0)  # these small chunks would otherwise run eager
     torch.manual_seed(2)
     spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, temperature=temperature, top_k=2 if gate == "topk" else None)
     G, s, n, d, k = 2, 2, 300, 2, 3
@@ -114,6 +117,32 @@ def test_each_compiled_kernel_has_its_own_code_object():
     assert _compiled_chunk("sigmoid", 2, None, 1.0, specs[0].family) is fns[0]  # cached per spec
 
 
+def test_small_chunks_run_the_eager_kernel_even_when_compiled():
+    """Minibatch-sized calls skip the compiled kernel (its fixed cost is larger); large ones use it."""
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2)
+    K = MeanKernel.from_spec(spec, chunk_min_elems=2**30)  # one chunk per call
+    calls = []
+
+    def spy(theta, Xc, yc, two_over_n):
+        calls.append(Xc.shape[1])
+        return K.compiled_reference(theta, Xc, yc, two_over_n)
+
+    from moestat.fit import _objective
+
+    K.compiled_reference = _objective._stacked_chunk("sigmoid", 3, None, 1.0, _objective._functional_activation(
+        spec.family))
+    K.compiled = spy
+    for n, expect_compiled in ((32, False), (2 * _objective._COMPILED_MIN_ELEMS // 6, True)):
+        X = torch.rand(1, n, 3, dtype=torch.float64)
+        y = torch.randn(1, n, dtype=torch.float64)
+        theta = torch.randn(1, 1, 6, 3, dtype=torch.float64)
+        calls.clear()
+        loss, grad = K.value_grad(theta, X, y)
+        assert bool(calls) == expect_compiled
+        ref = MeanKernel.from_spec(spec).value_grad(theta, X, y)
+        assert torch.allclose(loss, ref[0], rtol=1e-12) and torch.allclose(grad, ref[1], rtol=1e-10, atol=1e-13)
+
+
 def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch):
     """Gates with more experts than ``_UNROLL_MAX_K`` compile the stacked (G, s, k, c) form."""
     from moestat.fit import _objective
@@ -121,6 +150,7 @@ def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch)
     if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
         pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
     monkeypatch.setattr(_objective, "_UNROLL_MAX_K", 3)
+    monkeypatch.setattr(_objective, "_COMPILED_MIN_ELEMS", 0)
     torch.manual_seed(3)
     spec = ms.MoE(gate="sigmoid", expert="relu", k=4, d=2)
     X = torch.rand(2, 200, 2, dtype=torch.float64) * 2 - 1
