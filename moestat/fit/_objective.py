@@ -173,6 +173,13 @@ _COMPILED_MIN_ELEMS = 2**17
 _UNROLL_MAX_K = 16
 
 
+def _chunk_products(theta: torch.Tensor, Xc: torch.Tensor, k: int) -> torch.Tensor:
+    """:math:`Z = \\Theta\\tilde X^\\top` of a compiled chunk, (G, s, 2k, c); ``theta`` comes as (G, s*2k, d+1) so
+    that dynamo does not specialise on the number of restarts s."""
+    G, s_tk = theta.shape[:2]
+    return torch.bmm(theta, Xc.transpose(1, 2)).view(G, s_tk // (2 * k), 2 * k, Xc.shape[1])
+
+
 def _unrolled_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Callable) -> Callable:
     """Chunk function written one expert at a time, so the mixture sum over experts is a chain of
     element-wise additions rather than a reduction: inductor fuses the gate, the experts, the residual and
@@ -181,10 +188,8 @@ def _unrolled_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Calla
     inv_tau = 1.0 / tau
 
     def chunk(theta, Xc, yc, two_over_n: float):
-        G, s_tk = theta.shape[:2]  # theta: (G, s * 2k, d + 1), so that s is not specialised
-        tk, c = 2 * k, Xc.shape[1]
-        s = s_tk // tk
-        Z = torch.bmm(theta, Xc.transpose(1, 2)).view(G, s, tk, c)
+        Z = _chunk_products(theta, Xc, k)  # (G, s, 2k, c)
+        G, s_tk, c = theta.shape[0], theta.shape[1], Xc.shape[1]
         zg = [Z[:, :, i] if tau == 1.0 else Z[:, :, i] * inv_tau for i in range(k)]
         if gate == "sigmoid":
             pi = [torch.sigmoid(z) for z in zg]
@@ -222,10 +227,8 @@ def _stacked_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Callab
     """Chunk function on the stacked (G, s, k, c) gate and expert blocks (any gate, any k)."""
 
     def chunk(theta, Xc, yc, two_over_n: float):
-        G, s_tk = theta.shape[:2]  # theta: (G, s * 2k, d + 1), so that s is not specialised
-        tk, c = 2 * k, Xc.shape[1]
-        s = s_tk // tk
-        Z = torch.bmm(theta, Xc.transpose(1, 2)).view(G, s, tk, c)
+        Z = _chunk_products(theta, Xc, k)  # (G, s, 2k, c)
+        G, s_tk, c = theta.shape[0], theta.shape[1], Xc.shape[1]
         zg, ze = (Z[:, :, :k] if tau == 1.0 else Z[:, :, :k] * (1.0 / tau)), Z[:, :, k:]
         if gate == "sigmoid":
             pi = torch.sigmoid(zg)
