@@ -365,6 +365,25 @@ def test_cache_blocks_do_not_change_results():
     assert len(blocks.history) == len(one.history)
 
 
+def test_sgd_protocol_streams_do_not_depend_on_batching():
+    """Each problem draws its minibatches from its own stream: a replicate fitted alone, or with others, or in
+    a fit whose block budget would split the replicates, follows the same SGD path."""
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="gelu", k=3, d=2, noise_sd=0.3)
+    data = ms.simulate(spec, truth, n=200, reps=4, seed=5, inputs="gaussian")
+    kw = {"truth": truth, "seed": 7, "optimizer": "sgd", "epochs": 2, "batch_size": 16, "lr": 0.05,
+          "condition": False}
+    together = ms.fit_lse(spec, data.X, data.y, **kw)
+    budget = ms.fit_lse(spec, data.X, data.y, block_bytes=200 * 3 * 8, **kw)
+    alone = ms.fit_lse(spec, data.X[:1], data.y[:1], **kw)
+    assert together.settings["replicates_per_block"] == 4 == budget.settings["replicates_per_block"]
+    np.testing.assert_array_equal(budget.objective, together.objective)
+    np.testing.assert_allclose(alone.objective[0], together.objective[0], rtol=1e-12)
+    # different replicates get different streams: the same data in every slot still give different paths
+    same = ms.fit_lse(spec, np.repeat(data.X[:1], 3, 0), np.repeat(data.y[:1], 3, 0), **kw)
+    assert len(np.unique(np.round(same.objective, 14))) == 3
+
+
 def test_lbfgs_beats_sgd_protocol():
     """On the same data and start, L-BFGS reaches an objective <= the papers' SGD protocol."""
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=8, k=3, seed=0)

@@ -26,6 +26,7 @@ Convergence (per problem): ``gtol`` — sup-norm of the projected gradient :math
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -360,11 +361,13 @@ def adam(problem: LSProblem, theta: torch.Tensor, *, lr: float = 1e-2, max_iter:
 
 
 def sgd_protocol(problem: LSProblem, theta: torch.Tensor, *, epochs: int = 10, lr: float = 0.1,
-                 batch_size: int = 32, gtol: float = 1e-10, generator: torch.Generator | None = None,
+                 batch_size: int = 32, gtol: float = 1e-10, generators: Sequence[torch.Generator],
                  history: bool = False, progress: bool = False) -> OptimResult:
     r"""The papers' procedure: plain minibatch SGD for a fixed number of epochs (nguyen2024 §4, App. C).
 
-    Each epoch draws a fresh permutation of the n observations per problem and takes
+    Each epoch draws a fresh permutation of the n observations per problem — from that problem's own
+    generator in ``generators`` (one per problem, so a problem's minibatches do not depend on which
+    other problems share the batched program) — and takes
     :math:`\lceil n / \text{batch\_size}\rceil` steps :math:`\theta \leftarrow \Pi(\theta - \text{lr}\,
     \nabla L_{\text{batch}}(\theta))`.  There is no convergence test; the status is ``"budget"``
     unless the full-batch gradient at the end is below ``gtol``.
@@ -374,6 +377,9 @@ def sgd_protocol(problem: LSProblem, theta: torch.Tensor, *, epochs: int = 10, l
     A, n = theta.shape[0], problem.n
     X, y = problem.X, problem.y
     reps = problem.rep_of[problem.active]
+    gens = list(generators)
+    if len(gens) != A:
+        raise ValueError(f"generators must hold one generator per problem ({A}), got {len(gens)}.")
     n_steps = 0
     for ep in range(epochs):
         if history:
@@ -381,7 +387,7 @@ def sgd_protocol(problem: LSProblem, theta: torch.Tensor, *, epochs: int = 10, l
             tr.record(ep, f, _gnorm(problem.projected_gradient(theta, g)))
         elif tr.bar is not None:
             tr.bar.update(1)
-        perm = torch.rand(A, n, generator=generator, device=theta.device, dtype=theta.dtype).argsort(1)
+        perm = torch.stack([torch.randperm(n, generator=g, device=theta.device) for g in gens])
         for lo in range(0, n, batch_size):
             idx = perm[:, lo : lo + batch_size]
             Xb = X[reps.unsqueeze(1), idx]

@@ -269,6 +269,18 @@ def _torch_seed(seed: Any) -> int:
     return int(ss.generate_state(1, dtype=np.uint64)[0] % (2**63))
 
 
+def _problem_generators(seed: Any, count: int, dev: torch.device) -> list[torch.Generator]:
+    """One torch generator per problem (replicate x restart, in that order), each seeded by its own child of
+    the fit's seed, so that a problem's random stream does not depend on how problems are batched."""
+    children = np.random.SeedSequence(_torch_seed(seed)).spawn(count)
+    gens = []
+    for child in children:
+        g = torch.Generator(device=dev)
+        g.manual_seed(int(child.generate_state(1, dtype=np.uint64)[0] % (2**63)))
+        gens.append(g)
+    return gens
+
+
 # ------------------------------------------------------------------ estimator
 def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth: Params | None = None,
             duplicate: Sequence[int] | None = None, init_scale: float | None = None, restarts: int = 1,
@@ -338,8 +350,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
         a batch whose data exceed the cache is memory-bound and slower than fitting the replicates one
         by one; see docs/performance/lse.md), everything at once on CUDA.  ``None``: one program.
-        L-BFGS, LM and Adam results do not depend on it; the SGD protocol's minibatch order does (the
-        problems of one program share a random stream).
+        Results do not depend on it.  The SGD protocol ignores it (each step touches one minibatch, so
+        its replicates always run as one program; each problem draws its minibatches from its own stream).
     threads : int or None
         torch intra-op threads on CPU during the solve (default 1, restored afterwards): blocks of
         small batched problems gain little from threads and lose 10-25x when other processes share the
@@ -418,15 +430,16 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     theta0 = _params_to_theta(start, dt, dev)
     if optimizer == "sgd" and batch_size > n:
         raise ValueError(f"batch_size={batch_size} exceeds n={n}; choose batch_size <= n.")
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(_torch_seed(seed))
+    generators = _problem_generators(seed, R * restarts, dev) if optimizer == "sgd" else []
     group = _replicates_per_block(block_bytes, dev, R, n, d, Xt.element_size())
+    if optimizer == "sgd":  # one minibatch per step: the cache argument for blocks does not apply
+        group = R
 
-    def run(prob: LSProblem, th: torch.Tensor) -> _optim.OptimResult:
+    def run(prob: LSProblem, th: torch.Tensor, lo: int = 0) -> _optim.OptimResult:
         with cpu_threads(threads, dev):
-            return solve(prob, th)
+            return solve(prob, th, generators[lo : lo + th.shape[0]])
 
-    def solve(prob: LSProblem, th: torch.Tensor) -> _optim.OptimResult:
+    def solve(prob: LSProblem, th: torch.Tensor, gens: list[torch.Generator]) -> _optim.OptimResult:
         if optimizer == "lbfgs":
             return _optim.lbfgs(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history, progress=progress)
         if optimizer == "lm":
@@ -435,7 +448,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         if optimizer == "adam":
             return _optim.adam(prob, th, lr=lr, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
         return _optim.sgd_protocol(prob, th, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
-                                   generator=gen, history=history, progress=progress)
+                                   generators=gens, history=history, progress=progress)
 
     t0 = time.perf_counter()
     if group >= R:
@@ -445,7 +458,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         for lo in range(0, R, group):
             hi = min(R, lo + group)
             sub = LSProblem(kernel, Xt[lo:hi], yt[lo:hi], restarts, free, lower, upper)
-            parts.append((lo * restarts, run(sub, theta0[lo * restarts : hi * restarts])))
+            parts.append((lo * restarts, run(sub, theta0[lo * restarts : hi * restarts], lo * restarts)))
         res = _optim.concat_results(parts)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
