@@ -1,4 +1,4 @@
-"""Sweep of the least-squares kernel's chunk size, eager and torch.compile'd (issue 3).
+"""Sweep of the least-squares kernel's block size: eager, torch.compile'd and native (issue 3).
 
 Workload: the nguyen2024 regime-2 preset (d = 32, k* = 8, relu experts, sigmoid truth) fitted with
 k = 9, float64; R = 20 replicates at n = 1,000 and 10,000, one at n = 100,000.  For each n and minimum
@@ -32,6 +32,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for R, n in ((20, 1000), (20, 10_000), (1, 100_000)):  # the last: a study's replicate block at n = 1e5
         sweep(truth, spec, n, R)
+    print("\n| R | n | native block rows | native ratio |")
+    print("|---|---|---|---|")
+    for R, n in ((20, 1000), (20, 10_000), (1, 100_000)):
+        sweep_native(truth, spec, n, R)
 
 
 def sweep(truth, spec, n: int, R: int) -> None:
@@ -48,11 +52,39 @@ def sweep(truth, spec, n: int, R: int) -> None:
 
     for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
         ratios = []
-        for compile_ in (False, True):
+        for compile_ in (False, "inductor"):
             kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
             ratios.append(interleaved_ratio(lambda kernel=kernel: kernel.value_grad(theta, Xa, y), fwd, 40)[0])
         rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, p, 8)
         print(f"| {R} | {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
+
+def sweep_native(truth, spec, n: int, R: int) -> None:
+    """Print one table row per block size of the native kernel (``_native.BLOCK_BYTES``)."""
+    from moestat.fit import _native
+
+    if _native.load() is None:
+        print("| native kernel unavailable |")
+        return
+    k, p = spec.k, spec.d + 1
+    data = ms.simulate(truth.spec, truth.params, n=n, reps=R, seed=1)
+    X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
+    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
+    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
+    Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
+
+    def fwd():
+        torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z)
+
+    kernel = MeanKernel.from_spec(spec, compile="native")
+    default = _native.BLOCK_BYTES
+    try:
+        for block_bytes in (2**18, 2**19, 2**20, 2**21, 2**22):
+            _native.BLOCK_BYTES = block_bytes
+            ratio = interleaved_ratio(lambda: kernel.value_grad(theta, Xa, y), fwd, 40)[0]
+            print(f"| {R} | {n} | {_native.block_rows(2 * k, p, 8)} | {ratio:.2f} |", flush=True)
+    finally:
+        _native.BLOCK_BYTES = default
+
 
 if __name__ == "__main__":
     main()

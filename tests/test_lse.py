@@ -98,10 +98,120 @@ def test_compiled_kernel_matches_eager(gate, expert, temperature, monkeypatch):
     if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
         pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
     eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
-    compiled = MeanKernel.from_spec(spec, compile=True).value_grad(theta, Xa, y)
+    compiled = MeanKernel.from_spec(spec, compile="inductor").value_grad(theta, Xa, y)
     # the same float64 arithmetic in a different order: round-off of sums over n = 300 terms
     assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)
     assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
+
+
+def _native_or_skip():
+    from moestat.fit import _native
+
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        pytest.skip("the native kernel is built with a C++ compiler on first use")
+    if _native.load() is None:
+        pytest.fail("a C++ compiler is present but the native kernel did not build")
+    return _native
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("gate", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("expert", ["linear", "relu", "tanh", "sigmoid", "gelu"])
+def test_native_kernel_matches_eager(gate, expert, dtype, monkeypatch):
+    """The C++ kernel (``compile="native"``) equals the eager fused kernel: several replicates and restarts,
+    a temperature, and a sample size that is neither a multiple of the vector width nor of the block size
+    (blocks shrunk so that one call runs several of them and a partial one)."""
+    native = _native_or_skip()
+    monkeypatch.setattr(native, "BLOCK_BYTES", 2**14)
+    torch.manual_seed(4)
+    G, s, n, d, k = 3, 2, 1001, 4, 5
+    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, temperature=0.7)
+    K = MeanKernel.from_spec(spec, compile="native")
+    assert K.native is not None and native.block_rows(s * 2 * k, d + 1, dtype.itemsize) < n
+    X = torch.rand(G, n, d, dtype=dtype) * 4 - 2
+    Xa = torch.cat([torch.ones(G, n, 1, dtype=dtype), X], -1)
+    y = torch.randn(G, n, dtype=dtype)
+    theta = torch.randn(G, s, 2 * k, d + 1, dtype=dtype)
+    got = K.value_grad(theta, Xa, y)
+    ref = MeanKernel.from_spec(spec).value_grad(theta.double(), Xa.double(), y.double())
+    # float64: the same arithmetic in another order (round-off of sums over 1001 terms); float32: its own eps
+    rtol = 1e-11 if dtype == torch.float64 else 1e-4
+    assert got[0].dtype == dtype and got[1].shape == theta.shape
+    assert torch.allclose(got[0].double(), ref[0], rtol=rtol, atol=rtol * 1e-2)
+    assert torch.allclose(got[1].double(), ref[1], rtol=rtol, atol=rtol * float(ref[1].abs().max()))
+
+
+def test_native_gradient_matches_finite_differences():
+    """Central differences of the native objective (float64, h = 1e-6) agree with its gradient."""
+    _native_or_skip()
+    torch.manual_seed(5)
+    spec = ms.MoE(gate="softmax", expert="gelu", k=3, d=2, temperature=1.3)
+    K = MeanKernel.from_spec(spec, compile="native")
+    X = torch.cat([torch.ones(1, 150, 1, dtype=torch.float64), torch.rand(1, 150, 2, dtype=torch.float64) * 2 - 1], -1)
+    y = torch.randn(1, 150, dtype=torch.float64)
+    theta = torch.randn(1, 1, 6, 3, dtype=torch.float64)
+    _, grad = K.value_grad(theta, X, y)
+    fd = torch.zeros_like(theta)
+    for idx in np.ndindex(*theta.shape):
+        e = torch.zeros_like(theta)
+        e[idx] = 1e-6
+        fd[idx] = (K.value_grad(theta + e, X, y)[0] - K.value_grad(theta - e, X, y)[0]).squeeze() / 2e-6
+    # central differences: O(h^2) truncation plus O(eps / h) cancellation, about 1e-9 here
+    assert torch.allclose(grad, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_native_fit_matches_eager_fit():
+    """fit_lse(compile=True) runs the native kernel on CPU and follows the eager fit's path."""
+    _native_or_skip()
+    truth = _well_conditioned_truth("sigmoid")
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2, noise_sd=0.3)
+    data = ms.simulate(spec, truth, n=400, reps=3, seed=6, inputs="gaussian")
+    kw = {"truth": truth, "seed": 1, "max_iter": 30, "condition": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        eager = ms.fit_lse(spec, data.X, data.y, **kw)
+        native = ms.fit_lse(spec, data.X, data.y, compile=True, **kw)
+    assert native.settings["compile"] == "auto" and eager.settings["compile"] == "eager"
+    # 30 L-BFGS iterations from the same start: round-off differences stay far below the objective's scale
+    np.testing.assert_allclose(native.objective, eager.objective, rtol=1e-9)
+
+
+def test_kernel_choice_and_fallbacks():
+    """compile= picks the kernel; top-K gates and more than 32 experts are not native and get inductor."""
+    native = _native_or_skip()
+    relu = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2)
+    assert MeanKernel.from_spec(relu).native is None and MeanKernel.from_spec(relu).compiled is None
+    auto = MeanKernel.from_spec(relu, compile=True)
+    assert auto.native is not None and auto.compiled is not None  # inductor serves CUDA tensors
+    assert MeanKernel.from_spec(relu, compile="native").compiled is None
+    assert MeanKernel.from_spec(relu, compile="inductor").native is None
+    for spec in (ms.MoE(gate="topk", expert="relu", k=3, d=2, top_k=2),
+                 ms.MoE(gate="softmax", expert="relu", k=native.MAX_K + 1, d=1)):
+        K = MeanKernel.from_spec(spec, compile="native")
+        assert K.native is None and K.compiled is not None
+    with pytest.raises(ValueError, match="compile must be"):
+        MeanKernel.from_spec(relu, compile="fast")
+    with pytest.raises(ValueError, match="compile must be"):
+        ms.fit_lse(relu, np.zeros((50, 2)), np.zeros(50), init="random", compile="fast")
+
+
+def test_native_build_failure_falls_back_with_a_warning(monkeypatch):
+    """Without a working C++ toolchain the native kernel is skipped with a warning, never an error."""
+    from torch.utils import cpp_extension
+
+    from moestat.fit import _native
+
+    def broken(**kwargs):
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    _native.load.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="could not be built"):
+            K = MeanKernel.from_spec(ms.MoE(gate="sigmoid", expert="relu", k=2, d=1), compile="native")
+        assert K.native is None and K.compiled is not None
+    finally:
+        _native.load.cache_clear()
 
 
 def test_each_compiled_kernel_has_its_own_code_object():
@@ -158,7 +268,7 @@ def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch)
     y = torch.randn(2, 200, dtype=X.dtype)
     theta = torch.randn(2, 1, 8, 3, dtype=X.dtype)
     eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
-    compiled = MeanKernel.from_spec(spec, compile=True).value_grad(theta, Xa, y)
+    compiled = MeanKernel.from_spec(spec, compile="inductor").value_grad(theta, Xa, y)
     assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)  # round-off of sums over 200 terms
     assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
 

@@ -34,7 +34,7 @@ from .._validation import check_choice, check_finite, check_int
 from ..model import MoE
 from ..params import Params
 from . import _optim
-from ._objective import LSProblem, MeanKernel
+from ._objective import LSProblem, MeanKernel, kernel_mode
 from .init import from_params, kmeans_init, near_truth, random_init
 
 OPTIMIZERS = ("lbfgs", "adam", "sgd", "lm")
@@ -288,7 +288,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
             box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
-            compile: bool = False, block_bytes: int | str | None = "auto", threads: int | None = 1) -> LSEFit:
+            compile: bool | str = False, block_bytes: int | str | None = "auto", threads: int | None = 1) -> LSEFit:
     r"""Least-squares estimator of a MoE regression for R replicates at once.
 
     Parameters
@@ -341,10 +341,14 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         Keep the objective and gradient norm of every iteration (``fit.history``).
     condition : bool
         Compute ``fit.cond`` (one :math:`J^\top J` per replicate: :math:`O(nP^2)` work).
-    compile : bool
-        Use a ``torch.compile``'d objective+gradient (fuses the element-wise work; about 20 s of
-        compilation once per process and model, worth it for long studies at large n; see
-        docs/performance/lse.md).  The default eager kernel is already fused by hand.
+    compile : bool or {"native", "inductor"}
+        Use a compiled objective+gradient, worth it for long studies at large n (docs/performance/lse.md);
+        the default eager kernel is already fused by hand.  ``"native"``: a C++ kernel that keeps each block
+        of observations in cache through both products and the element-wise pass (CPU; sigmoid or softmax
+        gate, k <= 32, built-in experts; built once per machine in about 30 s).  ``"inductor"``: a
+        ``torch.compile``'d kernel (any gate and device; about 20 s of compilation per process and model).
+        ``True``: native where it applies, inductor otherwise.  Results agree with the eager kernel to
+        round-off.
     block_bytes : "auto", int or None
         Cache blocking over replicates: one batched program takes as many replicates as have inputs of
         at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
@@ -393,6 +397,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         raise ValueError("duplicate= only applies to init='near_truth'.")
     max_iter = _DEFAULT_MAX_ITER[optimizer] if max_iter is None else check_int("max_iter", max_iter)
     tol, gtol = _check_real("tol", tol), _check_real("gtol", gtol)
+    kernel_mode(compile)  # validates
     lr = _DEFAULT_LR.get(optimizer) if lr is None else _check_real("lr", lr, positive=True)
     epochs, batch_size = check_int("epochs", epochs), check_int("batch_size", batch_size)
     default_scale = {"near_truth": 0.05, "random": 1.0}.get(init_name, 0.0)
@@ -424,7 +429,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     dup_record = [int(j) for j in dup_record]
 
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
-    kernel = MeanKernel.from_spec(spec, compile=bool(compile))
+    kernel = MeanKernel.from_spec(spec, compile=compile)
     free = _free_mask(spec, dev)
     problem = LSProblem(kernel, Xt, yt, restarts, free, lower, upper)
     theta0 = _params_to_theta(start, dt, dev)
@@ -509,7 +514,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         "epochs": epochs if optimizer == "sgd" else None, "lr": lr,
         "batch_size": batch_size if optimizer == "sgd" else None,
         "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
-        "dtype": str(dt).replace("torch.", ""), "compile": bool(compile),
+        "dtype": str(dt).replace("torch.", ""), "compile": kernel_mode(compile),
         "replicates_per_block": group, "n_evals": res.n_evals,
     }
     fit = LSEFit(

@@ -1,0 +1,135 @@
+// Objective and gradient of the MoE least-squares problem, fused and cache-blocked (moestat/fit/_native.py builds it).
+//
+// For each group g (a replicate) and each block of `chunk` observations:
+//   Z   = Theta_g  X_c^T                      (S*2k x c; one BLAS call)
+//   U   = c_t df/dZ, loss += sum_t r_t^2      (one pass over the block, vectorised with at::vec)
+//   grad_g += U X_c                           (one BLAS call)
+// The block's inputs, Z and U stay in cache between the three steps.  The element-wise formulas are those of
+// moestat/fit/_objective.py (module docstring): expert rows c pi phi'(z_e); sigmoid gate rows
+// c h pi (1 - pi) / tau; softmax gate rows c pi (h - f) / tau.
+#include <torch/extension.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+constexpr int64_t KMAX = 32;
+
+enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
+enum Act : int64_t { LINEAR = 0, RELU = 1, TANH = 2, SIGM = 3, GELU = 4 };
+
+template <typename T>
+inline void activation(int64_t act, const at::vec::Vectorized<T>& z, at::vec::Vectorized<T>& h,
+                       at::vec::Vectorized<T>& dh) {
+  using V = at::vec::Vectorized<T>;
+  const V one(T(1)), zero(T(0));
+  switch (act) {
+    case LINEAR: h = z; dh = one; break;
+    case RELU: h = at::vec::maximum(z, zero); dh = V::blendv(zero, one, z > zero); break;
+    case TANH: h = z.tanh(); dh = one - h * h; break;
+    case SIGM: h = one / (one + z.neg().exp()); dh = h * (one - h); break;
+    default: {  // gelu: z Phi(z), Phi(z) + z phi(z)
+      const V cdf = V(T(0.5)) * (one + (z * V(T(0.70710678118654752440))).erf());
+      h = z * cdf;
+      dh = cdf + z * (V(T(-0.5)) * z * z).exp() * V(T(0.39894228040143267794));
+    }
+  }
+}
+
+// One block: Z (S*2k x ldz rows, first c columns) -> U (same layout), loss[s] += sum_t r^2.
+template <typename T>
+void block(const T* Z, const T* y, T* U, T* loss, int64_t S, int64_t k, int64_t c, int64_t ld, int64_t gate,
+           int64_t act, T inv_tau, T scale) {
+  using V = at::vec::Vectorized<T>;
+  constexpr int64_t W = V::size();
+  V pi[KMAX], h[KMAX], dh[KMAX];
+  const V one(T(1));
+  for (int64_t s = 0; s < S; ++s) {
+    const T* zs = Z + s * 2 * k * ld;
+    T* us = U + s * 2 * k * ld;
+    V acc(T(0));
+    for (int64_t t = 0; t < c; t += W) {
+      const int64_t m = std::min<int64_t>(W, c - t);
+      for (int64_t i = 0; i < k; ++i) {
+        pi[i] = V::loadu(zs + i * ld + t, m) * V(inv_tau);
+        activation<T>(act, V::loadu(zs + (k + i) * ld + t, m), h[i], dh[i]);
+      }
+      if (gate == SIGMOID) {
+        for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
+      } else {
+        V mx = pi[0];
+        for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
+        V tot(T(0));
+        for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx).exp(); tot = tot + pi[i]; }
+        const V inv = one / tot;
+        for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+      }
+      V f(T(0));
+      for (int64_t i = 0; i < k; ++i) f = at::vec::fmadd(pi[i], h[i], f);
+      V r = f - V::loadu(y + t, m);
+      if (m < W) r = V::set(V(T(0)), r, m);  // lanes past the block end contribute nothing
+      acc = at::vec::fmadd(r, r, acc);
+      const V cr = r * V(scale);
+      for (int64_t i = 0; i < k; ++i) {
+        const V pc = cr * pi[i];
+        const V ug = (gate == SIGMOID ? pc * h[i] * (one - pi[i]) : pc * (h[i] - f)) * V(inv_tau);
+        ug.store(us + i * ld + t, m);
+        (pc * dh[i]).store(us + (k + i) * ld + t, m);
+      }
+    }
+    T buf[W];
+    acc.store(buf);
+    T sum = 0;
+    for (int64_t j = 0; j < W; ++j) sum += buf[j];
+    loss[s] += sum;
+  }
+}
+
+template <typename T>
+void value_grad_impl(const at::Tensor& theta, const at::Tensor& X, const at::Tensor& y, at::Tensor& loss,
+                     at::Tensor& grad, int64_t k, int64_t gate, int64_t act, double tau, int64_t chunk) {
+  const int64_t G = theta.size(0), SK = theta.size(1), p = theta.size(2), n = X.size(1);
+  const int64_t S = SK / (2 * k);
+  const int64_t cmax = std::max<int64_t>(1, std::min(chunk, n));
+  auto Zbuf = at::empty({SK * cmax}, theta.options()), Ubuf = at::empty({SK * cmax}, theta.options());
+  const T inv_tau = T(1.0 / tau), scale = T(2.0 / double(n));
+  const T* yp = y.data_ptr<T>();
+  T* lp = loss.data_ptr<T>();
+  for (int64_t g = 0; g < G; ++g) {
+    const at::Tensor th = theta[g], Xg = X[g];
+    at::Tensor gg = grad[g];
+    for (int64_t lo = 0; lo < n; lo += cmax) {
+      const int64_t c = std::min(cmax, n - lo);
+      const at::Tensor Xc = Xg.narrow(0, lo, c);
+      at::Tensor Zc = Zbuf.narrow(0, 0, SK * c).view({SK, c}), Uc = Ubuf.narrow(0, 0, SK * c).view({SK, c});
+      at::mm_out(Zc, th, Xc.t());
+      block<T>(Zc.data_ptr<T>(), yp + g * n + lo, Uc.data_ptr<T>(), lp + g * S, S, k, c, c, gate, act, inv_tau,
+               scale);
+      gg.addmm_(Uc, Xc);
+    }
+  }
+}
+
+}  // namespace
+
+// theta (G, S*2k, p), X (G, n, p) augmented inputs, y (G, n); returns loss (G, S) = sum_t r^2 / n and
+// grad (G, S*2k, p).
+std::vector<at::Tensor> value_grad(at::Tensor theta, at::Tensor X, at::Tensor y, int64_t k, int64_t gate,
+                                   int64_t act, double tau, int64_t chunk) {
+  TORCH_CHECK(k >= 1 && k <= KMAX, "moe_lsq: k must be in [1, ", KMAX, "]");
+  TORCH_CHECK(theta.device().is_cpu() && X.device().is_cpu() && y.device().is_cpu(), "moe_lsq: CPU tensors only");
+  theta = theta.contiguous(); X = X.contiguous(); y = y.contiguous();
+  TORCH_CHECK(theta.dim() == 3 && X.dim() == 3 && y.dim() == 2 && theta.size(1) % (2 * k) == 0, "moe_lsq: shapes");
+  const int64_t G = theta.size(0), SK = theta.size(1), p = theta.size(2), n = X.size(1);
+  auto loss = at::zeros({G, SK / (2 * k)}, theta.options());
+  auto grad = at::zeros({G, SK, p}, theta.options());
+  AT_DISPATCH_FLOATING_TYPES(theta.scalar_type(), "moe_lsq", [&] {
+    value_grad_impl<scalar_t>(theta, X, y, loss, grad, k, gate, act, tau, chunk);
+  });
+  loss.div_(double(n));
+  return {loss, grad};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("value_grad", &value_grad, "MoE least-squares objective and gradient"); }

@@ -1,0 +1,93 @@
+r"""The fused C++ least-squares kernel (``_lsq_native.cpp``), built on first use with torch's extension builder.
+
+One call evaluates the objective and gradient of every problem of a batch (:class:`~moestat.fit._objective.MeanKernel`
+layout).  Observations are processed in blocks small enough that a block's inputs, its pre-activations
+:math:`Z = \Theta\tilde X^\top` and its derivative rows :math:`U = c\,\partial f/\partial Z` stay in the L2 cache
+between the forward product, the element-wise pass and the backward product; the element-wise pass is one
+vectorised loop (``at::vec``) over the observations.  In Python, with eager torch operations or a
+``torch.compile``'d graph, each block costs tens of microseconds of call overhead, so blocks that small do not pay
+there, and with large blocks the three steps stream Z and U through memory (docs/performance/lse.md).
+
+The extension is compiled once per machine and torch version (about 30 s with g++; cached under
+``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) for the vector instruction set ATen uses on
+the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler, or on an unsupported platform,
+:func:`load` returns None and the callers fall back to the ``torch.compile``'d kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..experts import ExpertFamily
+
+SOURCE = Path(__file__).with_name("_lsq_native.cpp")
+
+#: Largest number of experts the kernel takes (its per-observation work arrays are sized at compile time).
+MAX_K = 32
+GATE_CODES = {"sigmoid": 0, "softmax": 1}
+ACTIVATION_CODES = {"linear": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
+
+#: Bytes of one block's inputs, Z and U (the kernel's working set: half of a 2 MiB L2 cache).  Measured at k = 9,
+#: d = 32, n = 100,000: blocks of 256 / 1024 / 2048 / 8192 rows took 9.8 / 8.4 / 8.4 / 9.5 ms per evaluation.
+BLOCK_BYTES = 2**20
+
+
+def activation_code(family: ExpertFamily) -> int | None:
+    """The kernel's code for an expert family (None: not built in; use another kernel)."""
+    if not family.input_dependent:
+        return ACTIVATION_CODES["linear"]
+    return ACTIVATION_CODES.get(family.name)
+
+
+def supports(gate: str, k: int, family: ExpertFamily) -> bool:
+    """Whether the native kernel evaluates this model (sigmoid or softmax gate, k <= 32, a built-in expert)."""
+    return gate in GATE_CODES and 1 <= k <= MAX_K and activation_code(family) is not None
+
+
+def block_rows(rows_per_obs: int, p: int, itemsize: int) -> int:
+    """Observations per block: inputs (p values) and the Z and U rows of every problem fit in BLOCK_BYTES."""
+    return max(64, BLOCK_BYTES // ((2 * rows_per_obs + p) * itemsize))
+
+
+#: Compiler flags per vector instruction set, as torch's inductor uses them for its generated C++ (x86-64 only).
+_ISA_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma", "-DCPU_CAPABILITY_AVX512"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"],
+}
+
+
+def _isa() -> str:
+    """The vector instruction set ATen dispatches to on this CPU (``AVX512``, ``AVX2``, else portable code)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "scalar"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability if capability in _ISA_FLAGS else "scalar"
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """Build (first call on a machine) and import the extension; None, with a warning, if that fails."""
+    try:
+        from torch.utils import cpp_extension
+
+        try:  # the ninja wheel's binary, also when the interpreter's bin folder is not on PATH
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass
+        isa = _isa()
+        flags = ["-O3", *_ISA_FLAGS.get(isa, [])]
+        name = f"moestat_lsq_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}"
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+    except Exception as err:  # any build or import failure means: use another kernel
+        warnings.warn(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
+                      "using the torch.compile'd kernel instead.", UserWarning, stacklevel=2)
+        return None
