@@ -588,9 +588,10 @@ class Study:
             return
         owned = False
         if executor == "processes":
-            n = workers or os.cpu_count() or 1
-            executor = cf.ProcessPoolExecutor(max_workers=min(n, len(todo)),
-                                              mp_context=multiprocessing.get_context("spawn"))
+            n = min(workers or os.cpu_count() or 1, len(todo))
+            # without study.threads, the workers share the cores instead of each starting one thread per core
+            executor = cf.ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
+                                              initializer=_share_cores, initargs=(n,))
             owned = True
         elif not isinstance(executor, cf.Executor):
             raise ValueError(f"executor must be None, 'processes' or a concurrent.futures.Executor, "
@@ -636,6 +637,16 @@ class Study:
 
 
 # ------------------------------------------------------------------ cell execution
+
+def _share_cores(workers: int) -> None:
+    """Process-pool initializer: give each of ``workers`` processes an equal share of the CPU's cores as torch
+    threads.  With torch's default of one thread per core in every worker, OpenMP teams oversubscribe the
+    CPU and wait on each other (measured: one worker's 594 x 594 eigendecompositions held two threads busy
+    for minutes while the other worker ran a fit).  ``study.threads``, when set, still applies per cell."""
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 
 def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
     """Run one cell (in this process or a worker) and return its frame with every knob as a column."""

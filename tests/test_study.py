@@ -342,3 +342,20 @@ def test_truths_sharing_a_stream_share_their_data():
                          "grid": {"expert": ["relu", "linear"], "truth_gate": ["sigmoid", "softmax"]}},
                   fit={}, n=[10], reps=1)
     assert [t["stream"] for t in templ.truths] == ["relu", "relu", "linear", "linear"]
+
+
+def test_process_pool_workers_share_the_cores(monkeypatch):
+    """Each pool worker gets cpu_count // workers torch threads (at least one), not one thread per core."""
+    import torch
+
+    from moestat.study import _share_cores
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    try:
+        _share_cores(4)
+        assert torch.get_num_threads() == 2
+        _share_cores(16)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

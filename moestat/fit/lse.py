@@ -481,8 +481,9 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     cond = np.full(R, np.nan)
     if condition:
         problem.set_active(best)
-        _, H, _ = problem.gauss_newton(res.theta[best])
-        ev = torch.linalg.eigvalsh(H)
+        with cpu_threads(threads, dev):  # the eigensolver's OpenMP team stalls on a shared CPU like the solve
+            _, H, _ = problem.gauss_newton(res.theta[best])
+            ev = torch.linalg.eigvalsh(H)
         lam_min, lam_max = ev[:, 0], ev[:, -1]
         c = torch.where(lam_min > lam_max * torch.finfo(dt).eps, lam_max / lam_min,
                         torch.full_like(lam_min, float("inf")))
