@@ -38,8 +38,8 @@ def main() -> None:
         sweep_native(truth, spec, n, R)
 
 
-def sweep(truth, spec, n: int, R: int) -> None:
-    """Print one table row per minimum chunk size at sample size ``n``."""
+def workload(truth, spec, n: int, R: int):
+    """Data, a parameter batch and the forward product ``theta @ X^T`` that the kernels are compared with."""
     k, p = spec.k, spec.d + 1
     data = ms.simulate(truth.spec, truth.params, n=n, reps=R, seed=1)
     X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
@@ -50,12 +50,18 @@ def sweep(truth, spec, n: int, R: int) -> None:
     def fwd():
         torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z)
 
+    return theta, Xa, y, fwd
+
+
+def sweep(truth, spec, n: int, R: int) -> None:
+    """Print one table row per minimum chunk size at sample size ``n``."""
+    theta, Xa, y, fwd = workload(truth, spec, n, R)
     for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
         ratios = []
         for compile_ in (False, "inductor"):
             kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
             ratios.append(interleaved_ratio(lambda kernel=kernel: kernel.value_grad(theta, Xa, y), fwd, 40)[0])
-        rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, p, 8)
+        rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, spec.d + 1, 8)
         print(f"| {R} | {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
 
 def sweep_native(truth, spec, n: int, R: int) -> None:
@@ -65,23 +71,14 @@ def sweep_native(truth, spec, n: int, R: int) -> None:
     if _native.load() is None:
         print("| native kernel unavailable |")
         return
-    k, p = spec.k, spec.d + 1
-    data = ms.simulate(truth.spec, truth.params, n=n, reps=R, seed=1)
-    X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
-    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
-    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
-    Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
-
-    def fwd():
-        torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z)
-
+    theta, Xa, y, fwd = workload(truth, spec, n, R)
     kernel = MeanKernel.from_spec(spec, compile="native")
     default = _native.BLOCK_BYTES
     try:
         for block_bytes in (2**18, 2**19, 2**20, 2**21, 2**22):
             _native.BLOCK_BYTES = block_bytes
             ratio = interleaved_ratio(lambda: kernel.value_grad(theta, Xa, y), fwd, 40)[0]
-            print(f"| {R} | {n} | {_native.block_rows(2 * k, p, 8)} | {ratio:.2f} |", flush=True)
+            print(f"| {R} | {n} | {_native.block_rows(2 * spec.k, spec.d + 1, 8)} | {ratio:.2f} |", flush=True)
     finally:
         _native.BLOCK_BYTES = default
 

@@ -77,6 +77,16 @@ def reference_tensor_kwargs(*arrays: Array) -> dict:
     return {"device": torch.device("cpu"), "dtype": torch.float64}
 
 
+def seeded_generators(seeds: list[np.random.SeedSequence], device: torch.device) -> list[torch.Generator]:
+    """One torch generator per seed sequence, on ``device``, seeded from 63 bits of the sequence's state."""
+    gens = []
+    for s in seeds:
+        g = torch.Generator(device=device)
+        g.manual_seed(int(s.generate_state(1, dtype=np.uint64)[0] % (2**63)))
+        gens.append(g)
+    return gens
+
+
 @contextmanager
 def cpu_threads(threads: int | None, device: torch.device) -> Iterator[None]:
     """Run the block with ``threads`` torch intra-op threads on CPU (restored afterwards).

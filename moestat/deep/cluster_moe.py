@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as Fnn
 
-from .._torch import resolve_device, resolve_dtype, to_numpy
+from .._torch import resolve_device, resolve_dtype, seeded_generators, to_numpy
 from .._validation import check_choice, check_int
 from ..simulators.clusters import ClusterData
 from ..simulators.regression import SeedLike, replicate_seeds
@@ -85,15 +85,6 @@ def _check_nonneg(name: str, value: Any) -> float:
     return float(value)
 
 
-def _generators(seeds: list[np.random.SeedSequence], device: torch.device) -> list[torch.Generator]:
-    gens = []
-    for s in seeds:
-        g = torch.Generator(device=device)
-        g.manual_seed(int(s.generate_state(1, dtype=np.uint64)[0] % (2 ** 63)))
-        gens.append(g)
-    return gens
-
-
 def _randn(gens: list[torch.Generator], shape: tuple[int, ...], **kw: Any) -> torch.Tensor:
     return torch.stack([torch.randn(shape, generator=g, **kw) for g in gens])
 
@@ -108,7 +99,7 @@ def initial_expert_weights(seed: SeedLike, R: int, M: int, d: int, J: int, sigma
     """:math:`W^{(0)}`, shape (R, M, d, J): exactly the initialisation :func:`fit_cluster_moe` uses for ``seed``."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    gens = _generators(replicate_seeds(seed, R), dev)
+    gens = seeded_generators(replicate_seeds(seed, R), dev)
     return sigma0 * _randn(gens, (M, d, J), device=dev, dtype=dt)
 
 
@@ -288,7 +279,7 @@ class ClusterMoEFit:
                 return {"F": to_numpy(single_forward(X, self.W[:, 0], self.a, self.activation, self.b))}
             nz = None
             if noise > 0:
-                gens = _generators(replicate_seeds(seed, self.n_reps), X.device)
+                gens = seeded_generators(replicate_seeds(seed, self.n_reps), X.device)
                 nz = noise * _rand(gens, (X.shape[1], self.Theta.shape[-1]), device=X.device, dtype=X.dtype)
             out = moe_forward(X, self.W, self.Theta, self.activation, nz)
         return {"F": to_numpy(out["F"]), "expert": to_numpy(out["expert"])}
@@ -408,7 +399,7 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
     dt = resolve_dtype(dtype, dev)
     R, n, _, d = train.X.shape
     seeds = replicate_seeds(seed, R)
-    gens = _generators(seeds, dev)
+    gens = seeded_generators(seeds, dev)
     X, y = _tensors(train, dev, dt)
     S = X.sum(dim=2)
     Xt = _tensors(test, dev, dt)[0] if test is not None else None
@@ -501,7 +492,7 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     dt = resolve_dtype(dtype, dev)
     R, n, _, d = train.X.shape
     seeds = replicate_seeds(seed, R)
-    gens = _generators(seeds, dev)
+    gens = seeded_generators(seeds, dev)
     X, y = _tensors(train, dev, dt)
     Xt, _ = _tensors(test, dev, dt) if test is not None else (None, None)
     W = (sigma0 * _randn(gens, (d, J), device=dev, dtype=dt)).requires_grad_(True)

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, to_numpy, to_tensor
+from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, seeded_generators, to_numpy, to_tensor
 from .._validation import check_choice, check_finite, check_int
 from ..model import MoE
 from ..params import Params
@@ -272,13 +272,7 @@ def _torch_seed(seed: Any) -> int:
 def _problem_generators(seed: Any, count: int, dev: torch.device) -> list[torch.Generator]:
     """One torch generator per problem (replicate x restart, in that order), each seeded by its own child of
     the fit's seed, so that a problem's random stream does not depend on how problems are batched."""
-    children = np.random.SeedSequence(_torch_seed(seed)).spawn(count)
-    gens = []
-    for child in children:
-        g = torch.Generator(device=dev)
-        g.manual_seed(int(child.generate_state(1, dtype=np.uint64)[0] % (2**63)))
-        gens.append(g)
-    return gens
+    return seeded_generators(np.random.SeedSequence(_torch_seed(seed)).spawn(count), dev)
 
 
 # ------------------------------------------------------------------ estimator
