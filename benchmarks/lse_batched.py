@@ -9,6 +9,8 @@ k = 9 experts (duplicate=[0]) from near-truth starts, R = 20 replicates.
    of the two products against a measured square-matmul rate.
 2. Batched fit vs a Python loop fitting the replicates one at a time, same settings (L-BFGS).
 3. L-BFGS vs Adam vs the papers' SGD protocol at n = 10,000: objective reached and wall time.
+4. ``--parts scaling``: R = 20 replicates vs one at n = 10,000 (50 L-BFGS iterations), on the CPU and, when
+   present, on CUDA, with the CPU/GPU time ratio (issue 3's GPU targets).
 
 Timings use the lower decile of repeated calls (the machine may be shared); a kernel and the forward
 product it is compared with are called alternately, so that load changes hit both alike.  Run
@@ -147,6 +149,32 @@ def optimiser_table(spec, truth, n: int, R: int, lbfgs_iter: int, adam_iter: int
     return rows
 
 
+def scaling_table(spec, truth, n: int, R: int, iters: int, devices: list[str]) -> list[dict]:
+    """Cost of R replicates against one, per device, and each device's time against the CPU's (same fits).
+
+    A fixed number of L-BFGS iterations (``tol = gtol = 0``), float64 everywhere so that the devices do the
+    same arithmetic; a warm-up fit per device pays kernel selection and allocator growth first."""
+    fit_spec = spec.with_k(9)
+    data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "max_iter": iters, "tol": 0.0, "gtol": 0.0,
+          "condition": False, "dtype": "float64"}
+    rows, cpu_time = [], None
+    for device in devices:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            ms.fit_lse(fit_spec, data.X[:2], data.y[:2], device=device, **{**kw, "max_iter": 2})
+            times = {}
+            for reps in (1, R):
+                t0 = time.perf_counter()
+                ms.fit_lse(fit_spec, data.X[:reps], data.y[:reps], device=device, **kw)
+                times[reps] = time.perf_counter() - t0
+        cpu_time = times[R] if device == "cpu" else cpu_time
+        rows.append({"device": device, "n": n, "iterations": iters, "R=1 s": times[1], f"R={R} s": times[R],
+                     f"R={R} / R=1": times[R] / times[1],
+                     "CPU / device (R)": (cpu_time / times[R]) if cpu_time is not None else float("nan")})
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     cols = list(rows[0])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -160,7 +188,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--compile", action="store_true", help="also measure the torch.compile'd (inductor) kernel")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
-    ap.add_argument("--parts", default="kernel,loop,optim")
+    ap.add_argument("--parts", default="kernel,loop,optim",
+                    help="comma-separated: kernel, loop, optim, scaling (R replicates vs one, CPU vs CUDA)")
     args = ap.parse_args()
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     ns = [200, 1000] if args.quick else [1000, 10_000]
@@ -185,6 +214,11 @@ def main() -> None:
         rows = optimiser_table(spec, truth, n, R, lbfgs_iter=30 if args.quick else 300,
                                adam_iter=30 if args.quick else 1000, compile_=False)
         print(f"## optimisers at n={n}\n" + table(rows) + "\n", flush=True)
+    if "scaling" in parts:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        rows = scaling_table(spec, truth, ns[-1], R, iters=10 if args.quick else 50, devices=devices)
+        note = "" if "cuda" in devices else " (no CUDA device: CPU only)"
+        print(f"## {R} replicates vs one{note}\n" + table(rows) + "\n", flush=True)
 
 
 if __name__ == "__main__":
