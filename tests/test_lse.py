@@ -172,6 +172,7 @@ def test_native_fit_matches_eager_fit():
         eager = ms.fit_lse(spec, data.X, data.y, **kw)
         native = ms.fit_lse(spec, data.X, data.y, compile=True, **kw)
     assert native.settings["compile"] == "auto" and eager.settings["compile"] == "eager"
+    assert native.settings["kernel"] == "native" and eager.settings["kernel"] == "eager"  # what actually ran
     # 30 L-BFGS iterations from the same start: round-off differences stay far below the objective's scale
     np.testing.assert_allclose(native.objective, eager.objective, rtol=1e-9)
 
@@ -185,6 +186,8 @@ def test_kernel_choice_and_fallbacks():
     assert auto.native is not None and auto.compiled is not None  # inductor serves CUDA tensors
     assert MeanKernel.from_spec(relu, compile="native").compiled is None
     assert MeanKernel.from_spec(relu, compile="inductor").native is None
+    assert auto.kind(torch.device("cpu")) == "native" and auto.kind(torch.device("cuda")) == "inductor"
+    assert MeanKernel.from_spec(relu).kind(torch.device("cpu")) == "eager"
     for spec in (ms.MoE(gate="topk", expert="relu", k=3, d=2, top_k=2),
                  ms.MoE(gate="softmax", expert="relu", k=native.MAX_K + 1, d=1)):
         K = MeanKernel.from_spec(spec, compile="native")

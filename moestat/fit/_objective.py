@@ -312,6 +312,12 @@ class MeanKernel:
                    chunk_min_elems=chunk_min_elems, compiled=compiled, native=native,
                    native_act=_native.activation_code(spec.family))
 
+    def kind(self, device: torch.device) -> str:
+        """The kernel that evaluates tensors on ``device``: ``"native"``, ``"inductor"`` or ``"eager"``."""
+        if self.native is not None and device.type == "cpu":
+            return "native"
+        return "inductor" if self.compiled is not None else "eager"
+
     def _chunk_rows(self, G: int, s: int, n: int, p: int, itemsize: int) -> int:
         """Observations per chunk.
 

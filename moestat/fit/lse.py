@@ -342,7 +342,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         gate, k <= 32, built-in experts; built once per machine in about 30 s).  ``"inductor"``: a
         ``torch.compile``'d kernel (any gate and device; about 20 s of compilation per process and model).
         ``True``: native where it applies, inductor otherwise.  Results agree with the eager kernel to
-        round-off.
+        round-off.  ``fit.settings["kernel"]`` records the kernel that ran.
     block_bytes : "auto", int or None
         Cache blocking over replicates: one batched program takes as many replicates as have inputs of
         at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
@@ -509,7 +509,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         "epochs": epochs if optimizer == "sgd" else None, "lr": lr,
         "batch_size": batch_size if optimizer == "sgd" else None,
         "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
-        "dtype": str(dt).replace("torch.", ""), "compile": kernel_mode(compile),
+        "dtype": str(dt).replace("torch.", ""), "compile": kernel_mode(compile), "kernel": kernel.kind(dev),
         "replicates_per_block": group, "n_evals": res.n_evals,
     }
     fit = LSEFit(
