@@ -141,6 +141,28 @@ def test_native_kernel_matches_eager(gate, expert, dtype, monkeypatch):
     assert torch.allclose(got[1].double(), ref[1], rtol=rtol, atol=rtol * float(ref[1].abs().max()))
 
 
+def test_native_kernel_threads_split_blocks_without_changing_results(monkeypatch):
+    """With several torch threads the native kernel splits the (replicate, block) pairs between them and sums
+    per-thread accumulators: the same objective and gradient up to the order of that sum."""
+    native = _native_or_skip()
+    monkeypatch.setattr(native, "BLOCK_BYTES", 2**14)
+    torch.manual_seed(6)
+    spec = ms.MoE(gate="softmax", expert="relu", k=4, d=3)
+    K = MeanKernel.from_spec(spec, compile="native")
+    X = torch.cat([torch.ones(3, 700, 1, dtype=torch.float64), torch.randn(3, 700, 3, dtype=torch.float64)], -1)
+    y = torch.randn(3, 700, dtype=torch.float64)
+    theta = torch.randn(3, 2, 8, 4, dtype=torch.float64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = K.value_grad(theta, X, y)
+        torch.set_num_threads(3)
+        three = K.value_grad(theta, X, y)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.allclose(three[0], one[0], rtol=1e-13) and torch.allclose(three[1], one[1], rtol=1e-12, atol=1e-15)
+
+
 def test_native_gradient_matches_finite_differences():
     """Central differences of the native objective (float64, h = 1e-6) agree with its gradient."""
     _native_or_skip()

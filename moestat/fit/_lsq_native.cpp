@@ -8,6 +8,7 @@
 // moestat/fit/_objective.py (module docstring): expert rows c pi phi'(z_e); sigmoid gate rows
 // c h pi (1 - pi) / tau; softmax gate rows c pi (h - f) / tau.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
@@ -87,29 +88,51 @@ void block(const T* Z, const T* y, T* U, T* loss, int64_t S, int64_t k, int64_t 
   }
 }
 
+// Blocks [begin, end) of the flattened (group, block) index into this thread's accumulators.
+template <typename T>
+void run_blocks(const at::Tensor& theta, const at::Tensor& X, const T* yp, T* lp, at::Tensor& grad, int64_t begin,
+                int64_t end, int64_t cmax, int64_t k, int64_t gate, int64_t act, T inv_tau, T scale) {
+  const int64_t SK = theta.size(1), n = X.size(1), S = SK / (2 * k);
+  const int64_t nb = (n + cmax - 1) / cmax;
+  auto Zbuf = at::empty({SK * cmax}, theta.options()), Ubuf = at::empty({SK * cmax}, theta.options());
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t g = task / nb, lo = (task % nb) * cmax, c = std::min(cmax, n - lo);
+    const at::Tensor Xc = X[g].narrow(0, lo, c);
+    at::Tensor Zc = Zbuf.narrow(0, 0, SK * c).view({SK, c}), Uc = Ubuf.narrow(0, 0, SK * c).view({SK, c});
+    at::mm_out(Zc, theta[g], Xc.t());
+    block<T>(Zc.data_ptr<T>(), yp + g * n + lo, Uc.data_ptr<T>(), lp + g * S, S, k, c, c, gate, act, inv_tau, scale);
+    grad[g].addmm_(Uc, Xc);
+  }
+}
+
+// With several torch threads the (group, block) pairs are split into one contiguous range per thread, each
+// accumulating into its own loss and gradient, summed at the end: the result depends on the number of threads
+// only through the order of that final sum.
 template <typename T>
 void value_grad_impl(const at::Tensor& theta, const at::Tensor& X, const at::Tensor& y, at::Tensor& loss,
                      at::Tensor& grad, int64_t k, int64_t gate, int64_t act, double tau, int64_t chunk) {
-  const int64_t G = theta.size(0), SK = theta.size(1), p = theta.size(2), n = X.size(1);
-  const int64_t S = SK / (2 * k);
+  const int64_t G = theta.size(0), n = X.size(1);
   const int64_t cmax = std::max<int64_t>(1, std::min(chunk, n));
-  auto Zbuf = at::empty({SK * cmax}, theta.options()), Ubuf = at::empty({SK * cmax}, theta.options());
+  const int64_t tasks = G * ((n + cmax - 1) / cmax);
   const T inv_tau = T(1.0 / tau), scale = T(2.0 / double(n));
   const T* yp = y.data_ptr<T>();
-  T* lp = loss.data_ptr<T>();
-  for (int64_t g = 0; g < G; ++g) {
-    const at::Tensor th = theta[g], Xg = X[g];
-    at::Tensor gg = grad[g];
-    for (int64_t lo = 0; lo < n; lo += cmax) {
-      const int64_t c = std::min(cmax, n - lo);
-      const at::Tensor Xc = Xg.narrow(0, lo, c);
-      at::Tensor Zc = Zbuf.narrow(0, 0, SK * c).view({SK, c}), Uc = Ubuf.narrow(0, 0, SK * c).view({SK, c});
-      at::mm_out(Zc, th, Xc.t());
-      block<T>(Zc.data_ptr<T>(), yp + g * n + lo, Uc.data_ptr<T>(), lp + g * S, S, k, c, c, gate, act, inv_tau,
-               scale);
-      gg.addmm_(Uc, Xc);
-    }
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  if (threads <= 1) {
+    run_blocks<T>(theta, X, yp, loss.data_ptr<T>(), grad, 0, tasks, cmax, k, gate, act, inv_tau, scale);
+    return;
   }
+  auto losses = at::zeros({threads, loss.size(0), loss.size(1)}, loss.options());
+  auto grads = at::zeros({threads, grad.size(0), grad.size(1), grad.size(2)}, grad.options());
+  const int64_t per = (tasks + threads - 1) / threads;
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      at::Tensor gt = grads[t];
+      run_blocks<T>(theta, X, yp, losses[t].data_ptr<T>(), gt, t * per, std::min(tasks, (t + 1) * per), cmax, k,
+                    gate, act, inv_tau, scale);
+    }
+  });
+  loss.copy_(losses.sum(0));
+  grad.copy_(grads.sum(0));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -84,9 +85,12 @@ def load() -> ModuleType | None:
         except ImportError:
             pass
         isa = _isa()
-        flags = ["-O3", *_ISA_FLAGS.get(isa, [])]
+        # at::parallel_for is an OpenMP pragma in a header: without -fopenmp the kernel would run on one thread
+        openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
+        flags = ["-O3", *_ISA_FLAGS.get(isa, []), *openmp]
         name = f"moestat_lsq_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}"
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=openmp,
+                                  verbose=False)
     except Exception as err:  # any build or import failure means: use another kernel
         warnings.warn(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
                       "using the torch.compile'd kernel instead.", UserWarning, stacklevel=2)
