@@ -239,6 +239,24 @@ def test_native_build_failure_falls_back_with_a_warning(monkeypatch):
         _native.load.cache_clear()
 
 
+def test_no_compiler_means_the_eager_kernel(monkeypatch):
+    """compile=True or "native" on a machine without a C++ compiler warns and runs the eager kernel (neither
+    compiled kernel could be built), and the fit still works."""
+    from moestat.fit import _native
+
+    monkeypatch.setattr(_native, "compiler_available", lambda: False)
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2)
+    for mode in (True, "native"):
+        with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+            K = MeanKernel.from_spec(spec, compile=mode)
+        assert K.native is None and K.compiled is None
+    data = ms.simulate(spec, _well_conditioned_truth("sigmoid"), n=100, reps=2, seed=3)
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = ms.fit_lse(spec, data.X, data.y, init="random", seed=0, max_iter=5, compile=True, condition=False)
+    assert fit.settings["kernel"] == "eager" and np.isfinite(fit.objective).all()
+
+
 def test_each_compiled_kernel_has_its_own_code_object():
     """Dynamo keeps at most 8 compiled graphs per code object and then silently runs Python: kernels of
     different specs (gate, k, expert, temperature) must not share one code object and its budget."""

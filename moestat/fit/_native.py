@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -51,6 +52,11 @@ def activation_code(family: ExpertFamily) -> int | None:
 def supports(gate: str, k: int, family: ExpertFamily) -> bool:
     """Whether the native kernel evaluates this model (sigmoid or softmax gate, k <= 32, a built-in expert)."""
     return gate in GATE_CODES and 1 <= k <= MAX_K and activation_code(family) is not None
+
+
+def compiler_available() -> bool:
+    """Whether a C++ compiler is on PATH (the native kernel and torch.compile's CPU code both need one)."""
+    return any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
 def block_rows(rows_per_obs: int, p: int, itemsize: int) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import types
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -298,6 +299,10 @@ class MeanKernel:
         compiled one, whose per-call overhead is larger (measured: at n = 1,000 and R = 20, one chunk
         instead of three took the compiled evaluation from 4.8x to 3.8x the forward product)."""
         mode = kernel_mode(compile)
+        if mode in ("auto", "native") and not _native.compiler_available():
+            warnings.warn(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which both compiled "
+                          "kernels need; using the eager kernel.", UserWarning, stacklevel=3)
+            mode = "eager"
         native = None
         if mode in ("auto", "native") and _native.supports(spec.gate, spec.k, spec.family):
             module = _native.load()
