@@ -10,8 +10,8 @@ there, and with large blocks the three steps stream Z and U through memory (docs
 
 The extension is compiled once per machine and torch version (about 30 s with g++; cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) for the vector instruction set ATen uses on
-the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler, or on an unsupported platform,
-:func:`load` returns None and the callers fall back to the ``torch.compile``'d kernel.
+the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler on PATH the callers use the eager kernel;
+if a build fails otherwise, :func:`load` returns None and they fall back to the ``torch.compile``'d kernel.
 """
 
 from __future__ import annotations
