@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import warnings
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import moestat as ms
-from moestat.fit import ConvergenceWarning
+from moestat.fit import ConvergenceWarning, _native
 from moestat.fit._objective import LSProblem, MeanKernel
 from moestat.fit.init import check_duplicate, near_truth, split_gate_bias
 from moestat.simulators.presets import draw_truth
@@ -95,7 +94,7 @@ def test_compiled_kernel_matches_eager(gate, expert, temperature, monkeypatch):
     Xa = torch.cat([torch.ones(G, n, 1, dtype=X.dtype), X], -1)
     y = torch.randn(G, n, dtype=X.dtype)
     theta = torch.randn(G, s, 2 * k, d + 1, dtype=X.dtype)
-    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+    if not _native.compiler_available():
         pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
     eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
     compiled = MeanKernel.from_spec(spec, compile="inductor").value_grad(theta, Xa, y)
@@ -105,9 +104,7 @@ def test_compiled_kernel_matches_eager(gate, expert, temperature, monkeypatch):
 
 
 def _native_or_skip():
-    from moestat.fit import _native
-
-    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+    if not _native.compiler_available():
         pytest.skip("the native kernel is built with a C++ compiler on first use")
     if _native.load() is None:
         pytest.fail("a C++ compiler is present but the native kernel did not build")
@@ -300,7 +297,7 @@ def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch)
     """Gates with more experts than ``_UNROLL_MAX_K`` compile the stacked (G, s, k, c) form."""
     from moestat.fit import _objective
 
-    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+    if not _native.compiler_available():
         pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
     monkeypatch.setattr(_objective, "_UNROLL_MAX_K", 3)
     monkeypatch.setattr(_objective, "_COMPILED_MIN_ELEMS", 0)

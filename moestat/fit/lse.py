@@ -391,7 +391,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         raise ValueError("duplicate= only applies to init='near_truth'.")
     max_iter = _DEFAULT_MAX_ITER[optimizer] if max_iter is None else check_int("max_iter", max_iter)
     tol, gtol = _check_real("tol", tol), _check_real("gtol", gtol)
-    kernel_mode(compile)  # validates
+    compile_mode = kernel_mode(compile)  # checked before any work starts
     lr = _DEFAULT_LR.get(optimizer) if lr is None else _check_real("lr", lr, positive=True)
     epochs, batch_size = check_int("epochs", epochs), check_int("batch_size", batch_size)
     default_scale = {"near_truth": 0.05, "random": 1.0}.get(init_name, 0.0)
@@ -509,7 +509,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         "epochs": epochs if optimizer == "sgd" else None, "lr": lr,
         "batch_size": batch_size if optimizer == "sgd" else None,
         "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
-        "dtype": str(dt).replace("torch.", ""), "compile": kernel_mode(compile), "kernel": kernel.kind(dev),
+        "dtype": str(dt).replace("torch.", ""), "compile": compile_mode, "kernel": kernel.kind(dev),
         "replicates_per_block": group, "n_evals": res.n_evals,
     }
     fit = LSEFit(
