@@ -579,10 +579,11 @@ def test_result_frames_restarts_and_history():
     np.testing.assert_allclose(best, fit.objective)
     np.testing.assert_allclose(spec.residual_loss(fit.params, data.X, data.y), fit.objective, rtol=1e-10)
     frame = fit.to_frame()
-    assert set(frame.quantity) == {"objective", "converged", "n_iter", "grad_norm", "cond", "hit_bound"}
-    assert len(frame) == 2 * 6
+    assert set(frame.quantity) == {"objective", "converged", "n_iter", "grad_norm", "cond", "hit_bound",
+                                   "hessian_min_eig"}
+    assert len(frame) == 2 * 7
     assert (frame.duplicate == "2").all() and (frame.init == "near_truth").all()
-    assert (frame.optimizer == "lbfgs").all()
+    assert (frame.optimizer == "newton").all() and (frame.optimizer_requested == "auto").all()
     assert {"rep", "restart", "iter", "objective", "grad_norm"} <= set(fit.history.columns)
     assert fit.restart_params.n_reps == 6
     # softmax fits are reported normalised
@@ -661,7 +662,7 @@ def small():
 @pytest.mark.parametrize(("kwargs", "exc", "match"), [
     ({"init": "near_truth"}, ValueError, "needs truth"),
     ({"restarts": 0}, ValueError, "restarts"),
-    ({"optimizer": "newton"}, ValueError, "optimizer"),
+    ({"optimizer": "bfgs"}, ValueError, "optimizer"),
     ({"init": "bogus"}, ValueError, "init"),
     ({"box": -1.0}, ValueError, "low < high"),
     ({"box": {"slope": 1.0}}, ValueError, "unknown blocks"),
@@ -700,3 +701,67 @@ def test_unconverged_warns(small):
     with pytest.warns(ConvergenceWarning):
         fit = ms.fit_lse(spec, data.X, data.y, truth=truth, max_iter=1, tol=0.0, gtol=0.0, condition=False)
     assert not fit.converged.any() and set(fit.status) == {"max_iter"}
+
+
+# ------------------------------------------------------------------ exact Hessian and Newton
+@pytest.mark.parametrize(("gate", "top_k"), GATES)
+@pytest.mark.parametrize("expert", EXPERTS)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_exact_hessian_matches_autograd(gate, top_k, expert, temperature):
+    """H (exact=True) is half the autograd Hessian of the objective on the free coordinates, for restarts
+    sharing a replicate's data and several chunks of observations."""
+    torch.manual_seed(11)
+    R, S, n, d, k = 2, 2, 157, 2, 3
+    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, top_k=top_k, temperature=temperature)
+    X = torch.rand(R, n, d, dtype=torch.float64) * 2 - 1
+    y = torch.randn(R, n, dtype=torch.float64)
+    free = torch.ones(2 * k, d + 1, dtype=torch.bool)
+    if not spec.family.input_dependent:
+        free[k:, 1:] = False  # constant experts: the kernel reads slopes that fit_lse holds at zero
+    prob = LSProblem(MeanKernel.from_spec(spec), X, y, S, free)
+    theta = torch.randn(R * S, prob.P, dtype=torch.float64) * free.reshape(-1)
+    _, H, _ = prob.gauss_newton(theta, max_bytes=3000, exact=True)
+    idx = prob.free_idx
+    for a in range(R * S):
+        rep = a // S
+
+        def objective(th, rep=rep):
+            return ((spec.mean_torch(_theta_params(th, k, d), X[rep : rep + 1]).reshape(-1) - y[rep]) ** 2).mean()
+
+        full = torch.autograd.functional.hessian(objective, theta[a])[idx][:, idx]
+        # round-off only: both sides sum the same n products in float64
+        assert torch.allclose(H[a], full / 2, rtol=1e-9, atol=1e-12)
+
+
+def test_newton_default_converges_and_matches_tight_lm():
+    """The default estimator (Newton) converges on the gradient tolerance at a positive-definite point of an
+    over-specified flagship-sized problem (d = 4, k* = 3, k = 4, varying gates), and Levenberg-Marquardt run
+    from the Newton solution with no objective tolerance ends at the same objective."""
+    spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="gelu", d=4, k=3, gate_var=1.0, expert_var=1.0,
+                                                seed=2)
+    fs = spec.with_k(4)
+    data = ms.simulate(spec, truth, n=3000, reps=2, seed=7)
+    fit = ms.fit_lse(fs, data.X, data.y, init="near_truth", truth=truth, duplicate=[0], seed=1, box=10.0)
+    assert fit.settings["optimizer"] == "newton" and fit.converged.all()
+    assert set(fit.status) == {"gtol"} and np.all(fit.grad_norm <= 1e-10)
+    assert np.all(fit.hessian_min_eig > 0)  # a strict local minimum, not a saddle
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        lm = ms.fit_lse(fs, data.X, data.y, init=fit.params, optimizer="lm", tol=0.0, gtol=1e-12, max_iter=50,
+                        box=10.0)
+    # both at the same minimum: objectives agree to float64 round-off of a mean of 3000 squares
+    np.testing.assert_allclose(lm.objective, fit.objective, rtol=1e-12)
+
+
+def test_newton_reports_a_saddle():
+    """At a = b = 0 (expert switched off) the gate gradient vanishes, and with y orthogonal to 1 and x the whole
+    gradient is zero; the Hessian has a zero gate block and a non-zero gate-expert block, so it is indefinite.
+    Newton stops on the gradient at once and the certificate relabels the stop as a saddle."""
+    x = np.linspace(-1, 1, 401)[:, None]
+    y = (x[:, 0] ** 2 - np.mean(x[:, 0] ** 2))
+    spec = ms.MoE(gate="sigmoid", expert="linear", k=1, d=1)
+    start = ms.Params(np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1))
+    with pytest.warns(ConvergenceWarning, match="saddle"):
+        fit = ms.fit_lse(spec, x, y, init=start)
+    assert fit.status[0] == "saddle" and not fit.converged[0]
+    assert fit.hessian_min_eig[0] < 0

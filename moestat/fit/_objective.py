@@ -115,6 +115,42 @@ def activation_and_derivative(family: ExpertFamily) -> Callable:
     return _act_generic(family.activation)
 
 
+def activation_second_derivative(family: ExpertFamily) -> Callable | None:
+    r"""``z -> phi''(z)`` for an expert family, or ``None`` where :math:`\varphi'' \equiv 0` (constant, linear,
+    relu away from its kink).
+
+    Closed forms: gelu :math:`\phi(z)(2 - z^2)` (:math:`\phi` the standard normal density), tanh
+    :math:`-2\tanh z\,(1 - \tanh^2 z)`, sigmoid :math:`s(1-s)(1-2s)`, polyP :math:`P(P-1)z^{P-2}`; any other
+    activation by double autograd.  Used by the exact Hessian (:meth:`MeanKernel.second_derivatives`).
+    """
+    name = family.name
+    if not family.input_dependent or name in ("linear", "relu"):
+        return None
+    if name == "gelu":
+        return lambda z: torch.exp(-0.5 * z * z).mul_(1.0 / _SQRT_2PI).mul_(2.0 - z * z)
+    if name == "tanh":
+        def tanh2(z):
+            t = torch.tanh(z)
+            return -2.0 * t * (1.0 - t * t)
+        return tanh2
+    if name == "sigmoid":
+        def sig2(z):
+            s = torch.sigmoid(z)
+            return s * (1.0 - s) * (1.0 - 2.0 * s)
+        return sig2
+    if name.startswith("poly") and name[4:].isdigit():
+        q = int(name[4:])
+        return (lambda z: torch.full_like(z, 2.0)) if q == 2 else (lambda z: q * (q - 1) * z ** (q - 2))
+
+    def generic(z):
+        with torch.enable_grad():
+            zz = z.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(family.activation(zz).sum(), zz, create_graph=True)
+            (g2,) = torch.autograd.grad(g.sum(), zz)
+        return g2.detach()
+    return generic
+
+
 def _functional_activation(family: ExpertFamily) -> Callable:
     """``z -> (phi(z), phi'(z) or None)`` without workspaces (the traced, compiled path)."""
     name = family.name
@@ -283,6 +319,7 @@ class MeanKernel:
         self.chunk_bytes, self.chunk_min_elems = chunk_bytes, chunk_min_elems
         self.compiled = compiled
         self.native, self.native_act = native, native_act
+        self.act2: Callable | None = None
         self._ws: dict = {}
 
     @classmethod
@@ -312,10 +349,12 @@ class MeanKernel:
             compiled = _compiled_chunk(spec.gate, spec.k, spec.top_k, float(spec.temperature), spec.family)
         if chunk_min_elems is None:
             chunk_min_elems = 2**19 if compiled is not None else 2**17
-        return cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
-                   activation_and_derivative(spec.family), chunk_bytes=chunk_bytes,
-                   chunk_min_elems=chunk_min_elems, compiled=compiled, native=native,
-                   native_act=_native.activation_code(spec.family))
+        kernel = cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
+                     activation_and_derivative(spec.family), chunk_bytes=chunk_bytes,
+                     chunk_min_elems=chunk_min_elems, compiled=compiled, native=native,
+                     native_act=_native.activation_code(spec.family))
+        kernel.act2 = activation_second_derivative(spec.family)
+        return kernel
 
     def kind(self, device: torch.device) -> str:
         """The kernel that evaluates tensors on ``device``: ``"native"``, ``"inductor"`` or ``"eager"``."""
@@ -460,6 +499,56 @@ class MeanKernel:
         return r, U
 
 
+    def second_derivatives(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""Residuals r (G, s, n), :math:`u = \partial f/\partial Z` (G, s, 2k, n) and the second derivatives
+        :math:`W = \partial^2 f/\partial Z\,\partial Z^\top` (G, s, 2k, 2k, n), fresh tensors.
+
+        With logits :math:`l = Z_{\mathrm{gate}}/\tau`, experts :math:`h_i = \varphi(Z_{\mathrm{exp},i})` and
+        :math:`f = \sum_i \pi_i h_i`:
+
+        * sigmoid: :math:`W_{g_ig_i} = \pi_i(1-\pi_i)(1-2\pi_i)h_i/\tau^2`,
+          :math:`W_{g_ie_i} = \pi_i(1-\pi_i)h'_i/\tau`, :math:`W_{e_ie_i} = \pi_i h''_i`, all others 0;
+        * softmax (and top-K on its selected experts):
+          :math:`W_{g_ig_j} = [\delta_{ij}\pi_i(h_i - f) - \pi_i\pi_j(h_i + h_j - 2f)]/\tau^2`,
+          :math:`W_{g_ie_j} = \pi_i(\delta_{ij}h'_i - \pi_j h'_j)/\tau`, :math:`W_{e_ie_i} = \pi_i h''_i`.
+
+        The Hessian of :math:`f_t` in :math:`\Theta` is :math:`W_t \otimes \tilde x_t\tilde x_t^\top`, so the
+        exact Hessian of the objective has the Kronecker structure of :math:`J^\top J`
+        (:meth:`LSProblem.gauss_newton` with ``exact=True``).  The test-suite checks W against autograd.
+        """
+        G, s = theta.shape[:2]
+        k, n, tau = self.k, X.shape[1], self.temperature
+        ws = self._workspace(G, s, n, X)
+        pi, h, dh, f = self._forward(theta, X, ws)
+        pi, h, f = pi.clone(), h.clone(), f.clone()
+        dh = torch.ones_like(h) if dh is None else dh.clone()
+        ze = torch.bmm(theta[:, :, k:].reshape(G, s * k, -1), X.transpose(1, 2)).view(G, s, k, n)
+        r = f - y.unsqueeze(1)
+        U = self._dfdz(pi.clone(), h, dh, f, None, torch.empty(G, s, 2 * k, n, dtype=X.dtype, device=X.device))
+        W = torch.zeros(G, s, 2 * k, 2 * k, n, dtype=X.dtype, device=X.device)
+        eye = torch.arange(k, device=X.device)
+        if self.gate == "sigmoid":
+            d1 = pi * (1.0 - pi)
+            W[:, :, eye, eye] = d1 * (1.0 - 2.0 * pi) * h / tau**2
+            cross = d1 * dh / tau
+            W[:, :, eye, k + eye] = cross
+            W[:, :, k + eye, eye] = cross
+        else:
+            hf = h - f.unsqueeze(2)
+            pp = pi.unsqueeze(3) * pi.unsqueeze(2)                                   # (G, s, k, k, n)
+            gg = -pp * (hf.unsqueeze(3) + hf.unsqueeze(2))
+            gg[:, :, eye, eye] += pi * hf
+            W[:, :, :k, :k] = gg / tau**2
+            ge = -pp * dh.unsqueeze(2)
+            ge[:, :, eye, eye] += pi * dh
+            W[:, :, :k, k:] = ge / tau
+            W[:, :, k:, :k] = ge.transpose(2, 3) / tau
+        if self.act2 is not None:
+            W[:, :, k + eye, k + eye] = pi * self.act2(ze)
+        return r, U, W
+
+
 def _pair_products(rows: torch.Tensor) -> torch.Tensor:
     """Products of all pairs of rows :math:`i \\le j` of ``rows`` (..., m, c), in the order of
     ``torch.triu_indices(m, m)``: shape (..., m(m+1)/2, c).  One broadcast multiply per row into
@@ -558,9 +647,15 @@ class LSProblem:
             self._pairs = (tables[0], tables[1])
         return self._pairs
 
-    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int = 2**23
+    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int = 2**23, exact: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Objective (A,), :math:`H = J^\top J/n` (A, F, F) and :math:`b = J^\top r/n` (A, F).
+
+        With ``exact=True`` H is half the exact Hessian of the objective,
+        :math:`\frac1n\sum_t (u_t u_t^\top + r_t W_t) \otimes \tilde x_t\tilde x_t^\top`
+        (:meth:`MeanKernel.second_derivatives`): the residual-curvature term that Gauss-Newton drops is
+        added to the pair products before the one matrix product, at the same cost.  Then
+        :math:`L(\Theta + \delta) = L + 2b^\top\delta + \delta^\top H\delta + O(\|\delta\|^3)`.
 
         ``F`` is the number of free coordinates; the gradient is :math:`2b`.  The Jacobian row of
         observation :math:`t` is the Kronecker product :math:`u_t \otimes \tilde x_t` (module docstring), so
@@ -587,9 +682,16 @@ class LSProblem:
         chunk = max(1, min(n, max_bytes // max(1, per_row)))
         for lo in range(0, n, chunk):
             Xc, yc = self._Xg[:, lo : lo + chunk], self._yg[:, lo : lo + chunk]
-            r, u = self.kernel.residual_jacobian(th, Xc, yc)  # (G, s, c), (G, s, 2k, c)
             c = Xc.shape[1]
-            uu = _pair_products(u.view(A, two_k, c)).view(G, s * mu, c)
+            if exact:
+                r, u, W = self.kernel.second_derivatives(th, Xc, yc)
+                uu = _pair_products(u.view(A, two_k, c))
+                wa, wb = torch.triu_indices(two_k, two_k, device=theta.device)
+                uu.addcmul_(W.view(A, two_k, two_k, c)[:, wa, wb], r.reshape(A, 1, c))
+                uu = uu.view(G, s * mu, c)
+            else:
+                r, u = self.kernel.residual_jacobian(th, Xc, yc)  # (G, s, c), (G, s, 2k, c)
+                uu = _pair_products(u.view(A, two_k, c)).view(G, s * mu, c)
             xx = _pair_products(Xc.transpose(1, 2).contiguous())  # (G, mx, c)
             M.baddbmm_(uu, xx.transpose(1, 2))
             b.baddbmm_(u.mul_(r.unsqueeze(2)).view(G, s * two_k, c), Xc)

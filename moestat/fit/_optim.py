@@ -18,6 +18,9 @@ only what the remaining problems need (:meth:`LSProblem.set_active` gathers thei
 * :func:`levenberg_marquardt` — Gauss-Newton with Levenberg-Marquardt damping (Moré 1978 scaling
   :math:`D = \max_{\text{iter}} \mathrm{diag}(J^\top J)`, Nielsen's damping update), one batched
   Cholesky solve per iteration, projection onto the box.
+* :func:`newton` — trust-region Newton with the exact Hessian (:meth:`LSProblem.gauss_newton` with
+  ``exact=True``), damped like LM; it certifies a stop with the gradient tolerance, and the caller checks the
+  Hessian's smallest eigenvalue at the end (a saddle is not a minimum).
 
 Convergence (per problem): ``gtol`` — sup-norm of the projected gradient :math:`\le` ``gtol``;
 ``ftol`` — relative decrease :math:`(L_{k} - L_{k+1}) \le \mathrm{tol}\cdot\max(|L_k|, |L_{k+1}|)`;
@@ -34,7 +37,7 @@ import torch
 from ._objective import LSProblem
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
-          6: "damping", 7: "budget"}
+          6: "damping", 7: "budget", 8: "saddle"}
 """Status codes of a problem; 1-3 count as converged."""
 CONVERGED = (1, 2, 3)
 
@@ -484,4 +487,86 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
             theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
                                                    nu[keep], n_iter[keep])
             A = theta.shape[0]
+    return tr.close()
+
+
+def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol: float = 1e-10,
+           damping: float = 1e-3, history: bool = False, progress: bool = False) -> OptimResult:
+    r"""Batched trust-region Newton method with the exact Hessian, on the free coordinates.
+
+    Each iteration forms the exact :math:`H` (half the Hessian of the objective) and :math:`b` (half the
+    gradient) from the Kronecker pair products (:meth:`LSProblem.gauss_newton`, ``exact=True``), solves
+    :math:`(H + \lambda D)\delta = -b` by a batched Cholesky factorisation — raising :math:`\lambda` until
+    :math:`H + \lambda D` is positive definite, so negative curvature is never stepped along blindly — and
+    accepts the projected trial point when the gain ratio
+    :math:`\rho = (L - L_{\rm trial}) / (-2b^\top\delta - \delta^\top H\delta)` is positive.
+    :math:`D` is the running maximum of :math:`|\mathrm{diag}\,H|` (Moré's scaling) and :math:`\lambda`
+    follows Nielsen's update (as :func:`levenberg_marquardt`).  Near a non-degenerate minimum
+    :math:`\lambda \to 0` and the step is the Newton step: convergence is quadratic, so the gradient
+    tolerance is met in a few iterations where Gauss-Newton (which drops the residual-curvature term
+    :math:`\sum_t r_t \nabla^2 f_t`) converges linearly or stalls.
+
+    Stops per problem: ``gtol`` (sup-norm of the projected gradient, the only converged status),
+    ``max_iter``, ``damping`` (:math:`\lambda > 10^{16}`: no step decreases the objective at working
+    precision).  Coordinates on an active box bound whose gradient points outward are held for the step.
+    """
+    tr = _Tracker(problem, theta, max_iter, history, progress, "Newton")
+    theta = problem.project(theta.clone())
+    A = theta.shape[0]
+    dt, dev = theta.dtype, theta.device
+    fidx = problem.free_idx
+    lam = torch.full((A,), damping, dtype=dt, device=dev)
+    nu = torch.full((A,), 2.0, dtype=dt, device=dev)
+    n_iter = torch.zeros(A, dtype=torch.long, device=dev)
+    f, H, b = problem.gauss_newton(theta, exact=True)
+    D = torch.diagonal(H, dim1=1, dim2=2).abs()
+    for it in range(max_iter + 1):
+        g = torch.zeros_like(theta)
+        g[:, fidx] = 2.0 * b
+        gp = problem.projected_gradient(theta, g)
+        gn = _gnorm(gp)
+        tr.record(it, f, gn)
+        damping_stop = torch.where(lam > 1e16, 6, 0).to(torch.long)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=damping_stop)
+        if keep is not None:
+            if not bool(keep.any()):
+                break
+            theta, f, H, b, D, lam, nu, n_iter, gp, g = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
+                                                         nu[keep], n_iter[keep], gp[keep], g[keep])
+            A = theta.shape[0]
+        D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2).abs())
+        Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
+        held = (gp[:, fidx] == 0) & (g[:, fidx] != 0)  # blocked by the box: no step along these
+        Hs, bs = H, b
+        if bool(held.any()):
+            keepc = (~held).to(dt)
+            Hs = H * keepc.unsqueeze(1) * keepc.unsqueeze(2) + torch.diag_embed(held.to(dt))
+            bs = b * keepc
+        for _ in range(40):
+            M = Hs + torch.diag_embed(lam.unsqueeze(1) * Dreg)
+            L, info = torch.linalg.cholesky_ex(M)
+            bad = info > 0
+            if not bool(bad.any()):
+                break
+            lam = torch.where(bad, lam * 10.0, lam)
+        delta = torch.cholesky_solve(-bs.unsqueeze(-1), L).squeeze(-1)
+        delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
+        trial = theta.clone()
+        trial[:, fidx] += delta
+        trial = problem.project(trial)
+        delta = (trial - theta)[:, fidx]
+        ft = problem.value(trial)
+        pred = -2.0 * (delta * b).sum(1) - (delta * torch.bmm(H, delta.unsqueeze(-1)).squeeze(-1)).sum(1)
+        rho = (f - ft) / pred
+        accept = torch.isfinite(ft) & (pred > 0) & (rho > 0)
+        lam = torch.where(accept, lam * torch.clamp(1 - (2 * rho - 1) ** 3, min=1.0 / 3.0), lam * nu)
+        lam = torch.where(accept, lam.clamp_min(1e-12), lam)
+        nu = torch.where(accept, torch.full_like(nu, 2.0), nu * 2.0)
+        n_iter += 1
+        theta = torch.where(accept.unsqueeze(1), trial, theta)
+        if bool(accept.any()):
+            f_new, H_new, b_new = problem.gauss_newton(theta, exact=True)
+            f = torch.where(accept, f_new, f)
+            H = torch.where(accept.view(-1, 1, 1), H_new, H)
+            b = torch.where(accept.unsqueeze(1), b_new, b)
     return tr.close()

@@ -37,11 +37,15 @@ from . import _optim
 from ._objective import LSProblem, MeanKernel, kernel_mode
 from .init import from_params, kmeans_init, near_truth, random_init
 
-OPTIMIZERS = ("lbfgs", "adam", "sgd", "lm")
+OPTIMIZERS = ("auto", "newton", "lbfgs", "adam", "sgd", "lm")
 INITS = ("auto", "near_truth", "random", "kmeans")
 _BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias")
-_DEFAULT_MAX_ITER = {"lbfgs": 1000, "adam": 5000, "lm": 200, "sgd": None}
+_DEFAULT_MAX_ITER = {"newton": 200, "lbfgs": 1000, "adam": 5000, "lm": 200, "sgd": None}
+#: ``optimizer="auto"`` runs Newton up to this many free parameters per problem (its Hessian takes F^2 floats per
+#: problem and its factorisation F^3/3 flops per iteration), L-BFGS above.
+NEWTON_MAX_PARAMS = 1000
 _DEFAULT_LR = {"adam": 1e-2, "sgd": 0.1}
+_SADDLE_TOL = 1e-8  # smallest Hessian eigenvalue below -tol * largest |eigenvalue|: negative curvature
 
 
 class ConvergenceWarning(UserWarning):
@@ -76,6 +80,11 @@ class LSEFit:
         flat directions of relu/linear experts at zero gate slopes; NaN when not computed.
     hit_bound : ndarray of bool (R,)
         Whether ``params`` has a free coordinate on the box boundary.
+    hessian_min_eig : ndarray (R,)
+        Smallest eigenvalue of the exact Hessian of the objective (free coordinates) at ``params``, divided by
+        its largest absolute eigenvalue: > 0 at a strict local minimum, about 0 along a flat direction, < 0 at a
+        saddle (newton fits with negative curvature beyond 1e-8 get status ``"saddle"``).  NaN when not
+        computed (``condition=False`` with another optimiser).
     restarts : DataFrame
         One row per (rep, restart): objective, converged, status, n_iter, grad_norm, hit_bound, best.
     restart_params : Params
@@ -101,6 +110,7 @@ class LSEFit:
     history: pd.DataFrame | None
     settings: dict[str, Any] = field(default_factory=dict)
     wall_time: float = float("nan")
+    hessian_min_eig: np.ndarray | None = None
 
     @property
     def n_reps(self) -> int:
@@ -121,6 +131,8 @@ class LSEFit:
         """Tidy frame: one row per (rep, quantity) with ``value`` and every setting as a column."""
         quantities = {"objective": self.objective, "converged": self.converged.astype(float),
                       "n_iter": self.n_iter.astype(float), "grad_norm": self.grad_norm, "cond": self.cond,
+                      "hessian_min_eig": (np.full(self.n_reps, np.nan) if self.hessian_min_eig is None
+                                          else self.hessian_min_eig),
                       "hit_bound": self.hit_bound.astype(float)}
         R = self.n_reps
         frame = pd.DataFrame({
@@ -278,7 +290,7 @@ def _problem_generators(seed: Any, count: int, dev: torch.device) -> list[torch.
 # ------------------------------------------------------------------ estimator
 def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth: Params | None = None,
             duplicate: Sequence[int] | None = None, init_scale: float | None = None, restarts: int = 1,
-            optimizer: str = "lbfgs", max_iter: int | None = None, tol: float = 1e-12, gtol: float = 1e-10,
+            optimizer: str = "auto", max_iter: int | None = None, tol: float = 1e-12, gtol: float = 1e-10,
             box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
@@ -306,16 +318,23 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         Params default 0 (restarts > 1 from a user Params need > 0).
     restarts : int
         Starts per replicate; the one with the smallest objective is returned.
-    optimizer : {"lbfgs", "adam", "sgd", "lm"}
-        Full-batch L-BFGS (default, run to convergence), full-batch Adam, the papers' minibatch SGD
-        protocol (``epochs``, ``lr``, ``batch_size``) or Gauss-Newton/Levenberg-Marquardt (per-problem
-        :math:`J^\top J` and a batched Cholesky solve; memory :math:`O(P^2)` per problem).
+    optimizer : {"auto", "newton", "lbfgs", "lm", "adam", "sgd"}
+        ``"auto"`` (default): ``"newton"`` when a problem has at most ``NEWTON_MAX_PARAMS`` (1000) free
+        parameters, else ``"lbfgs"``; the choice is recorded in ``settings["optimizer"]``.  ``"newton"``:
+        trust-region Newton with the exact Hessian (same cost per iteration as Gauss-Newton, quadratic
+        convergence; converged only on ``gtol`` at a point whose Hessian has no negative eigenvalue, so
+        the result is a certified local minimum of the least-squares objective).  ``"lbfgs"``: full-batch
+        L-BFGS.  ``"lm"``: Gauss-Newton/Levenberg-Marquardt.  ``"adam"``: full-batch Adam.  ``"sgd"``: the
+        papers' minibatch SGD protocol (``epochs``, ``lr``, ``batch_size``), which measures an optimiser
+        budget rather than the estimator.  Memory :math:`O(P^2)` per problem for newton and lm.
     max_iter : int, optional
-        Iteration cap (defaults: lbfgs 1000, adam 5000, lm 200; unused by sgd).
+        Iteration cap (defaults: newton 200, lbfgs 1000, adam 5000, lm 200; unused by sgd).  A problem
+        that stops on the cap has status ``"max_iter"`` and ``converged = False``.
     tol : float
-        Relative objective decrease below which a problem is converged (``"ftol"``; lbfgs and lm).
+        Relative objective decrease below which a problem is converged (``"ftol"``; lbfgs and lm only:
+        Newton stops on the gradient).
     gtol : float
-        Sup-norm of the projected gradient below which a problem is converged (``"gtol"``).
+        Sup-norm of the projected gradient of the objective below which a problem is converged (``"gtol"``).
     box : float or dict, optional
         The compact parameter set: ``c`` puts every coordinate in [-c, c]; a dict maps blocks
         (``gate_bias``, ``gate_weight``, ``expert_weight``, ``expert_bias``) to ``c`` or ``(low, high)``.
@@ -378,6 +397,9 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     if not isinstance(spec, MoE):
         raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
     check_choice("optimizer", optimizer, OPTIMIZERS)
+    optimizer_requested = optimizer
+    if optimizer == "auto":
+        optimizer = "newton" if int(_free_mask(spec, torch.device("cpu")).sum()) <= NEWTON_MAX_PARAMS else "lbfgs"
     restarts = check_int("restarts", restarts)
     truth = _truth_params(truth)
     if isinstance(init, Params):
@@ -444,6 +466,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         if optimizer == "lm":
             return _optim.levenberg_marquardt(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history,
                                               progress=progress)
+        if optimizer == "newton":
+            return _optim.newton(prob, th, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
         if optimizer == "adam":
             return _optim.adam(prob, th, lr=lr, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
         return _optim.sgd_protocol(prob, th, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
@@ -472,17 +496,6 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     converged_all = res.converged
     status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
 
-    cond = np.full(R, np.nan)
-    if condition:
-        problem.set_active(best)
-        with cpu_threads(threads, dev):  # the eigensolver's OpenMP team stalls on a shared CPU like the solve
-            _, H, _ = problem.gauss_newton(res.theta[best])
-            ev = torch.linalg.eigvalsh(H)
-        lam_min, lam_max = ev[:, 0], ev[:, -1]
-        c = torch.where(lam_min > lam_max * torch.finfo(dt).eps, lam_max / lam_min,
-                        torch.full_like(lam_min, float("inf")))
-        cond = to_numpy(c).astype(float)
-
     all_params = _theta_to_params(res.theta, spec.k, d)
     best_np = to_numpy(best)
     rep_idx, rs_idx = np.repeat(np.arange(R), S), np.tile(np.arange(S), R)
@@ -492,6 +505,30 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         "grad_norm": to_numpy(res.grad_norm).astype(float), "hit_bound": to_numpy(hit_all),
         "best": np.isin(np.arange(R * S), best_np),
     })
+    cond = np.full(R, np.nan)
+    hess_min = np.full(R, np.nan)
+    if condition or optimizer == "newton":
+        problem.set_active(best)
+        with cpu_threads(threads, dev):  # the eigensolver's OpenMP team stalls on a shared CPU like the solve
+            if condition:
+                _, H, _ = problem.gauss_newton(res.theta[best])
+                ev = torch.linalg.eigvalsh(H)
+                lam_min, lam_max = ev[:, 0], ev[:, -1]
+                c = torch.where(lam_min > lam_max * torch.finfo(dt).eps, lam_max / lam_min,
+                                torch.full_like(lam_min, float("inf")))
+                cond = to_numpy(c).astype(float)
+            _, He, _ = problem.gauss_newton(res.theta[best], exact=True)
+            ev = torch.linalg.eigvalsh(He)
+        scale = ev.abs().amax(1).clamp_min(torch.finfo(dt).tiny)
+        hess_min = to_numpy(ev[:, 0] / scale).astype(float)
+        if optimizer == "newton":  # a gradient-tolerance stop with negative curvature is a saddle, not a minimum
+            saddle = (ev[:, 0] < -_SADDLE_TOL * scale) & (res.status[best] == 1)
+            res.status[best[saddle]] = 8
+            converged_all = res.converged
+            status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
+            restarts_frame["converged"] = to_numpy(converged_all)
+            restarts_frame["status"] = status_all
+
     hist_frame = None
     if history:
         rows = []
@@ -504,7 +541,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     settings = {
         "estimator": "lse", "gate": spec.gate, "expert": spec.expert, "k": spec.k, "d": spec.d, "n": n,
         "top_k": spec.top_k, "temperature": spec.temperature, "init": init_name, "init_scale": init_scale,
-        "duplicate": dup_record, "restarts": S, "optimizer": optimizer, "max_iter": max_iter, "tol": tol,
+        "duplicate": dup_record, "restarts": S, "optimizer": optimizer, "optimizer_requested": optimizer_requested,
+        "max_iter": max_iter, "tol": tol,
         "gtol": gtol, "box": box_record if box_record is not None else "none",
         "epochs": epochs if optimizer == "sgd" else None, "lr": lr,
         "batch_size": batch_size if optimizer == "sgd" else None,
@@ -517,11 +555,13 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         converged=to_numpy(converged_all[best]), status=status_all[best_np],
         n_iter=to_numpy(res.n_iter[best]), grad_norm=to_numpy(res.grad_norm[best]).astype(float), cond=cond,
         hit_bound=to_numpy(hit_all[best]), restarts=restarts_frame, restart_params=all_params,
-        history=hist_frame, settings=settings, wall_time=wall,
+        history=hist_frame, settings=settings, wall_time=wall, hessian_min_eig=hess_min,
     )
     if optimizer != "sgd" and not fit.converged.all():
         bad = int((~fit.converged).sum())
-        warnings.warn(f"{bad} of {R} replicates did not converge (status: "
-                      f"{sorted(set(fit.status[~fit.converged]))}); raise max_iter or loosen tol/gtol.",
+        stops = sorted(set(fit.status[~fit.converged]))
+        advice = ("a saddle point has negative curvature: restart from other starts (restarts > 1)"
+                  if stops == ["saddle"] else "raise max_iter, loosen tol/gtol or add restarts")
+        warnings.warn(f"{bad} of {R} replicates did not converge (status: {stops}); {advice}.",
                       ConvergenceWarning, stacklevel=2)
     return fit
