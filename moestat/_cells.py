@@ -90,6 +90,9 @@ class Estimate:
         each becomes a column of the study frame.
     settings : dict of str to scalar
         The estimator's resolved settings (defaults filled in); each becomes a column.
+    alt : Estimate, optional
+        A second fit of the same data (the optimiser-invariance check): every metric is computed for it
+        too, in columns suffixed ``_alt``, with ``objective_alt``, ``converged_alt`` and ``status_alt``.
     """
 
     params: Params
@@ -97,6 +100,7 @@ class Estimate:
     converged: np.ndarray
     info: dict[str, np.ndarray] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    alt: Estimate | None = None
 
 
 def ols_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | None = None,
@@ -146,9 +150,11 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
     from .fit.lse import ConvergenceWarning, fit_lse
 
     opts = dict(options)
+    invariance = opts.pop("invariance", None)
     init = opts.get("init", "near_truth" if truth is not None else "auto")
     opts["init"] = init
-    if init == "near_truth" and truth is not None:
+    uses_truth = init == "near_truth" or (isinstance(init, (list, tuple)) and "near_truth" in init)
+    if uses_truth and truth is not None:
         opts.setdefault("truth", truth.params)
         extra = spec.k - truth.spec.k
         if extra > 0 and "duplicate" not in opts:
@@ -161,7 +167,22 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
         # convergence is recorded per replicate in the frame (converged, status, n_iter columns)
         warnings.simplefilter("ignore", ConvergenceWarning)
         fit = fit_lse(spec, X, y, seed=seed, device=device, **opts)
-    return estimate_from_fit(fit)
+        est = estimate_from_fit(fit)
+        if invariance is not None:
+            alt_opts = {**opts, **_invariance_options(invariance)}
+            est.alt = estimate_from_fit(fit_lse(spec, X, y, seed=seed, device=device, **alt_opts))
+            est.settings["invariance"] = alt_opts["optimizer"]
+    return est
+
+
+def _invariance_options(invariance: Any) -> dict[str, Any]:
+    """Options of the second solver: ``"lm"``/``"lbfgs"``/... or a table with ``optimizer`` and its settings."""
+    if isinstance(invariance, str):
+        return {"optimizer": invariance}
+    if isinstance(invariance, Mapping) and "optimizer" in invariance:
+        return dict(invariance)
+    raise ValueError(f"options.invariance must name an optimizer (e.g. 'lm') or be a table with an 'optimizer' key, "
+                     f"got {invariance!r}.")
 
 
 def estimate_from_fit(fit: Any) -> Estimate:
@@ -418,6 +439,44 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
     return cols
 
 
+def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
+                          gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
+                          gbar_box: Any = "fit", gbar_device: str = "cpu") -> dict[str, np.ndarray]:
+    r"""Errors against the nearest exact representation of the truth (:func:`moestat.representation_errors`).
+
+    Columns: ``over_param``, ``exact_param``, ``param`` (first-order parameter errors of the atoms a
+    representation adds or changes, of the atoms matched to unchanged true atoms, and their sum),
+    ``over_sup``, ``over_l2``, ``exact_sup``, ``exact_l2`` (expert-function errors on ``n_mc`` inputs from
+    :math:`U[-1,1]^d` drawn from the cell's metric stream, shared by every fit of the cell),
+    ``representation`` (the family of the nearest member: ``split j``, ``dead``, ``reflection``, ``truth`` or
+    ``gbar``) and ``representation_xi`` (its parameter).  Where no exact k-atom representation exists (a
+    sigmoid gate with sigmoid-activation experts) the misspecified limits of
+    :func:`moestat.estimate_gbar` are the candidates (cached per truth and fit, options ``gbar_*`` as for the
+    ``loss`` metric).
+    """
+    from .metrics.representations import representation_errors
+
+    rng = np.random.default_rng(ctx.seed)
+    X_mc = rng.uniform(-1.0, 1.0, size=(n_mc, ctx.truth_spec.d))
+    fit, truth = (ctx.fit_spec, ctx.fit.params), (ctx.truth_spec, ctx.truth)
+    try:
+        res = representation_errors(fit, truth, X=X_mc)
+    except ValueError as exc:
+        if "no exact k-atom representation" not in str(exc):
+            raise
+        box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
+        gb, _ = gbar_for(ctx, _duplicates(ctx), n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
+                         init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device)
+        res = representation_errors(fit, truth, X=X_mc, gbar=gb.near_minimisers)
+    s = res.summary
+    cols = {c: s[c].to_numpy(dtype=float) for c in ("over_param", "exact_param", "param", "over_sup", "over_l2",
+                                                     "exact_sup", "exact_l2")}
+    fam = [f"{f} {a}" if f in ("split", "gbar") else f for f, a in zip(s["family"], s["atom"], strict=True)]
+    cols["representation"] = np.asarray(fam, dtype=object)
+    cols["representation_xi"] = s["xi"].to_numpy(dtype=object)
+    return cols
+
+
 METRICS: dict[str, Callable[..., Any]] = {
     "D1": _voronoi("D1"),
     "D2": _voronoi("D2"),
@@ -425,6 +484,7 @@ METRICS: dict[str, Callable[..., Any]] = {
     "l2": l2_metric,
     "parameter_errors": parameter_error_metric,
     "loss": gate_matched_loss,
+    "representation": representation_metric,
 }
 """Metric registry: name -> function (see the module docstring for the signature)."""
 
@@ -535,15 +595,23 @@ def estimator_cell(ctx: CellContext) -> pd.DataFrame:
         if name in cols or name in skip or value is None:
             continue
         cols[name] = [value if isinstance(value, (str, bool, int, float, np.generic)) else str(value)] * R
-    mctx = MetricContext(fit, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed)
-    for m in ctx.metrics:
-        fn_m = METRICS[m] if isinstance(m, str) else m
-        value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))
-        if isinstance(value, Mapping):
-            for col, v in value.items():
-                cols[col] = np.asarray(v)
-        else:
-            cols[metric_name(m)] = np.asarray(value, dtype=float)
+    fits = [(fit, "")]
+    if fit.alt is not None:
+        fits.append((fit.alt, "_alt"))
+        cols["objective_alt"] = np.asarray(fit.alt.objective, dtype=float)
+        cols["converged_alt"] = np.asarray(fit.alt.converged, dtype=bool)
+        if "status" in fit.alt.info:
+            cols["status_alt"] = np.asarray(fit.alt.info["status"])
+    for est_m, suffix in fits:
+        mctx = MetricContext(est_m, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed)
+        for m in ctx.metrics:
+            fn_m = METRICS[m] if isinstance(m, str) else m
+            value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))
+            if isinstance(value, Mapping):
+                for col, v in value.items():
+                    cols[col + suffix] = np.asarray(v)
+            else:
+                cols[metric_name(m) + suffix] = np.asarray(value, dtype=float)
     for col, v in cols.items():
         if np.shape(v) != (R,):
             raise ValueError(f"cell column {col!r} has shape {np.shape(v)}; estimators and metrics must return "

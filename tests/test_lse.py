@@ -765,3 +765,26 @@ def test_newton_reports_a_saddle():
         fit = ms.fit_lse(spec, x, y, init=start)
     assert fit.status[0] == "saddle" and not fit.converged[0]
     assert fit.hessian_min_eig[0] < 0
+
+
+def test_mixed_starts_record_their_kind_and_do_not_depend_on_batching():
+    spec, truth = ms.presets.gate_comparison("gelu", seed=1)
+    data = ms.simulate(spec, truth, n=600, reps=2, seed=3)
+    kinds = ["near_truth", "kmeans", "random", "random"]
+    fit = ms.fit_lse(spec.with_k(4), data.X, data.y, init=kinds, truth=truth, duplicate=[0], seed=5, condition=False)
+    assert fit.settings["restarts"] == 4 and fit.settings["init"] == ",".join(kinds)
+    assert list(fit.restarts["start"]) == kinds * 2
+    best = fit.restarts[fit.restarts.best]
+    np.testing.assert_allclose(best.objective.to_numpy(), fit.restarts.groupby("rep").objective.min().to_numpy())
+    child = np.random.SeedSequence(5).spawn(2)[1]
+    alone = ms.fit_lse(spec.with_k(4), data.X[1], data.y[1], init=kinds, truth=truth, duplicate=[0], seed=[child],
+                       condition=False)
+    # same starts, same problem: identical up to the round-off of batched vs single products
+    np.testing.assert_allclose(alone.restarts.objective.to_numpy(), fit.restarts.objective.to_numpy()[4:],
+                               rtol=1e-10)
+    with pytest.raises(ValueError, match="restarts"):
+        ms.fit_lse(spec.with_k(4), data.X, data.y, init=kinds, truth=truth, duplicate=[0], restarts=2)
+    with pytest.raises(ValueError, match="needs truth"):
+        ms.fit_lse(spec.with_k(4), data.X, data.y, init=["kmeans", "near_truth"])
+    with pytest.raises(ValueError, match="init"):
+        ms.fit_lse(spec.with_k(4), data.X, data.y, init=["kmeans", "bogus"])

@@ -133,3 +133,22 @@ def test_preset_variances_match_their_definitions():
     assert abs(big.expert_weight.var() / (1 / 32) - 1) < 5 * np.sqrt(2 / big.expert_weight.size)
     with pytest.raises(ValueError, match="regime must be 1 or 2"):
         ms.presets.sigmoid_vs_softmax(regime=3)
+
+
+def test_gate_comparison_preset_follows_its_rules():
+    for seed in range(6):
+        truth = ms.presets.gate_comparison("relu", seed=seed)
+        p = truth.params
+        assert np.all(np.linalg.norm(p.gate_weight, axis=1) > 0)  # no zero-slope atom
+        assert np.all(np.abs(p.expert_bias) <= np.abs(p.expert_weight).sum(1) - 0.25)  # a kink inside the cube
+        assert np.all(np.abs(p.gate_bias) <= 2.0)
+        omega = np.concatenate([p.gate_weight, p.expert_weight, p.expert_bias[:, None]], 1)
+        dist = np.linalg.norm(omega[:, None] - omega[None], axis=-1)[~np.eye(3, dtype=bool)]
+        assert dist.min() >= 0.5
+        assert truth.info["duplicate"] == [0] and truth.info["draws"] >= 1
+        # the same draw for every expert family and either gate (paired designs)
+        other = ms.presets.gate_comparison("linear", truth_gate="softmax", seed=seed)
+        np.testing.assert_array_equal(other.params.expert_weight, p.expert_weight)
+        assert other.spec.gate == "softmax" and other.spec.expert == "linear"
+    with pytest.raises(ValueError, match="no draw"):
+        ms.presets.gate_comparison("relu", seed=0, bias_bound=1e-6, max_draws=20)

@@ -77,3 +77,24 @@ def test_gate_matched_loss_picks_the_theory_loss():
     out2 = gate_matched_loss(_ctx(sm.spec, split, sm.params, sm.info))
     assert out2["loss_kind"][0] == "softmax"
     np.testing.assert_allclose(out2["loss"], 0.0, atol=1e-10)
+
+
+def test_invariance_option_and_representation_metric():
+    """options.invariance refits the same data with a second solver from the same starts and scores both fits;
+    the representation metric reports the nearest exact representation of each fit."""
+    study = ms.Study(
+        name="inv", seed=3, reps=2, n=[400],
+        truth={"preset": "gate_comparison", "expert": "relu", "seed": 0},
+        fit={"label": "lse", "k": "truth+1", "options": {"init": ["near_truth", "kmeans"], "box": 10.0,
+                                                          "invariance": {"optimizer": "lm", "max_iter": 300}}},
+        metrics=["representation", "l2"], threads=1)
+    frame = study.run(progress=False)
+    for col in ("param", "over_param", "exact_param", "over_sup", "representation", "l2"):
+        assert col in frame and f"{col}_alt" in frame
+    assert {"objective_alt", "converged_alt", "status_alt"} <= set(frame.columns)
+    assert (frame["invariance"] == "lm").all()
+    np.testing.assert_allclose(frame["param"], frame["over_param"] + frame["exact_param"], rtol=1e-12)
+    assert frame["representation"].str.match(r"^(split \d|dead|reflection)$").all()
+    with pytest.raises(ValueError, match="invariance"):
+        ms.Study(name="bad", seed=1, reps=2, n=[300], truth={"preset": "gate_comparison", "expert": "relu"},
+                 fit={"k": "truth+1", "options": {"invariance": 3}}, metrics=["l2"]).run(progress=False)

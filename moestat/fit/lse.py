@@ -39,6 +39,7 @@ from .init import from_params, kmeans_init, near_truth, random_init
 
 OPTIMIZERS = ("auto", "newton", "lbfgs", "adam", "sgd", "lm")
 INITS = ("auto", "near_truth", "random", "kmeans")
+_START_KINDS = ("near_truth", "random", "kmeans")
 _BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias")
 _DEFAULT_MAX_ITER = {"newton": 200, "lbfgs": 1000, "adam": 5000, "lm": 200, "sgd": None}
 #: ``optimizer="auto"`` runs Newton up to this many free parameters per problem (its Hessian takes F^2 floats per
@@ -287,8 +288,44 @@ def _problem_generators(seed: Any, count: int, dev: torch.device) -> list[torch.
     return seeded_generators(np.random.SeedSequence(_torch_seed(seed)).spawn(count), dev)
 
 
+def _starts(kind: str, S: int, spec: MoE, truth: Params | None, X: np.ndarray, y: np.ndarray, R: int,
+            duplicate: Sequence[int] | None, scale: float, seed: Any) -> Params:
+    """R*S starts of one kind (rows r*S + s)."""
+    if kind == "near_truth":
+        return near_truth(spec, truth, R, S, duplicate=duplicate, scale=scale, seed=seed)
+    if kind == "random":
+        return random_init(spec, y, S, scale=scale, seed=seed)
+    return kmeans_init(spec, X, y, S, scale=scale, seed=seed)
+
+
+def _mixed_starts(kinds: list[str], spec: MoE, truth: Params | None, X: np.ndarray, y: np.ndarray, R: int,
+                  duplicate: Sequence[int] | None, scale: float | None, seed: Any) -> Params:
+    """Starts of several kinds, one per entry of ``kinds`` and replicate (rows r*S + s, s in the order of ``kinds``).
+
+    Kind q of replicate r draws from ``SeedSequence(child_r.entropy, spawn_key=child_r.spawn_key + (q,))``, so its
+    starts do not depend on the other kinds or replicates; each kind keeps its default scale unless ``scale``."""
+    from ..simulators.regression import replicate_seeds
+
+    children = replicate_seeds(seed, R)
+    order = list(dict.fromkeys(kinds))
+    blocks = {}
+    for q, kind in enumerate(order):
+        seeds = [np.random.SeedSequence(c.entropy, spawn_key=(*c.spawn_key, q)) for c in children]
+        s_kind = kinds.count(kind)
+        sc = scale if scale is not None else {"near_truth": 0.05, "random": 1.0}.get(kind, 0.0)
+        blocks[kind] = (_starts(kind, s_kind, spec, truth, X, y, R, duplicate, sc, seeds), s_kind)
+    picks = []
+    for r in range(R):
+        used = dict.fromkeys(order, 0)
+        for kind in kinds:
+            starts, s_kind = blocks[kind]
+            picks.append(starts.select([r * s_kind + used[kind]]))
+            used[kind] += 1
+    return Params.stack(picks)
+
+
 # ------------------------------------------------------------------ estimator
-def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth: Params | None = None,
+def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params = "auto", truth: Params | None = None,
             duplicate: Sequence[int] | None = None, init_scale: float | None = None, restarts: int = 1,
             optimizer: str = "auto", max_iter: int | None = None, tol: float = 1e-12, gtol: float = 1e-10,
             box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
@@ -303,10 +340,12 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         The fitted model (gate, expert family, number of atoms ``k``, ``d``).
     X : array, shape (n, d) or (R, n, d)
     y : array, shape (n,) or (R, n)
-    init : {"auto", "near_truth", "random", "kmeans"} or Params
+    init : {"auto", "near_truth", "random", "kmeans"}, list of them, or Params
         Starting values (:mod:`moestat.fit.init`).  ``"auto"``: ``"near_truth"`` when ``truth`` is given,
-        else ``"kmeans"``.  A Params is used as given (unbatched: shared by all replicates; batched with
-        R or R*restarts rows).
+        else ``"kmeans"``.  A list gives one start per entry (and sets ``restarts``), e.g.
+        ``["near_truth", "kmeans", "random", "random"]``, so that the oracle start is not the only one; the
+        best objective wins and ``fit.restarts["start"]`` says which kind each start was.  A Params is used as
+        given (unbatched: shared by all replicates; batched with R or R*restarts rows).
     truth : Params, optional
         True parameters (k* atoms), needed by ``init="near_truth"``.
     duplicate : list of int, optional
@@ -402,14 +441,25 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         optimizer = "newton" if int(_free_mask(spec, torch.device("cpu")).sum()) <= NEWTON_MAX_PARAMS else "lbfgs"
     restarts = check_int("restarts", restarts)
     truth = _truth_params(truth)
+    kinds: list[str] | None = None
     if isinstance(init, Params):
         init_name = "params"
+    elif isinstance(init, (list, tuple)):
+        if not init:
+            raise ValueError("init given as a list needs at least one start kind, e.g. ['near_truth', 'kmeans'].")
+        kinds = [check_choice("init", kind, _START_KINDS) for kind in init]
+        if restarts not in (1, len(kinds)):
+            raise ValueError(f"init lists {len(kinds)} starts but restarts={restarts}; a list of start kinds sets the "
+                             "number of restarts (one per entry): drop restarts or make them agree.")
+        restarts = len(kinds)
+        init_name = ",".join(kinds)
     else:
         check_choice("init", init, INITS)
         init_name = init if init != "auto" else ("near_truth" if truth is not None else "kmeans")
-    if init_name == "near_truth" and truth is None:
+        kinds = [init_name] * restarts if init_name != "params" else None
+    if kinds is not None and "near_truth" in kinds and truth is None:
         raise ValueError("init='near_truth' needs truth= (the true Params); pass truth or use init='kmeans'.")
-    if duplicate is not None and init_name != "near_truth":
+    if duplicate is not None and (kinds is None or "near_truth" not in kinds):
         raise ValueError("duplicate= only applies to init='near_truth'.")
     max_iter = _DEFAULT_MAX_ITER[optimizer] if max_iter is None else check_int("max_iter", max_iter)
     tol, gtol = _check_real("tol", tol), _check_real("gtol", gtol)
@@ -417,7 +467,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     lr = _DEFAULT_LR.get(optimizer) if lr is None else _check_real("lr", lr, positive=True)
     epochs, batch_size = check_int("epochs", epochs), check_int("batch_size", batch_size)
     default_scale = {"near_truth": 0.05, "random": 1.0}.get(init_name, 0.0)
-    init_scale = default_scale if init_scale is None else _check_real("init_scale", init_scale)
+    scales = None if init_scale is None else _check_real("init_scale", init_scale)
+    init_scale = default_scale if init_scale is None else scales
 
     X, y = _as_data(X, y, spec)
     dev = resolve_device(device)
@@ -430,19 +481,13 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
     lower, upper, box_record = _box_bounds(box, spec, dt, dev)
 
     # starting values (numpy, R*S rows)
-    if init_name == "near_truth":
-        start = near_truth(spec, truth, R, restarts, duplicate=duplicate, scale=init_scale, seed=seed)
-        dup_record = list(duplicate) if duplicate is not None else []
-    elif init_name == "random":
-        start = random_init(spec, yn, restarts, scale=init_scale, seed=seed)
-        dup_record = []
-    elif init_name == "kmeans":
-        start = kmeans_init(spec, Xn, yn, restarts, scale=init_scale, seed=seed)
-        dup_record = []
-    else:
+    dup_record = [int(j) for j in duplicate] if duplicate is not None else []
+    if init_name == "params":
         start = from_params(spec, init, R, restarts, scale=init_scale, seed=seed)
-        dup_record = []
-    dup_record = [int(j) for j in dup_record]
+    elif len(set(kinds)) == 1:
+        start = _starts(kinds[0], restarts, spec, truth, Xn, yn, R, duplicate, init_scale, seed)
+    else:
+        start = _mixed_starts(kinds, spec, truth, Xn, yn, R, duplicate, scales, seed)
 
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
     kernel = MeanKernel.from_spec(spec, compile=compile)
@@ -504,6 +549,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Params = "auto", truth
         "converged": to_numpy(converged_all), "status": status_all, "n_iter": to_numpy(res.n_iter),
         "grad_norm": to_numpy(res.grad_norm).astype(float), "hit_bound": to_numpy(hit_all),
         "best": np.isin(np.arange(R * S), best_np),
+        "start": np.tile(np.array(kinds if kinds is not None else ["params"] * S, dtype=object), R),
     })
     cond = np.full(R, np.nan)
     hess_min = np.full(R, np.nan)

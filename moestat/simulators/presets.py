@@ -129,5 +129,61 @@ def sigmoid_vs_softmax(regime: int = 2, expert: str = "relu", *, truth_gate: str
     return Truth(spec, params, info)
 
 
-PRESETS = {"sigmoid_vs_softmax": sigmoid_vs_softmax}
+def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int = 4, k: int = 3,
+                    noise_var: float = 0.01, gate_var: float = 1.0, expert_var: float = 1.0, seed: int = 0,
+                    bias_bound: float = 2.0, kink_margin: float = 0.25, min_separation: float = 0.5,
+                    max_draws: int = 10_000) -> Truth:
+    r"""A truth for comparing gates on one functional: generic atoms, gates that vary, every expert kinked.
+
+    Parameters are drawn from the nguyen2024 distributions
+    :math:`\beta^*_{0i} \sim N(0, \nu_g)`, :math:`\beta^*_{1i} \sim N(0_d, \nu_g I_d)`,
+    :math:`a^*_i \sim N(0_d, \nu_e I_d)`, :math:`b^*_i \sim N(0, \nu_e)` with :math:`\nu_g = \nu_e = 1` by
+    default (so gate logits vary by about :math:`\pm\sqrt{d/3}` over :math:`U[-1,1]^d`), and a draw is
+    kept only when
+
+    * no atom has a zero gate slope (draws are continuous, so this always holds: there is no regime-1 atom
+      and none of the extra exact families that zero-slope atoms bring);
+    * every ridge expert changes regime inside the cube, :math:`|b^*_i| \le \|a^*_i\|_1 - \text{kink\_margin}`
+      (a relu expert always active or always off on the support would have a larger exact set);
+    * every gate intercept satisfies :math:`|\beta^*_{0i}| \le` ``bias_bound`` (no atom nearly switched off);
+    * atoms are separated: :math:`\min_{i \ne j}\|(\beta^*_{1i}, a^*_i, b^*_i) - (\beta^*_{1j}, a^*_j, b^*_j)\| \ge`
+      ``min_separation``.
+
+    The acceptance rule does not depend on ``expert`` or ``truth_gate``, so one seed gives the same
+    parameters for every expert family and both gates (paired comparisons).  The duplicated atom of an
+    over-specified fit defaults to atom 0, which has a non-zero slope (regime 2 of nguyen2024).
+
+    Returns
+    -------
+    Truth
+        ``info`` records the rules, the number of draws it took (``draws``) and the default ``duplicate``.
+    """
+    check_choice("truth_gate", truth_gate, ("sigmoid", "softmax"))
+    d, k = check_int("d", d), check_int("k", k, minimum=2)
+    rng = np.random.default_rng(seed)
+    max_draws = check_int("max_draws", max_draws)
+    draws = 0
+    while draws < max_draws:
+        draws += 1
+        p = draw_truth(d, k, gate_var=gate_var, expert_var=expert_var, zero_slope=[], rng=rng)
+        reach = np.abs(p.expert_weight).sum(1)
+        omega = np.concatenate([p.gate_weight, p.expert_weight, p.expert_bias[:, None]], 1)
+        dist = np.linalg.norm(omega[:, None] - omega[None], axis=-1)
+        dist[np.diag_indices(k)] = np.inf
+        if (np.all(np.abs(p.expert_bias) <= reach - kink_margin) and np.all(np.abs(p.gate_bias) <= bias_bound)
+                and dist.min() >= min_separation):
+            break
+    else:
+        raise ValueError(f"no draw in {max_draws} met the rules (bias_bound={bias_bound}, kink_margin={kink_margin}, "
+                         f"min_separation={min_separation}); relax them or raise max_draws.")
+    spec = MoE(gate=truth_gate, expert=expert, k=k, d=d, noise_sd=float(np.sqrt(noise_var)))
+    info = {"source": "moestat gate-comparison design (nguyen2024 parameter distributions, constrained draws)",
+            "regime": 2, "truth_gate": truth_gate, "expert": expert, "zero_slope_atoms": [],
+            "duplicate_candidates": list(range(k)), "duplicate": [0], "gate_var": gate_var, "expert_var": expert_var,
+            "noise_var": noise_var, "inputs": "uniform[-1,1]", "seed": seed, "draws": draws,
+            "bias_bound": bias_bound, "kink_margin": kink_margin, "min_separation": min_separation}
+    return Truth(spec, p, info)
+
+
+PRESETS = {"sigmoid_vs_softmax": sigmoid_vs_softmax, "gate_comparison": gate_comparison}
 """Registry of preset names to constructors."""
