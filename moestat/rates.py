@@ -323,7 +323,8 @@ def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng
             clusters = None
     else:
         endog, row_cell, clusters = z, np.arange(m), None
-    return _Engine("robust", cells, agg, z, w, endog=endog, row_cell=row_cell, clusters=clusters)
+    return _Engine("robust", cells, agg, z, w, endog=endog, row_cell=row_cell, clusters=clusters,
+                   n_units=None if units is None else len(np.unique(np.concatenate(cells.units))))
 
 
 @dataclass
@@ -447,8 +448,8 @@ def _verdict(n_values: int, decades: float, ci_low: float, ci_high: float, curva
     """The rule of :func:`fit_rate`, checked in this order (the first that applies wins)."""
     if n_values < MIN_N_VALUES or decades < min_decades - 1e-9:
         return "range too narrow"
-    if ci_high <= 0:
-        return "no decay"
+    if ci_high <= 0 or (ci_low <= 0 and ci_high - ci_low <= max_ci_width):
+        return "no decay"  # an increasing error, or a flat one pinned near zero decay
     if ((np.isfinite(curvature_p) and curvature_p < alpha_curvature) or window_consistent is False
             or (np.isfinite(delta_aic) and delta_aic > 2)):
         return "curved: exponent is local"
@@ -660,7 +661,8 @@ class RateResult:
 def _verdict_legend(cfg: dict[str, Any], details: pd.DataFrame) -> str:
     """How to read the verdict column (printed under every rate table)."""
     lines = [f"verdict rule (first that applies): 'range too narrow' (< {MIN_N_VALUES} n values or < "
-             f"{cfg['min_decades']:g} decades); 'no decay' (ci_high <= 0); 'curved: exponent is local' "
+             f"{cfg['min_decades']:g} decades); 'no decay' (ci_high <= 0, or a CI containing 0 narrower than "
+             f"{cfg['max_ci_width']:g}); 'curved: exponent is local' "
              f"(curvature_p < {cfg['alpha_curvature']:g}, window intervals inconsistent, or another model better by "
              f"> 2 AIC); 'imprecise' (CI wider than {cfg['max_ci_width']:g}); else 'power law'."]
     curved = details[details["verdict"] == "curved: exponent is local"]
@@ -816,7 +818,8 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     The verdict, first rule that applies:
 
     1. ``"range too narrow"``: fewer than 3 n values or a span below ``min_decades`` decades;
-    2. ``"no decay"``: ``ci_high <= 0``;
+    2. ``"no decay"``: ``ci_high <= 0`` (the error does not decrease), or the interval contains 0 and is
+       narrower than ``max_ci_width`` (a flat profile, measured precisely enough to say so);
     3. ``"curved: exponent is local"``: ``curvature_p < alpha_curvature``, window intervals inconsistent,
        or ``delta_aic > 2`` (another model fits better by more than 2 AIC units); the exponent then
        describes the fitted window of n only, not an asymptotic rate;
@@ -1622,13 +1625,14 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
                      sigma: float | Sequence[float] = 0.5, model: str = "power", noise: str = "lognormal",
                      shape: float = 1.0, seed: int | None = 0, cell_sd: float = 0.0, rep_sd: float = 0.0,
                      units: int | None = None, unit_sd: float = 0.5, unit_slope_sd: float = 0.0,
-                     **fit_kwargs: Any) -> pd.DataFrame:
+                     resample_units: bool = True, **fit_kwargs: Any) -> pd.DataFrame:
     """Monte Carlo check of :func:`fit_rate` on a design: bias, empirical SE and CI coverage with MC SEs.
 
     Simulates ``studies`` frames from :func:`simulate_rate_frame` (true exponent ``alpha`` under ``model``;
     ``sigma``, ``noise``, ``shape``, ``cell_sd``, ``rep_sd``, ``units``, ``unit_sd`` and ``unit_slope_sd``
     as there), fits each with ``fit_rate(..., model=model, **fit_kwargs)`` (with ``units="unit"`` when
-    ``units`` is given, unless ``fit_kwargs`` says otherwise) and summarises them the way ``rsimsum`` does:
+    ``units`` is given and ``resample_units`` is true; ``resample_units=False`` fits the same frames ignoring
+    the units, to see what that costs) and summarises them the way ``rsimsum`` does:
     ``bias`` with ``bias_mcse = emp_se / sqrt(S)``, ``emp_se`` (SD of the estimates), ``mean_se``
     (average reported SE), ``coverage`` of the nominal interval with
     ``coverage_mcse = sqrt(coverage (1 - coverage) / S)``, ``mean_width`` of the interval, and the share of
@@ -1646,8 +1650,8 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
                                 seed=seed, cell_sd=cell_sd, rep_sd=rep_sd, units=units, unit_sd=unit_sd,
                                 unit_slope_sd=unit_slope_sd)
     fit_kwargs.setdefault("warn", False)
-    if units is not None:
-        fit_kwargs.setdefault("units", "unit")
+    if units is not None and resample_units:
+        fit_kwargs["units"] = "unit"
     res = fit_rate(frame, "y", by="study", model=model, seed=None if seed is None else seed + 1, **fit_kwargs)
     tab = res.table
     s = len(tab)
