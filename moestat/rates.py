@@ -719,9 +719,9 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     **Variance model (default ``method="auto"``).**  Without ``units``, the random-effects meta-regression of
     the per-n statistic ``z_n`` (mean of log y over the ``R_n`` replicates at n) on ``u(n)``:
 
-    .. math::
-
-        z_n = c - \alpha u_n + b_n + e_n, \qquad b_n \sim N(0, \tau^2), \qquad e_n \sim N(0, v_n),
+    $$
+    z_n = c - \alpha u_n + b_n + e_n, \qquad b_n \sim N(0, \tau^2), \qquad e_n \sim N(0, v_n),
+    $$
 
     where ``b_n`` is a shock shared by every replicate of the cell (one true model, one Monte Carlo sample
     or one limit estimate per n) and ``v_n = s_n^2 / R_n`` the replicate noise of the cell mean.
@@ -967,7 +967,9 @@ def test_exponent(result: RateResult, value: float, *, model: str | None = None,
     """Test H0: alpha = ``value`` for every group x model of a :class:`RateResult`.
 
     The statistic is ``t = (alpha_hat - value) / se`` referred to a t distribution with the result's
-    degrees of freedom (Satterthwaite for the bootstrap, G-1 or residual df for robust fits).
+    degrees of freedom (``m - 2`` for random effects, ``G - 1`` for the unit bootstrap, Satterthwaite for the
+    replicate bootstrap, G-1 or residual df for robust fits).  The test inherits the fit's verdict: for a
+    ``"curved: exponent is local"`` row it tests the local slope of the fitted window, not a rate.
     ``alternative="greater"`` tests H1: alpha > value (a faster rate); ``"less"`` H1: alpha < value
     (e.g. "the estimated exponent is below the bound", chowdhury2023 §4.2).
 
@@ -1557,9 +1559,9 @@ def simulate_rate_frame(alpha: float, ns: Sequence[float], reps: int, *, model: 
     ``u`` is the regressor of ``model`` (``power``: ``y = scale n^-alpha`` times noise).  On the log scale
     the row of study s, unit g, sample size n and replicate r is
 
-    .. math::
-
-        \log y = \log(\mathrm{scale}) + a_g - (\alpha + d_g) u(n) + c_{g,n} + b_{g,r} + \varepsilon,
+    $$
+    \log y = \log(\mathrm{scale}) + a_g - (\alpha + d_g) u(n) + c_{g,n} + b_{g,r} + \varepsilon,
+    $$
 
     * ``noise="lognormal"``: ``eps = sigma z``, ``z ~ N(0, 1)`` (``sigma`` one value or one per n, for a
       replicate spread that changes with n); ``noise="gamma"``: ``exp(eps) = G / shape``,
@@ -1582,7 +1584,7 @@ def simulate_rate_frame(alpha: float, ns: Sequence[float], reps: int, *, model: 
     -------
     DataFrame
         Columns ``study, n, rep, y``, with ``unit`` after ``study`` when ``units`` is given (one row per
-        study x unit x n x replicate).
+        study x unit x n x replicate; replicate ids are unique within a study).
     """
     _check_choice("noise", noise, ("lognormal", "gamma"))
     for name, val in (("cell_sd", cell_sd), ("rep_sd", rep_sd), ("unit_sd", unit_sd),
@@ -1617,7 +1619,10 @@ def simulate_rate_frame(alpha: float, ns: Sequence[float], reps: int, *, model: 
         d_g = unit_slope_sd * rng.standard_normal(studies * t)
         mean_log = mean_log + a_g[unit_idx] - d_g[unit_idx] * u
         cols["unit"] = np.tile(np.repeat(np.arange(t), per_unit), studies)
-    cols.update(n=n, rep=rep_idx, y=np.exp(mean_log + log_noise))
+    # replicate ids are unique within a study (unit g holds g * reps ... g * reps + reps - 1), so the frame is a
+    # valid rate frame with or without units=
+    rep_id = rep_idx + reps * (unit_idx % t)
+    cols.update(n=n, rep=rep_id, y=np.exp(mean_log + log_noise))
     return pd.DataFrame(cols)
 
 

@@ -432,6 +432,9 @@ def test_simulate_rate_frame_effects():
     assert (dev.groupby(nested["rep"]).std() < 1e-12).all()                     # one shift per replicate
     units = rates.simulate_rate_frame(0.5, G5, 4, seed=3, units=6, studies=2, unit_slope_sd=0.2)
     assert list(units.columns) == ["study", "unit", "n", "rep", "y"] and len(units) == 2 * 6 * 5 * 4
+    # replicate ids are unique within a study, so the frame also fits without units=
+    assert units.groupby(["study", "n"])["rep"].nunique().eq(6 * 4).all()
+    assert ms.fit_rate(units[units["study"] == 0], "y").config["method"] == "random_effects"
     with pytest.raises(ValueError, match="units must be"):
         rates.simulate_rate_frame(0.5, G5, 4, units=0)
     with pytest.raises(ValueError, match="cell_sd"):
