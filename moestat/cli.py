@@ -115,26 +115,30 @@ def _cmd_rates(args: argparse.Namespace) -> int:
 
     frame = load_results(args.results)
     by = [b for b in (args.by or "").split(",") if b]
-    missing = [c for c in [args.y, args.x, *by] if c not in frame.columns]
+    missing = [c for c in [args.y, args.x, *by, *([args.units] if args.units else [])] if c not in frame.columns]
     if missing:
-        raise _UsageError(f"columns {missing} are not in the results; available: {sorted(frame.columns)}.")
-    kwargs = {"y": args.y, "x": args.x, "by": by or None, "model": args.model, "ci": args.ci}
+        raise _UsageError(f"columns {missing} are not in the results (--y/--x/--by/--units); available: "
+                          f"{sorted(frame.columns)}.")
+    kwargs = {"y": args.y, "x": args.x, "by": by or None, "model": args.model, "ci": args.ci, "units": args.units}
     if args.method:
         kwargs["method"] = args.method
     if args.seed is not None:
         kwargs["seed"] = args.seed
     result = fit_rate(frame, **kwargs)
     table = result.table
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(result.summary())
     base = Path(args.out) if args.out else (Path(args.results) if Path(args.results).is_dir()
                                             else Path(args.results).parent) / f"rates_{args.y}"
     base.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(base.with_suffix(".csv"), index=False)
+    csv, windows = base.with_name(base.name + ".csv"), base.with_name(base.name + "_windows.csv")
+    png = base.with_name(base.name + ".png")
+    table.to_csv(csv, index=False)
+    result.windows.to_csv(windows, index=False)
     ax = result.plot()
     fig = ax.figure if hasattr(ax, "figure") else plt.gcf()
-    fig.savefig(base.with_suffix(".png"), dpi=120, bbox_inches="tight")
+    fig.savefig(png, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    print(f"\nwrote {base.with_suffix('.csv')} and {base.with_suffix('.png')}")
+    print(f"\nwrote {csv}, {windows} and {png}")
     return 0
 
 
@@ -225,19 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     rates = sub.add_parser("rates", help="estimate convergence exponents from a study's results",
                            description="Fit y ~ n^-alpha per group of a study's results; print the rate table "
-                                       "and write it as CSV with a log-log plot (PNG).")
+                                       "with its verdicts and diagnostics, and write it as CSV (plus the window "
+                                       "table, PREFIX_windows.csv) with a log-log plot (PNG).")
     rates.add_argument("results", metavar="DIR", help="study output folder (or a results .parquet/.csv file)")
     rates.add_argument("--y", required=True, help="error column, e.g. D1")
     rates.add_argument("--x", default="n", help="sample-size column (default n)")
     rates.add_argument("--by", default="truth,fit", help="comma-separated grouping columns (default truth,fit)")
     rates.add_argument("--model", default="power", choices=("power", "power_log", "inverse_log"),
                        help="rate model (default power: log y = c - alpha log n)")
-    rates.add_argument("--method", default=None, choices=("cluster_bootstrap", "robust"),
-                       help="interval method (default: moestat.fit_rate's)")
+    rates.add_argument("--method", default=None,
+                       choices=("auto", "random_effects", "unit_bootstrap", "cluster_bootstrap", "robust"),
+                       help="interval method (default auto: unit_bootstrap with --units, else random_effects)")
+    rates.add_argument("--units", metavar="COL", default=None,
+                       help="column of independent units spanning the n grid (e.g. a truth-draw id); resampled "
+                            "whole by the unit bootstrap")
     rates.add_argument("--ci", type=float, default=0.95, help="confidence level (default 0.95)")
     rates.add_argument("--seed", type=int, default=None, help="bootstrap seed")
     rates.add_argument("--out", metavar="PREFIX", default=None,
-                       help="write PREFIX.csv and PREFIX.png (default DIR/rates_<y>)")
+                       help="write PREFIX.csv, PREFIX_windows.csv and PREFIX.png (default DIR/rates_<y>)")
     rates.set_defaults(func=_cmd_rates)
 
     vig = sub.add_parser("vignette", help="list or run the vignettes that reproduce the papers",

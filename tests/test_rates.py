@@ -94,7 +94,7 @@ def test_bootstrap_se_matches_the_analytic_rescaled_variance(frame):
     sum_n c_n^2 s_n^2 / R_n in expectation.  Tolerance: with B = 20000 draws the bootstrap SD has relative MC
     error about 1/sqrt(2B) = 0.5%; we allow 3%."""
     sub = one(frame)
-    res = ms.fit_rate(sub, "D1", n_boot=20000, seed=3)
+    res = ms.fit_rate(sub, "D1", method="cluster_bootstrap", n_boot=20000, seed=3)
     g = sub.groupby("n")["D1"]
     r = g.size().to_numpy(float)
     s2 = g.apply(lambda v: np.log(v).var(ddof=1)).to_numpy()
@@ -152,10 +152,12 @@ def test_table_columns_and_by_groups(frame):
     assert sig.loc[("softmax", "relu"), "exponent"] == pytest.approx(0.25, abs=0.1)
     assert (res.table["ci_low"] < res.table["exponent"]).all() and (res.table["exponent"] < res.table["ci_high"]).all()
     text = res.summary()
-    assert "cluster_bootstrap" in text and "sigmoid" in text
+    # the default method is now the random-effects meta-regression (method="auto" without units)
+    assert "random_effects" in text and "Knapp-Hartung" in text and "sigmoid" in text
     assert repr(res).startswith("RateResult(y='D1'")
     wide = res.to_frame(config=True)
-    assert wide["method"].eq("cluster_bootstrap").all() and wide["n_boot"].eq(300).all()
+    assert wide["method"].eq("random_effects").all() and wide["n_boot"].eq(300).all()
+    assert res.config["method_requested"] == "auto"
     assert "df" in res.to_frame(details=True).columns
     assert res.config["n_boot"] == 300 and res.config["by"] == ["gate", "expert"]
 
@@ -207,7 +209,7 @@ def test_test_exponent_agrees_with_the_interval(frame):
 
 
 def test_compare_rates_interaction_equals_separate_fits(frame):
-    out = ms.compare_rates(frame, y="D1", between="gate", by=["expert"], n_boot=500)
+    out = ms.compare_rates(frame, y="D1", between="gate", by=["expert"], method="both", n_boot=500)
     assert set(out["method"]) == {"interaction", "bootstrap"}
     sep = ms.fit_rate(frame, "D1", by=["gate", "expert"], n_boot=200).table.set_index(["gate", "expert"])
     for _, row in out.iterrows():
@@ -217,6 +219,7 @@ def test_compare_rates_interaction_equals_separate_fits(frame):
         assert row["exponent_a"] == pytest.approx(ea, rel=1e-9)
         assert row["ci_low"] < row["difference"] < row["ci_high"]
         assert row["p_value"] < 1e-4  # true difference 0.25, SE about 0.03
+        assert row["verdict"] == "sigmoid faster" and row["verdict_a"] == "power law"
     sub = frame[frame.expert == "relu"]
     one_pair = ms.compare_rates(sub, "D1", between="gate", levels=("softmax", "sigmoid"), method="interaction")
     assert one_pair["difference"].iloc[0] < 0 and len(one_pair) == 1
@@ -234,32 +237,47 @@ def test_window_sensitivity_full_window_matches_fit(frame):
     full = ws.table[ws.table["side"] == "full"]
     assert len(full) == 1
     assert full["exponent"].iloc[0] == pytest.approx(ms.fit_rate(sub, "D1", n_boot=300).table["exponent"].iloc[0])
-    # dropping k smallest for k = 1..m-3, and k largest likewise
+    # NS spans 2 decades in 6 steps of 1/3 decade; the default min_span=1 keeps windows spanning >= 1 decade:
+    # dropping k = 1..3 smallest (k = 4 leaves 3 values over 0.67 decades), and k largest likewise
     m = len(NS)
-    assert (ws.table["side"] == "smallest").sum() == m - 3 == (ws.table["side"] == "largest").sum()
-    assert ws.table["n_values"].min() == 3
+    assert (ws.table["side"] == "smallest").sum() == 3 == (ws.table["side"] == "largest").sum()
+    assert ws.table["span"].min() == pytest.approx(1.0, abs=1e-3) and ws.table["n_values"].min() == 4
+    # min_span=0 restores every window down to 3 n values (k = 1..m-3 per side)
+    ws0 = ms.window_sensitivity(sub, "D1", n_boot=300, min_span=0.0)
+    assert (ws0.table["side"] == "smallest").sum() == m - 3 == (ws0.table["side"] == "largest").sum()
+    assert ws0.table["n_values"].min() == 3
     summary = ws.summary()
     assert summary["consistent"].iloc[0]  # a true power law: every window's CI shares a point
     assert summary["full"].iloc[0] == pytest.approx(full["exponent"].iloc[0])
     ws2 = ms.window_sensitivity(frame, "D1", by=["gate", "expert"], drop="smallest", n_boot=200)
     assert set(ws2.table["side"]) == {"full", "smallest"}
-    assert ws2.table.groupby(["gate", "expert"]).size().eq(m - 2).all()
+    assert ws2.table.groupby(["gate", "expert"]).size().eq(m - 3).all()
 
 
 def test_window_sensitivity_exposes_curvature():
     """B.8 in miniature: a loss with pre-asymptotic curvature, y = n^-1 + 1e-3 n^-0.1, gives a steep exponent on
-    the full window and a shallow one once the small n are dropped; the profile drifts far beyond its CIs."""
+    the full window and a shallow one once the small n are dropped.  With intervals that count only replicate
+    noise (the replicate bootstrap) the profile drifts far beyond its CIs; the random-effects default treats the
+    misfit as between-cell variance, widens every window, and flags the curve through curvature_p, the
+    windows on both sides and the verdict."""
     rng = np.random.default_rng(4)
     ns = np.geomspace(1e1, 1e5, 9).round()
     n = np.repeat(ns, 10)
     y = (n ** -1.0 + 1e-3 * n ** -0.1) * np.exp(0.1 * rng.standard_normal(n.size))
     df = pd.DataFrame({"n": n, "rep": np.tile(np.arange(10), len(ns)), "y": y})
-    ws = ms.window_sensitivity(df, "y", drop="smallest", n_boot=300).table
+    boot = ms.window_sensitivity(df, "y", drop="smallest", method="cluster_bootstrap", n_boot=300)
+    ws = boot.table
     first, last = ws.iloc[0], ws.iloc[-1]
     assert first["exponent"] > last["exponent"] + 0.2
     assert first["ci_low"] > last["ci_high"]
-    summary = ms.window_sensitivity(df, "y", drop="smallest", n_boot=300).summary().iloc[0]
+    summary = boot.summary().iloc[0]
     assert not summary["consistent"] and summary["drift_drop_smallest"] < -0.2
+    assert summary["drift"] == pytest.approx(summary["drift_drop_smallest"])  # the last window moves farthest
+    res = ms.fit_rate(df, "y", warn=False)
+    row = res.table.iloc[0]
+    assert row["verdict"] == "curved: exponent is local" and row["curvature_p"] < 1e-3
+    assert not row["window_consistent"] and row["best_model"] != "power"
+    assert res.config["method"] == "random_effects" and row["tau2"] > 0 and row["shock_p"] < 1e-6
     cm = ms.compare_models(df, "y")
     assert cm["curvature_p"].iloc[0] < 1e-6
 
@@ -301,10 +319,15 @@ def test_error_messages(frame):
     assert res.config["dropped_na"] == 1 and res.details["rows"].iloc[0] == len(sub) - 1
     with pytest.raises(ValueError, match="at least 3"):
         ms.fit_rate(sub[sub["n"].isin(NS[:2])], "D1")
+    single = sub[(sub["rep"] == 0) | (sub["n"] != NS[0])]
     with pytest.raises(ValueError, match="single replicate"):
-        ms.fit_rate(sub[(sub["rep"] == 0) | (sub["n"] != NS[0])], "D1")
-    res = ms.fit_rate(sub[(sub["rep"] == 0) | (sub["n"] != NS[0])], "D1", method="robust")
+        ms.fit_rate(single, "D1", method="cluster_bootstrap")
+    res = ms.fit_rate(single, "D1", method="robust")
     assert np.isfinite(res.table["se"].iloc[0])
+    # the default (random effects) cannot estimate the within variance there: it falls back, saying why
+    with pytest.warns(RateWarning, match="single replicate.*Fell back to ordinary least squares"):
+        res = ms.fit_rate(single, "D1")
+    assert res.details["cov_type"].iloc[0] == "cell_ols" and res.details["df"].iloc[0] == len(NS) - 2
     with pytest.raises(ValueError, match="several rows"):
         ms.fit_rate(frame, "D1", by="gate")
     with pytest.raises(ValueError, match="model='cubic'"):

@@ -131,7 +131,7 @@ def test_paired_bootstrap_size_and_width():
     empirical SD of the differences over 200 studies (relative MC error of an SD from 200 draws is 5%; we
     allow 15%).  Size: 5% +- 3 MC SE (0.0154) as above."""
     frame = _paired_studies(0.5, 0.5, 0.8, 200, seed=31)
-    out = ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999, paired=True)
+    out = ms.compare_rates(frame, "y", between="gate", by="study", method="both", n_boot=999, paired=True)
     unpaired = ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999, method="bootstrap")
     paired = out[out["method"] == "paired_bootstrap"]
     assert paired["se"].mean() < 0.6 * unpaired["se"].mean()
