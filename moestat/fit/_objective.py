@@ -704,6 +704,23 @@ class LSProblem:
         b = b.reshape(A, self.P)[:, self.free_idx]
         return loss / n, H.div_(n), b / n
 
+    def kink_tolerance(self, theta: torch.Tensor) -> torch.Tensor:
+        r"""Largest one-sided gradient (sup-norm) at a non-smooth stationary point of an objective with kinks.
+
+        When observation t crosses the kink of a relu expert, the gradient jumps by at most
+        :math:`\frac2n |r_t|\,\|\tilde x_t\|_\infty` in the coordinates of that expert (the gate weight
+        :math:`\pi \le 1`).  At a local minimum where at most :math:`k(d+1)` observations sit on kink
+        hyperplanes (generic position: d + 1 points fix each hyperplane) the gradient evaluated with
+        :math:`\varphi'(0) = 0` is within :math:`k(d+1)\,\frac2n\max_t|r_t|\max_t\|\tilde x_t\|_\infty` of a
+        subgradient that vanishes.  Returns that bound for each active problem, shape (A,).
+        """
+        th = self._theta4(theta)
+        f = self.kernel.mean(th, self._Xg)                          # (G, s, n)
+        r = (f - self._yg.unsqueeze(1)).abs().amax(-1).reshape(-1)  # (A,)
+        xmax = self._Xg.abs().amax((1, 2)).repeat_interleave(self._s)
+        k = self.kernel.k
+        return k * (self.p) * 2.0 / self.n * r * xmax
+
     # -------------------------------------------------------------- box
     def project(self, theta: torch.Tensor) -> torch.Tensor:
         """Clamp onto the box (identity without one)."""

@@ -37,9 +37,10 @@ import torch
 from ._objective import LSProblem
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
-          6: "damping", 7: "budget", 8: "saddle"}
-"""Status codes of a problem; 1-3 count as converged."""
-CONVERGED = (1, 2, 3)
+          6: "damping", 7: "budget", 8: "saddle", 9: "stall", 10: "kink"}
+"""Status codes of a problem; 1-3 and 10 count as converged (10: a stop at a kink of a piecewise-smooth objective
+certified by :func:`moestat.fit.lse.fit_lse`)."""
+CONVERGED = (1, 2, 3, 10)
 
 
 @dataclass
@@ -491,7 +492,8 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
 
 
 def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol: float = 1e-10,
-           damping: float = 1e-3, history: bool = False, progress: bool = False) -> OptimResult:
+           damping: float = 1e-3, stall_window: int = 20, stall_tol: float = 1e-14, history: bool = False,
+           progress: bool = False) -> OptimResult:
     r"""Batched trust-region Newton method with the exact Hessian, on the free coordinates.
 
     Each iteration forms the exact :math:`H` (half the Hessian of the objective) and :math:`b` (half the
@@ -506,9 +508,12 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
     tolerance is met in a few iterations where Gauss-Newton (which drops the residual-curvature term
     :math:`\sum_t r_t \nabla^2 f_t`) converges linearly or stalls.
 
-    Stops per problem: ``gtol`` (sup-norm of the projected gradient, the only converged status),
+    Stops per problem: ``gtol`` (sup-norm of the projected gradient, the only converged status here),
     ``max_iter``, ``damping`` (:math:`\lambda > 10^{16}`: no step decreases the objective at working
-    precision).  Coordinates on an active box bound whose gradient points outward are held for the step.
+    precision) and ``stall`` (the objective fell by at most ``stall_tol`` relative over the last
+    ``stall_window`` iterations).  Objectives with kinks (relu experts) end on ``damping`` or ``stall`` at a
+    non-smooth local minimum, where no gradient tolerance can be met; the caller certifies such stops
+    (status ``kink``).  Coordinates on an active box bound whose gradient points outward are held for the step.
     """
     tr = _Tracker(problem, theta, max_iter, history, progress, "Newton")
     theta = problem.project(theta.clone())
@@ -520,19 +525,24 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
     n_iter = torch.zeros(A, dtype=torch.long, device=dev)
     f, H, b = problem.gauss_newton(theta, exact=True)
     D = torch.diagonal(H, dim1=1, dim2=2).abs()
+    past = [f.clone()]  # objectives of the last stall_window iterations (oldest first)
     for it in range(max_iter + 1):
         g = torch.zeros_like(theta)
         g[:, fidx] = 2.0 * b
         gp = problem.projected_gradient(theta, g)
         gn = _gnorm(gp)
         tr.record(it, f, gn)
-        damping_stop = torch.where(lam > 1e16, 6, 0).to(torch.long)
-        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=damping_stop)
+        extra = torch.where(lam > 1e16, 6, 0).to(torch.long)
+        if len(past) > stall_window:
+            stalled = (past[0] - f) <= stall_tol * f.abs().clamp_min(torch.finfo(dt).tiny)
+            extra = torch.where((extra == 0) & stalled, 9, extra)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=extra)
         if keep is not None:
             if not bool(keep.any()):
                 break
             theta, f, H, b, D, lam, nu, n_iter, gp, g = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
                                                          nu[keep], n_iter[keep], gp[keep], g[keep])
+            past = [v[keep] for v in past]
             A = theta.shape[0]
         D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2).abs())
         Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
@@ -569,4 +579,5 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
             f = torch.where(accept, f_new, f)
             H = torch.where(accept.view(-1, 1, 1), H_new, H)
             b = torch.where(accept.unsqueeze(1), b_new, b)
+        past = [*past[-stall_window:], f.clone()]
     return tr.close()

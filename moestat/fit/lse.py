@@ -68,8 +68,10 @@ class LSEFit:
         Whether the best restart met ``tol``/``gtol`` (always False for the SGD protocol unless its final
         gradient is below ``gtol``).
     status : ndarray of str (R,)
-        ``"gtol"``, ``"ftol"``, ``"xtol"`` (converged); ``"max_iter"``, ``"line_search"``, ``"damping"``,
-        ``"budget"`` (SGD protocol).
+        ``"gtol"``, ``"ftol"``, ``"xtol"``, ``"kink"`` (converged); ``"max_iter"``, ``"line_search"``,
+        ``"damping"``, ``"stall"``, ``"saddle"``, ``"budget"`` (SGD protocol).  ``"kink"``: relu experts make the
+        objective piecewise smooth, and a stop with no further decrease whose gradient is within the jump that
+        observations on kinks can cause (:meth:`LSProblem.kink_tolerance`) is a non-smooth local minimum.
     n_iter : ndarray of int (R,)
         Iterations (SGD: minibatch steps).
     grad_norm : ndarray (R,)
@@ -512,7 +514,9 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
             return _optim.levenberg_marquardt(prob, th, max_iter=max_iter, tol=tol, gtol=gtol, history=history,
                                               progress=progress)
         if optimizer == "newton":
-            return _optim.newton(prob, th, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
+            # stall: a decrease below 1e-6 of the statistical scale of the objective (about L F / n) in 20 iterations
+            return _optim.newton(prob, th, max_iter=max_iter, gtol=gtol, history=history, progress=progress,
+                                 stall_tol=max(1e-14, 1e-6 * int(free.sum()) / n))
         if optimizer == "adam":
             return _optim.adam(prob, th, lr=lr, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
         return _optim.sgd_protocol(prob, th, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
@@ -533,6 +537,14 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     wall = time.perf_counter() - t0
 
     S = restarts
+    if spec.family.name == "relu" and optimizer in ("newton", "lm", "lbfgs"):
+        # piecewise-smooth objective: a stop with no further decrease and a gradient within the kink bound is a
+        # non-smooth local minimum (status "kink", converged)
+        problem.set_active(torch.arange(R * S, device=dev))
+        with cpu_threads(threads, dev):
+            bound = problem.kink_tolerance(res.theta)
+        stalled = torch.isin(res.status, torch.tensor([2, 5, 6, 9], device=dev))
+        res.status = torch.where(stalled & (res.grad_norm <= bound), torch.full_like(res.status, 10), res.status)
     loss = res.loss.reshape(R, S)
     loss_sel = torch.where(torch.isfinite(loss), loss, torch.full_like(loss, float("inf")))
     best_s = loss_sel.argmin(1)
@@ -568,7 +580,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         scale = ev.abs().amax(1).clamp_min(torch.finfo(dt).tiny)
         hess_min = to_numpy(ev[:, 0] / scale).astype(float)
         if optimizer == "newton":  # a gradient-tolerance stop with negative curvature is a saddle, not a minimum
-            saddle = (ev[:, 0] < -_SADDLE_TOL * scale) & (res.status[best] == 1)
+            saddle = (ev[:, 0] < -_SADDLE_TOL * scale) & (res.status[best] == 1)  # (kink stops: H omits the kinks)
             res.status[best[saddle]] = 8
             converged_all = res.converged
             status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
