@@ -60,8 +60,9 @@ minimising the mass-weighted first-order distance (the :math:`D_3` terms of nguy
 as the weight factors of the softmax Voronoi loss)
 
 .. math:: d(\hat G, \tilde G) = \min_{\pi} \sum_{i=1}^{k} \tilde m_{\pi(i)}\,\big(|\hat\beta_{0i} -
-          \tilde\beta_{0\pi(i)}| + \|\hat\beta_{1i} - \tilde\beta_{1\pi(i)}\| + \|\hat\eta_i - \tilde\eta_{\pi(i)}\|\big)
-          + |\hat m_i - \tilde m_{\pi(i)}|, \qquad \tilde m_j = \mathbb E_\mu[\tilde\pi_j(X)],
+          \tilde\beta_{0\pi(i)}| + \|\hat\beta_{1i} - \tilde\beta_{1\pi(i)}\|
+          + \|\hat\eta_i - \tilde\eta_{\pi(i)}\|\big) + |\hat m_i - \tilde m_{\pi(i)}|,
+          \qquad \tilde m_j = \mathbb E_\mu[\tilde\pi_j(X)],
 
 the mass of the member's atom under its own gate (softmax copies carry :math:`s` and :math:`1-s` of the
 true atom's mass; sigmoid copies the whole of it) and :math:`\hat m_i` the fitted atom's.  An atom whose
