@@ -17,6 +17,7 @@ from .gates import GATES
 from .inference import bootstrap, select_k, test_n_experts
 from .metrics import (
     GBarResult,
+    RepresentationErrors,
     center_softmax,
     check_identifiability,
     estimate_gbar,
@@ -24,6 +25,7 @@ from .metrics import (
     match_atoms,
     parameter_errors,
     permutation_invariant_error,
+    representation_errors,
     sup_expert_error,
     voronoi_cells,
     voronoi_loss,
@@ -84,6 +86,7 @@ __all__ = [
     "PatchData",
     "RateResult",
     "RateWarning",
+    "RepresentationErrors",
     "SampleComplexityResult",
     "SingularInformationWarning",
     "Study",
@@ -117,6 +120,7 @@ __all__ = [
     "presets",
     "rates",
     "regressor_error",
+    "representation_errors",
     "sample_complexity",
     "scaling_exponent",
     "select_k",

@@ -192,10 +192,15 @@ def estimate_from_fit(fit: Any) -> Estimate:
 
     R = fit.params.numpy().n_reps
     info: dict[str, np.ndarray] = {}
-    for name in ("status", "n_iter", "grad_norm", "cond", "hit_bound"):
+    for name in ("status", "n_iter", "grad_norm", "cond", "hit_bound", "hessian_min_eig"):
         value = getattr(fit, name, None)
         if value is not None and arr(value).shape == (R,):
             info[name] = arr(value)
+    restarts = getattr(fit, "restarts", None)
+    if isinstance(restarts, pd.DataFrame) and "start" in restarts and "best" in restarts:
+        best = restarts[restarts["best"]].sort_values("rep")
+        if len(best) == R:
+            info["best_start"] = best["start"].to_numpy(dtype=object)  # which start kind won each replicate
     settings = fit.config_columns() if hasattr(fit, "config_columns") else dict(getattr(fit, "settings", {}))
     return Estimate(fit.params.numpy(), arr(fit.objective).astype(float), arr(fit.converged).astype(bool), info,
                     settings)

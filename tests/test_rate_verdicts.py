@@ -81,13 +81,12 @@ def test_verdict_rule_order():
     """The rule is applied in order; each branch checked directly on constructed inputs."""
     th = {"min_decades": 1.0, "alpha_curvature": 0.05, "max_ci_width": 0.3}
     v = rates._verdict
-    assert v(5, 0.9, 0.4, 0.5, 1e-9, False, 50.0, **th) == "range too narrow"  # range first
-    assert v(5, 2.0, -0.3, -0.1, 1e-9, False, 50.0, **th) == "no decay"         # then decay
-    assert v(5, 2.0, 0.4, 0.5, 0.01, True, 0.0, **th) == "curved: exponent is local"
-    assert v(5, 2.0, 0.4, 0.5, 0.5, False, 0.0, **th) == "curved: exponent is local"
-    assert v(5, 2.0, 0.4, 0.5, 0.5, True, 2.5, **th) == "curved: exponent is local"
-    assert v(5, 2.0, 0.1, 0.9, 0.5, True, 1.0, **th) == "imprecise"
-    assert v(5, 2.0, 0.4, 0.5, np.nan, None, 1.0, **th) == "power law"  # untestable curvature does not fire
+    assert v(5, 0.9, 0.4, 0.5, 1e-9, False, **th) == "range too narrow"  # range first
+    assert v(5, 2.0, -0.3, -0.1, 1e-9, False, **th) == "no decay"         # then decay
+    assert v(5, 2.0, 0.4, 0.5, 0.01, True, **th) == "curved: exponent is local"
+    assert v(5, 2.0, 0.4, 0.5, 0.5, False, **th) == "curved: exponent is local"
+    assert v(5, 2.0, 0.1, 0.9, 0.5, True, **th) == "imprecise"
+    assert v(5, 2.0, 0.4, 0.5, np.nan, None, **th) == "power law"  # untestable curvature does not fire
 
 
 # ------------------------------------------------------------------------------------------- curvature
@@ -411,6 +410,9 @@ def test_best_model_is_computed_over_all_three_models():
     res = ms.fit_rate(df, "y")            # only the power model was asked for
     row = res.table.iloc[0]
     assert row["best_model"] == "inverse_log" and row["delta_aic"] > 2
+    # 1/log n over 4 decades bends in log-log coordinates: the curvature test (p < 0.05 in 28 of 30 seeds; 0.09
+    # at this one) or the window check flags it, not the AIC
+    assert row["curvature_p"] < 0.05 or not row["window_consistent"]
     assert row["verdict"] == "curved: exponent is local"
     # inverse_log exponents live on a larger scale (alpha = 1 here), so judge precision with a wider max_ci_width
     slow = ms.fit_rate(df, "y", model="inverse_log", max_ci_width=1.0).table.iloc[0]

@@ -5,6 +5,13 @@ from .errors import parameter_errors
 from .gbar import GBarResult, estimate_gbar
 from .identifiability import IdentifiabilityResult, check_identifiability, derivative_family, homogeneity_orbit
 from .matching import Matching, match_atoms, permutation_invariant_error
+from .representations import (
+    RepresentationErrors,
+    RepresentationWarning,
+    mu_sample,
+    representation_errors,
+    sample_representations,
+)
 from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
 __all__ = [
@@ -12,6 +19,8 @@ __all__ = [
     "GBarResult",
     "IdentifiabilityResult",
     "Matching",
+    "RepresentationErrors",
+    "RepresentationWarning",
     "VoronoiCells",
     "center_softmax",
     "check_identifiability",
@@ -20,8 +29,11 @@ __all__ = [
     "homogeneity_orbit",
     "l2_distance",
     "match_atoms",
+    "mu_sample",
     "parameter_errors",
     "permutation_invariant_error",
+    "representation_errors",
+    "sample_representations",
     "sup_expert_error",
     "voronoi_cells",
     "voronoi_loss",
