@@ -8,6 +8,7 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 from importlib.metadata import PackageNotFoundError, version
 
 from . import deep, experts, gates, hermite, metrics, plots, rates
+from .diagnostics import design_check, lowest_objective, optimizer_invariance
 from .experts import EXPERTS, ExpertFamily, get_expert
 from .fit import LSEFit, MLEConvergenceWarning, MLEFit, SingularInformationWarning, fit_lse, fit_mle
 from .fit._gated import GatedFit
@@ -99,6 +100,7 @@ __all__ = [
     "compare_models",
     "compare_rates",
     "deep",
+    "design_check",
     "estimate_gbar",
     "experts",
     "fit_em_gated",
@@ -112,8 +114,10 @@ __all__ = [
     "get_expert",
     "hermite",
     "l2_distance",
+    "lowest_objective",
     "match_atoms",
     "metrics",
+    "optimizer_invariance",
     "parameter_errors",
     "permutation_invariant_error",
     "plots",

@@ -1428,12 +1428,12 @@ _THEORY: list[tuple] = [
      "l2_regression", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
     ("nguyen2024", "Cor 1", "sigmoid", "2", "any", "", "inf over Gbar of L2(mu) error", "l2_regression", "n",
      "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
-    ("nguyen2024", "Thm 2", "sigmoid", "1", "strongly_identifiable", "relu|gelu (paper); see notes C1 for ReLU",
+    ("nguyen2024", "Thm 2", "sigmoid", "1", "strongly_identifiable", "relu|gelu (paper); relu fails it at zero-slope atoms",
      "Voronoi loss D1", "D1", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
      "D1 squares over-specified terms, so the loss slope is 1/2 although those parameters move at 1/4"),
     ("nguyen2024", "Rem (i)", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
      "over-specified beta1, eta (cells with |A_j| >= 2)", "param_overspecified", "n", "(log n / n)^{1/4}", 0.25,
-     "power_log", "decay", "upper_bound", "track individual parameter errors (notes C8)"),
+     "power_log", "decay", "upper_bound", "D1 mixes orders; track individual parameter errors"),
     ("nguyen2024", "eq (7)", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
      "over-specified expert sup_x |h - h*|", "expert_overspecified", "n", "(log n / n)^{1/4}", 0.25, "power_log",
      "decay", "upper_bound", ""),
@@ -1450,18 +1450,18 @@ _THEORY: list[tuple] = [
      "expert_exact", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
     ("nguyen2024", "Thm 3", "sigmoid", "1", "ridge_input_independent", "phi(a^T x + b) with a*_j = 0",
      "minimax E D_{2,r}", "D2r", "n", ">= n^{-1/2} for all r >= 1", 0.5, "power", "decay", "lower_bound_minimax",
-     "proof step 'choose c as a root' is invalid as written (notes C5); conclusion holds"),
+     "the proof's step 'choose c as a root' is invalid as written; the conclusion holds"),
     ("nguyen2024", "Thm 3 (i)-(ii)", "sigmoid", "1", "ridge_input_independent", "phi(a^T x + b) with a*_j = 0",
      "parameters beta1, a, b and the expert", "param", "n",
      "slower than n^{-1/(2r)} for all r; could be 1/log n", 1.0, "inverse_log", "decay", "slower_than_polynomial",
-     "may not converge at all (exact non-identifiability, notes C5): report inverse_log and flag"),
+     "may not converge at all (exact non-identifiability): report inverse_log and flag"),
     ("nguyen2024", "Thm 4", "sigmoid", "1", "polynomial", "(a^T x + b)^p", "minimax E D_{2,r}", "D2r", "n",
      ">= n^{-1/2} for all r >= 1", 0.5, "power", "decay", "lower_bound_minimax", "proof covers p = 1 only"),
     ("nguyen2024", "Thm 4, Table 1", "sigmoid", "1", "polynomial", "(a^T x + b)^p", "parameters and experts",
      "param", "n", "1 / log n", 1.0, "inverse_log", "decay", "slower_than_polynomial", ""),
     ("nguyen2024", "Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|polynomial with a != 0",
      "Voronoi loss D3 (inf over Gbar)", "D3", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
-     "ReLU/linear Regime 2 is not truly misspecified (notes C2); GELU is the clean case"),
+     "relu/linear regime 2 is not misspecified (exact split family); gelu is the clean case"),
     ("nguyen2024", "after Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|polynomial with a != 0",
      "all of beta0, beta1, eta and the experts", "param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay",
      "upper_bound", ""),
@@ -1514,10 +1514,10 @@ _THEORY: list[tuple] = [
      "parametric in eps, up to log(1/eps)"),
     ("makkuva2020", "Thm 2 (heuristic)", "softmax", "", "linear|sigmoid|relu", "", "regressor angle error",
      "angle_error", "n", "n^{-1/2} if parametric; Thm 2 gives no rate", 0.5, "power", "decay", "derived",
-     "notes §8.6: a parametric rate is expected, not proved"),
+     "a parametric rate is expected, not proved"),
     ("makkuva2020", "Thm 2 (heuristic)", "softmax", "", "linear|sigmoid|relu", "", "E_reg = 1 - |cos theta|",
      "E_reg", "n", "n^{-1} if parametric (E_reg ~ theta^2 / 2)", 1.0, "power", "decay", "derived",
-     "twice the slope of the parameter error (notes pitfall 24)"),
+     "twice the slope of the parameter error (E_reg ~ theta^2 / 2)"),
 ]
 # chowdhury2023 §4.2 (slopes of log response on log regressor; upper bounds, test slope <= bound)
 _PMOE = [
@@ -1544,9 +1544,9 @@ _PMOE = [
 def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
     """The rates the founding papers predict, as a tidy frame to join against :func:`fit_rate` results.
 
-    Sources: nguyen2024 notes §5.2 (Table 1 and Theorems 1-5; softmax rows are cited there from [26]),
-    makkuva2020 notes §6 (Theorem 4 and its derived sample complexity; heuristic parametric rates for
-    Theorem 2), chowdhury2023 notes §4.2 (log-log slopes of sample and model complexity; upper bounds).
+    Sources: nguyen2024 (Table 1 and Theorems 1-5; its softmax rows cite its reference [26]), makkuva2020
+    (Theorem 4 and its derived sample complexity; heuristic parametric rates for Theorem 2), chowdhury2023
+    (Theorems 4.2-4.5: log-log slopes of sample and model complexity; upper bounds).
 
     Columns: ``source, result, gate, regime, expert, examples, quantity, response, regressor, rate``
     (as printed), ``exponent`` (alpha of ``response ~ regressor^-alpha`` for ``direction="decay"``; the
@@ -1555,7 +1555,7 @@ def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
     ``direction``, ``kind`` (``upper_bound``, ``lower_bound_minimax``, ``slower_than_polynomial``,
     ``upper_bound_slope``, ``derived``, ``no_rate``), ``power_exponent_in_range`` (what a plain power fit
     reports for the noise-free curve over ``n_range``, e.g. 0.445 for ``(log n / n)^{1/2}`` over
-    [1e3, 1e5]; nguyen2024 notes §6), ``note``.
+    [1e3, 1e5]), ``note``.
     """
     lo, hi = n_range
     if not (1 < lo < hi):

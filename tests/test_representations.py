@@ -150,6 +150,10 @@ def test_exact_fit_k_equals_k_star_and_gbar_candidates():
         representation_errors((spec_s.with_k(4), fit), (spec_s, truth_s))
     res = representation_errors((spec_s.with_k(4), fit), (spec_s, truth_s), gbar=fit)
     assert res.summary["family"].iloc[0] == "gbar" and res.summary["param"].iloc[0] < 1e-12
+    # the gbar member's split cell (the unmatched atom and the atom sharing its true atom) is the over-specified
+    # part: here the softmax split of atom 0 puts its two copies (slots 0 and 3) in the over role
+    assert (res.atoms.loc[res.atoms["rep"] == 0, "role"] == "over").sum() == 2
+    assert np.isfinite(res.summary["over_param"].iloc[0]) and res.summary["over_param"].iloc[0] < 1e-12
 
 
 def test_bad_arguments_and_warnings():

@@ -98,3 +98,32 @@ def test_invariance_option_and_representation_metric():
     with pytest.raises(ValueError, match="invariance"):
         ms.Study(name="bad", seed=1, reps=2, n=[300], truth={"preset": "gate_comparison", "expert": "relu"},
                  fit={"k": "truth+1", "options": {"invariance": 3}}, metrics=["l2"]).run(progress=False)
+
+
+def test_representation_metric_scores_gelu_sigmoid_fits_against_the_near_exact_basin():
+    """Sigmoid-gated gelu: the weight-split basin limit is 1e-6 to 1e-4 from f* (no feasible n resolves it), so
+    basin='auto' adds it as a candidate; a fit at that limit scores ~0 there, while against the exact set (dead
+    extra atom) alone it sits at a floor."""
+    from moestat._cells import GBAR_CACHE, gbar_for, representation_metric
+
+    truth_obj = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0)
+    spec, truth = truth_obj
+    GBAR_CACHE.clear()
+    ctx0 = _ctx(spec, _two_atoms(truth), truth, truth_obj.info, {"box": "none"})
+    gb, _ = gbar_for(ctx0, None, n_mc=20_000, restarts=4, max_iter=1000, init_scale=0.05, tol_l2=1e-4, box=None,
+                     device="cpu")
+    limit = gb.params.select([0])
+    assert 0 < gb.l2[0] < 1e-3  # near-exact, not exact
+    ctx = _ctx(spec, limit, truth, truth_obj.info, {"box": "none"})
+    auto = representation_metric(ctx, n_mc=5_000, gbar_n_mc=20_000, gbar_max_iter=1000)
+    exact = representation_metric(ctx, n_mc=5_000, basin="exact")
+    assert auto["representation"][0].startswith("gbar") and auto["param"][0] < 1e-6
+    assert exact["representation"][0] == "dead" and exact["param"][0] > 100 * auto["param"][0] + 1e-3
+    with pytest.raises(ValueError, match="basin"):
+        representation_metric(ctx, n_mc=100, basin="nearest")
+
+
+def _two_atoms(truth):
+    """A batched k* + 1 atom Params (the gbar_for cache key only reads the truth and the fitted k)."""
+    return ms.Params(np.r_[truth.gate_bias, 0.0][None], np.r_[truth.gate_weight, np.zeros((1, truth.d))][None],
+                     np.r_[truth.expert_weight, np.zeros((1, truth.d))][None], np.r_[truth.expert_bias, 0.0][None])

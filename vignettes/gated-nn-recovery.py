@@ -224,7 +224,7 @@ def _rates(vs_n: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
             warnings.simplefilter("ignore", ms.RateWarning)
             res = ms.fit_rate(g, "error", by="method", rep="rep", **RATE_FIT)
         results[metric] = res
-        # one model per fit, so fit_rate's delta_aic / best_model are trivial: the AIC columns below replace them
+        # fit_rate's best_model / delta_aic are dropped: the AIC columns below compare the models this vignette fits
         tab = res.to_frame(details=True, config=True).drop(columns=["delta_aic", "best_model"])
         test = ms.test_exponent(res, RATE_H0)
         tab["h0_exponent"] = RATE_H0

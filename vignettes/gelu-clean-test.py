@@ -11,7 +11,7 @@
 #
 # nguyen2024's experiments use relu and linear experts. Both are positively 1-homogeneous,
 # $\varphi(tz) = t\varphi(z)$, which breaks the paper's identifiability conditions at every atom
-# with zero gate slope (notes §8 C1): the Euler identity $h = a^\top\partial_a h + b\,\partial_b h$ makes
+# with zero gate slope: the Euler identity $h = a^\top\partial_a h + b\,\partial_b h$ makes
 # the order-0 function a combination of first-order ones (Definition 1 fails) and
 # $\partial_{\beta_0} F = (1-\sigma(\beta_0))(a^\top\partial_a F + b\,\partial_b F)$ (Definition 2 fails).
 # gelu, $z\Phi(z)$, is not homogeneous: the conditions can hold, and Theorem 2's rates can be tested
@@ -26,12 +26,12 @@
 #    over-specified ($n^{-1/4}$) vs exact-specified ($n^{-1/2}$) parameter errors, with the LSE
 #    (L-BFGS, k = 9, atom 7 duplicated, box $|\theta| \le 10$).
 # 3. **Gate-variance sensitivity** — the paper's gate variance $\nu_g = 0.01/d$ makes every gate
-#    nearly constant (logit sd ≈ 0.06 on $U[-1,1]^{32}$, notes §8 C6). The same study at
+#    nearly constant (logit sd ≈ 0.06 on $U[-1,1]^{32}$). The same study at
 #    $\nu_g \in \{0.01/d, 0.1/d, 1/d\}$ shows how far the observed exponents depend on it.
 # 4. **Regime 2 with gelu experts** — atom 1 (non-zero gate slope) duplicated, at the paper's
 #    $\nu_g = 0.01/d$. Theorem 5's loss is $D_3(\hat G, \bar G)$ against the population minimiser
 #    $\bar G \in \arg\min_{G \in \mathcal G_k \setminus \mathcal G_{k^*}} \|f_G - f_{G^*}\|_{L^2(\mu)}$; for gelu
-#    there is no exact split family (notes §8 C2), so the study's ``loss`` metric estimates the set
+#    there is no exact split family (docs/representations.md), so the study's ``loss`` metric estimates the set
 #    $\bar{\mathcal G}$ once with `ms.estimate_gbar` (noise-free L-BFGS fits on a Monte-Carlo sample,
 #    inside the fit's box) and takes $\inf_{\bar G} D_3$ over its near-minimisers.
 #
@@ -40,7 +40,6 @@
 # %%
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,15 +123,13 @@ def rate_table(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
     cols = ["loss", "l2", "err_over_gate_weight", "err_over_expert", "err_over_weight_sum", "err_exact_expert",
             "err_exact_gate_weight"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for y in [c for c in cols if c in frame.columns]:
-            sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-            if sub.empty or sub.groupby(GROUP)["n"].nunique().min() < 3:
-                continue
-            t = ms.fit_rate(sub, y=y, by=GROUP, n_boot=1000, seed=0).table
-            t.insert(0, "y", y)
-            rows.append(t)
+    for y in [c for c in cols if c in frame.columns]:
+        sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
+        if sub.empty or sub.groupby(GROUP)["n"].nunique().min() < 3:
+            continue
+        t = ms.fit_rate(sub, y=y, by=GROUP, n_boot=1000, seed=0).table
+        t.insert(0, "y", y)
+        rows.append(t)
     out = pd.concat(rows, ignore_index=True)
     out.insert(2, "gate_var_label", out["truth_gate_var"].map({v: k for k, v in GATE_VARS.items()}))
     return out
@@ -148,15 +145,13 @@ def plot(frame: pd.DataFrame, path: Path) -> None:
           ("err_over_expert", "over-specified expert error"),
           ("err_exact_expert", "exact-specified expert error")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for ax, (y, label) in zip(axes, ys, strict=True):
-            sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-            if not sub.empty and sub.groupby(GROUP)["n"].nunique().min() >= 3:
-                gv = sub["truth_gate_var"].map({v: k for k, v in GATE_VARS.items()})
-                sub = sub.assign(truth=("r" + sub["truth_regime"].astype(str) + " " + gv))
-                ms.fit_rate(sub, y=y, by=["truth"], n_boot=200, seed=0).plot(ax=ax)
-            ax.set(title=label)
+    for ax, (y, label) in zip(axes, ys, strict=True):
+        sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
+        if not sub.empty and sub.groupby(GROUP)["n"].nunique().min() >= 3:
+            gv = sub["truth_gate_var"].map({v: k for k, v in GATE_VARS.items()})
+            sub = sub.assign(truth=("r" + sub["truth_regime"].astype(str) + " " + gv))
+            ms.fit_rate(sub, y=y, by=["truth"], n_boot=200, seed=0, warn=False).plot(ax=ax)
+        ax.set(title=label)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

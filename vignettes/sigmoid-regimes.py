@@ -10,7 +10,7 @@
 # # Sigmoid gating in regimes 1 and 2 (nguyen2024, Figure 2a/2b)
 #
 # Under a sigmoid-gated truth the rate of the over-specified LSE depends on *which* true atom gets
-# the extra fitted expert (notes §8 B3):
+# the extra fitted expert:
 #
 # * **regime 1** (Table 3: atoms 7 and 8 have zero gate slope; atom 7 is duplicated) — $D_1$ at
 #   $(\log n/n)^{1/2}$ for strongly identifiable experts (Theorem 2), with the *over-specified*
@@ -24,7 +24,7 @@
 # Losses: `loss` is $D_1(\hat G, G^*)$ in regime 1 and $\inf_t D_3(\hat G, \bar G_t)$ over the exact
 # split family in regime 2 (see the sigmoid-vs-softmax vignette); `parameter_errors` gives, per
 # replicate, the worst error of each parameter block in over-specified cells ($|A_j| \ge 2$) and in
-# exact cells, so the $n^{-1/4}$ vs $n^{-1/2}$ distinction that $D_1$ hides (notes §8 C8) can be fitted
+# exact cells, so the $n^{-1/4}$ vs $n^{-1/2}$ distinction that $D_1$ hides can be fitted
 # directly. In regime 2 those errors are measured against $G^*$, not $\bar G$: the over-specified
 # cell converges to a split of atom 1, not to atom 1 itself, so its errors are not expected to vanish.
 #
@@ -34,7 +34,6 @@
 # %%
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +83,13 @@ def make_study(size: str = "full", **override: Any) -> ms.Study:
 # %%
 def rate_table(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for y in ["loss", "l2", *[c for c in PARAMETER_COLUMNS if c in frame.columns]]:
-            sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-            if sub.groupby(["truth_regime", "expert"])["n"].nunique().min() < 3:
-                continue
-            t = ms.fit_rate(sub, y=y, by=["truth_regime", "expert"], n_boot=1000, seed=0).table
-            t.insert(0, "y", y)
-            rows.append(t)
+    for y in ["loss", "l2", *[c for c in PARAMETER_COLUMNS if c in frame.columns]]:
+        sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
+        if sub.groupby(["truth_regime", "expert"])["n"].nunique().min() < 3:
+            continue
+        t = ms.fit_rate(sub, y=y, by=["truth_regime", "expert"], n_boot=1000, seed=0).table
+        t.insert(0, "y", y)
+        rows.append(t)
     return pd.concat(rows, ignore_index=True)
 
 
@@ -104,16 +101,15 @@ def plot_panels(frame: pd.DataFrame, ys: list[str], panel: str, path: Path, ylab
 
     levels = sorted(frame[panel].unique())
     fig, axes = plt.subplots(1, len(levels), figsize=(5.2 * len(levels), 4.2), squeeze=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for ax, level in zip(axes[0], levels, strict=True):
-            sub = frame[frame[panel] == level]
-            for y in ys:
-                ok = sub[np.isfinite(sub[y]) & (sub[y] > 0)]
-                if ok.empty or ok.groupby("expert")["n"].nunique().min() < 3:
-                    continue
-                ms.fit_rate(ok.assign(quantity=y), y=y, by=["expert", "quantity"], n_boot=200, seed=0).plot(ax=ax)
-            ax.set(title=f"{panel} = {level}", ylabel=ylabel)
+    for ax, level in zip(axes[0], levels, strict=True):
+        sub = frame[frame[panel] == level]
+        for y in ys:
+            ok = sub[np.isfinite(sub[y]) & (sub[y] > 0)]
+            if ok.empty or ok.groupby("expert")["n"].nunique().min() < 3:
+                continue
+            res = ms.fit_rate(ok.assign(quantity=y), y=y, by=["expert", "quantity"], n_boot=200, seed=0, warn=False)
+            res.plot(ax=ax)
+        ax.set(title=f"{panel} = {level}", ylabel=ylabel)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

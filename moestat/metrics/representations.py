@@ -627,7 +627,7 @@ def representation_errors(params: Any, truth: Any, *, spec: MoE | None = None, g
         if not softmax and expert == "linear" and not any(zero):
             cands += _reflection_candidates(fit, tru, m_fit, m_true, Cn, R, k, k_star)
     if gbar is not None:
-        cands += _gbar_candidates(fit, m_fit, gbar, p, spec.gate, Xt, softmax, R, k)
+        cands += _gbar_candidates(fit, m_fit, gbar, t, spec.gate, Xt, softmax, R, k)
     if not cands:
         raise ValueError(f"no exact k-atom representation exists for gate={spec.gate!r}, expert={expert!r} with "
                          f"k = k* + 1 (the extra atom can neither split a true atom nor vanish); pass gbar= "
@@ -746,14 +746,39 @@ def _gbar_candidates(fit: _Atoms, m_fit: torch.Tensor, gbar: Params, p: Params, 
     Cg = to_numpy(f.cost_to(_Atoms(ga.b0.unsqueeze(0), ga.b1.unsqueeze(0), ga.eta.unsqueeze(0)))
                   * mg.unsqueeze(0).unsqueeze(2)
                   + (m_fit.unsqueeze(1).unsqueeze(-1) - mg.unsqueeze(0).unsqueeze(2)).abs())  # (R, S, k, k)
+    over = [_gbar_split_atoms(g, p, s) for s in range(g.n_reps)]
     out = []
     for r in range(R):
         for s in range(g.n_reps):
             rr, cc = linear_sum_assignment(Cg[r, s])
             out.append({"rep": r, "family": "gbar", "atom": s, "cost": float(Cg[r, s][rr, cc].sum()),
                         "special_rows": [], "match": dict(zip(rr.tolist(), cc.tolist(), strict=True)),
-                        "xi": "", "special": None, "gbar": ga, "member": s})
+                        "xi": "", "special": None, "gbar": ga, "member": s, "over": over[s]})
     return out
+
+
+def _gbar_split_atoms(g: Params, truth: Params, s: int) -> tuple[dict[int, int], set[int]]:
+    """(true atom of each gbar atom, the gbar atoms of the split cell) for member ``s`` (both normalised alike).
+
+    The k gbar atoms are matched to the k* true atoms by parameter distance (Hungarian); the unmatched
+    atom and the atom matched to the true atom nearest to it form the split (the atoms the limit adds or
+    changes, role ``over``)."""
+    t = truth.numpy()
+
+    def flat(q: Any, idx: Any) -> np.ndarray:
+        return np.concatenate([np.asarray(q.gate_bias)[idx][..., None], np.asarray(q.gate_weight)[idx],
+                               np.asarray(q.expert_weight)[idx], np.asarray(q.expert_bias)[idx][..., None]], -1)
+
+    ug, ut = flat(g, s), flat(t, slice(None))                                  # (k, q), (k*, q)
+    dist = np.linalg.norm(ug[:, None] - ut[None], axis=-1)
+    rows, cols = linear_sum_assignment(dist)
+    owner = dict(zip(rows.tolist(), cols.tolist(), strict=True))
+    over: set[int] = set()
+    for i in sorted(set(range(len(ug))) - set(owner)):
+        j = int(np.argmin(dist[i]))
+        owner[i] = j
+        over |= {i, *(a for a, b in owner.items() if b == j)}
+    return owner, over
 
 
 def _warn_larger_sets(spec: MoE, tru: _Atoms, zero: list[bool], inputs: str, low: float, high: float) -> None:
@@ -797,6 +822,10 @@ def _assemble(cands: list[dict], fit: _Atoms, tru: _Atoms, m_fit: torch.Tensor, 
             if best["family"] == "gbar":
                 ga, s = best["gbar"], best["member"]
                 near.b0[r, i], near.b1[r, i], near.eta[r, i] = ga.b0[s, m], ga.b1[s, m], ga.eta[s, m]
+                owner, over = best["over"]
+                true_atom[r, i] = owner[m]
+                if m in over:
+                    role[r, i] = "over"
                 continue
             if m in orbit_u:  # a zero-slope atom's orbit point, when it is nearer than the atom itself
                 u = orbit_u[m][r, i]

@@ -1,0 +1,96 @@
+"""Optimiser invariance and design checks (moestat.diagnostics)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import moestat as ms
+
+NS = np.array([1000, 3000, 10000, 30000, 100000])
+
+
+def _frame(seed: int = 0, units: int = 6) -> pd.DataFrame:
+    """One row per (unit, n): y = 2 n^-1/2 x lognormal(0.2), objective = noise variance 0.01, both converged."""
+    rng = np.random.default_rng(seed)
+    rows = [{"truth_seed": u, "n": n, "y": 2 * n ** -0.5 * np.exp(0.2 * rng.standard_normal()),
+             "objective": 0.01, "converged": True, "converged_alt": True, "truth_noise_var": 0.01}
+            for u in range(units) for n in NS]
+    return pd.DataFrame(rows)
+
+
+def test_identical_solvers_are_invariant_and_delta_is_the_scaled_objective_gap():
+    f = _frame()
+    f["y_alt"] = f["y"]
+    f["objective_alt"] = f["objective"] + 0.01 * 2.5 / f["n"]  # n (F_alt - F) / nu = 2.5 exactly
+    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_boot=200).iloc[0]
+    assert out["verdict"] == "invariant" and out["agree"] == 1 and out["exponent_shift"] == pytest.approx(0, abs=1e-12)
+    assert out["objective_delta_median"] == pytest.approx(2.5) and out["objective_delta_max"] == pytest.approx(2.5)
+    assert out["flat_disagree"] == 0 and out["pairs"] == len(f) and out["both_converged"] == 1
+
+
+def test_a_solver_that_changes_the_slope_is_flagged():
+    f = _frame()
+    f["y_alt"] = f["y"] * (f["n"] / 1000) ** 0.3  # the alt solver's errors fall at n^-0.2 instead of n^-0.5
+    f["objective_alt"] = f["objective"]
+    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_boot=200).iloc[0]
+    assert out["verdict"] == "optimiser-dependent rate"
+    assert out["exponent_shift"] == pytest.approx(-0.3, abs=1e-9)  # exact: the log ratio is linear in log n
+    # equal objectives with responses that differ: the data do not determine the response
+    assert out["flat_disagree"] == pytest.approx(1 - out["agree"])
+
+
+def test_scattered_fits_with_the_same_slope():
+    f = _frame()
+    rng = np.random.default_rng(1)
+    f["y_alt"] = f["y"] * np.exp(rng.choice([-1.0, 1.0], len(f)))  # every row off by a factor e, no trend in n
+    f["objective_alt"] = f["objective"]
+    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_boot=200, max_shift=1.0).iloc[0]
+    assert out["agree"] == 0 and out["verdict"] == "rate invariant, fits differ"
+
+
+def test_invariance_by_groups_and_errors():
+    f = pd.concat([_frame().assign(gate=g) for g in ("sigmoid", "softmax")], ignore_index=True)
+    f["y_alt"], f["objective_alt"] = f["y"], f["objective"]
+    out = ms.optimizer_invariance(f, ["y"], by="gate", units="truth_seed", n_boot=100)
+    assert list(out["gate"]) == ["sigmoid", "softmax"] and (out["verdict"] == "invariant").all()
+    with pytest.raises(ValueError, match="invariance='lm'"):
+        ms.optimizer_invariance(f.drop(columns="y_alt"), "y")
+    with pytest.raises(ValueError, match="noise_var"):
+        ms.optimizer_invariance(f, "y", noise_var=-1.0)
+
+
+def test_design_check_counts_and_thresholds():
+    truths = [ms.presets.gate_comparison("relu", truth_gate=g, d=3, seed=s) for g in ("sigmoid", "softmax")
+              for s in range(3)]
+    out = ms.design_check(truths, [1600, 16000, 160000], basin=False).set_index("check")
+    P = ms.MoE(gate="sigmoid", expert="relu", k=4, d=3).n_params()  # the larger (sigmoid) count: 4 (4 + 4) = 32
+    assert P == 32 and out.loc["obs_per_param", "value"] == pytest.approx(1600 / 32)
+    assert bool(out.loc["obs_per_param", "passed"]) and out.loc["decades", "value"] == pytest.approx(2.0)
+    assert out.loc["truths", "value"] == 3 and not bool(out.loc["truths", "passed"])
+    with pytest.raises(ValueError, match="truths is empty"):
+        ms.design_check([], [1, 10])
+    with pytest.raises(ValueError, match="two positive"):
+        ms.design_check(truths, [100])
+
+
+def test_basin_gap_separates_exact_from_near_exact_splits():
+    """relu under a sigmoid gate: the weight split is exact (gap 0 by positive homogeneity); gelu: it is not, and
+    its estimated gap (about 1e-5 here; estimate_gbar resolves ~1e-6) is far below the resolution of n = 1e5."""
+    truths = [ms.presets.gate_comparison(e, truth_gate="sigmoid", d=2, k=2, seed=0) for e in ("relu", "gelu")]
+    out = ms.design_check(truths, [1e3, 1e5], min_truths=1, n_mc=10_000).query("check == 'basin_gap'")
+    relu, gelu = out.iloc[0], out.iloc[1]
+    assert relu["note"].startswith("exact") and relu["value"] == 0 and relu["passed"]
+    assert gelu["note"].startswith("floor") and not gelu["passed"] and 2e-6 < gelu["value"] < 0.1 * gelu["threshold"]
+
+
+def test_lowest_objective_takes_each_row_from_the_better_solver():
+    f = pd.DataFrame({"objective": [1.0, 2.0, 3.0], "objective_alt": [1.5, 1.0, 3.0], "y": [10.0, 20.0, 30.0],
+                      "y_alt": [11.0, 21.0, 31.0]})
+    out = ms.lowest_objective(f, "y", names=("newton", "lm"))
+    assert list(out["y_best"]) == [10.0, 21.0, 30.0]  # row 1: the alternative is lower; row 2: a tie stays primary
+    assert list(out["objective_best"]) == [1.0, 1.0, 3.0] and list(out["solver_best"]) == ["newton", "lm", "newton"]
+    assert "y_best" not in f  # a copy
+    with pytest.raises(ValueError, match="invariance='lm'"):
+        ms.lowest_objective(f.drop(columns="y_alt"), "y")
