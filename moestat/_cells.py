@@ -304,7 +304,8 @@ def split_family(truth: Params, duplicate: Sequence[int], ts: Sequence[float] | 
     .. math:: \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,[\varphi(t z) + \varphi((1-t) z)]
               = \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,\varphi(z),\qquad z = a^{*\top}_j x + b^*_j,
 
-    for every :math:`t \in [0, 1]`, so :math:`f_{\bar G_t} = f_{G^*}` with :math:`k^* + 1` atoms (docs/representations.md).
+    for every :math:`t \in [0, 1]`, so :math:`f_{\bar G_t} = f_{G^*}` with :math:`k^* + 1` atoms
+    (docs/representations.md).
     The regime-2 limit :math:`\bar G` of nguyen2024 Thm 5 is therefore not unique; this returns the family
     :math:`\{\bar G_t\}` on the grid ``ts`` as batched Params (S, k* + 1, ...), the set over which
     :func:`moestat.voronoi_loss` (``kind="D3"``, ``gbar=``) takes the infimum.  For linear experts every

@@ -21,7 +21,7 @@ The *constant* (input-independent) expert is :math:`h(x; b) = b`, the
 Positive 1-homogeneity, :math:`\varphi(tz) = t\varphi(z)` for :math:`t > 0`, gives the
 Euler identity :math:`h = a^\top\partial_a h + b\,\partial_b h`, which breaks the
 strong/weak identifiability conditions of nguyen2024 at atoms with a zero gate
-slope (notes §8 C1).  Each family reports it as ``homogeneous``.
+slope.  Each family reports it as ``homogeneous``.
 """
 
 from __future__ import annotations

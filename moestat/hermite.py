@@ -16,7 +16,7 @@ coefficients chosen so that, for :math:`Y \mid Z \sim N(g(Z), \sigma^2)`,
 :math:`S_4(Z) = E[Q_4(Y)\mid Z]` has zero Hermite coefficients of orders 1–3 and a non-zero order-4
 coefficient (Condition 1) and :math:`S_2(Z) = E[Q_2(Y)\mid Z]` has a zero order-1 and non-zero order-2
 coefficient (Condition 2).  Writing :math:`P(g) = g^4 + \alpha_0 g^3 + \beta_0 g^2 + \gamma_0 g`, Condition 1
-is the linear system (notes §3.2)
+is the linear system
 
 .. math:: [m_{3,j},\, m_{2,j},\, m_{1,j}]\,(\alpha_0, \beta_0, \gamma_0)^\top = -m_{4,j}, \quad j = 1, 2, 3,
 
@@ -24,7 +24,7 @@ after which :math:`c = E[S_4 \mathrm{He}_4] = m_{4,4} + \alpha_0 m_{3,4} + \beta
 :math:`\delta = -m_{2,1}/m_{1,1}`, :math:`c' = m_{2,2} + \delta m_{1,2}`, and the noise enters only through
 :math:`\beta = \beta_0 - 6\sigma^2`, :math:`\gamma = \gamma_0 - 3\alpha_0\sigma^2`.  The system is solved
 numerically: the paper's printed ReLU matrix (App. B, Example 2) has a wrong :math:`\beta` column for
-:math:`\sigma > 0` (notes §9.1).  For the identity :math:`\alpha=\gamma=\delta=0`, :math:`\beta=-6(1+\sigma^2)`,
+:math:`\sigma > 0`.  For the identity :math:`\alpha=\gamma=\delta=0`, :math:`\beta=-6(1+\sigma^2)`,
 :math:`c = 24`, :math:`c' = 2`.
 """
 

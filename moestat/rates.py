@@ -1428,7 +1428,7 @@ _THEORY: list[tuple] = [
      "l2_regression", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
     ("nguyen2024", "Cor 1", "sigmoid", "2", "any", "", "inf over Gbar of L2(mu) error", "l2_regression", "n",
      "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
-    ("nguyen2024", "Thm 2", "sigmoid", "1", "strongly_identifiable", "relu|gelu (paper); relu fails it at zero-slope atoms",
+    ("nguyen2024", "Thm 2", "sigmoid", "1", "strongly_identifiable", "relu|gelu (relu fails at zero-slope atoms)",
      "Voronoi loss D1", "D1", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
      "D1 squares over-specified terms, so the loss slope is 1/2 although those parameters move at 1/4"),
     ("nguyen2024", "Rem (i)", "sigmoid", "1", "strongly_identifiable", "relu|gelu",

@@ -1,6 +1,6 @@
 """Sample complexity: the smallest n at which a metric reaches a target, and its scaling exponent.
 
-chowdhury2023 (notes §4.2-§6.5): n* is read off replicate-level accuracy curves with a bootstrap CI and
+chowdhury2023: n* is read off replicate-level accuracy curves with a bootstrap CI and
 censoring, and ``log n*`` is regressed on the log of a design variable (l, n/l, k) for a scaling exponent.
 The public names are re-exported by :mod:`moestat.rates`.
 """

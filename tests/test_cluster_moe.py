@@ -75,7 +75,7 @@ def test_top1_routing_sends_each_example_to_one_expert():
 
 
 def test_gradients_match_paper_formulas():
-    """Autograd vs the cleaned gradients of chen2022 (E.1)-(E.2) (notes §3.8), routing held fixed."""
+    """Autograd vs the cleaned gradients of chen2022 (E.1)-(E.2), routing held fixed."""
     X, y, W, Theta = _rand_state(R=1, n=30, M=4, d=8, J=3, scale=0.2)
     noise = torch.rand(1, 30, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     Wg, Tg = W.clone().requires_grad_(), Theta.clone().requires_grad_()
@@ -210,7 +210,7 @@ def test_initial_weights_and_groups():
     import itertools
     brute = np.mean([len(set(a)) == 4 for a in itertools.product(range(4), repeat=5)])
     assert np.isclose(mt.prob_all_groups_nonempty(4, 5), brute)
-    assert round(mt.prob_all_groups_nonempty(4, 8), 3) == 0.623  # notes §6 C3
+    assert round(mt.prob_all_groups_nonempty(4, 8), 3) == 0.623  # inclusion-exclusion over empty groups
 
 
 def test_predict_with_routing_noise(small):

@@ -160,7 +160,7 @@ TABLE11 = [[1374, 3745, 2999, 31882], [23470, 3335, 13182, 13], [833, 9405, 7723
 
 @pytest.mark.parametrize("table, expected", [(TABLE4, 0.0), (TABLE5, 0.0093), (TABLE6, 1.3146), (TABLE11, 0.4934)])
 def test_dispatch_entropy_paper_tables(table, expected):
-    # Values recomputed from the published counts (notes §4.2); 4 decimals as published.
+    # Values recomputed from the published counts; 4 decimals as published.
     assert round(float(mt.dispatch_entropy(np.array(table))), 4) == expected
 
 

@@ -16,7 +16,7 @@ def _truth() -> ms.Params:
 
 
 def test_gelu_gbar_stays_away_from_zero():
-    """GELU experts with a compact box: the gate cannot switch a copy off (beta0 is boxed, notes §8 C3), and
+    """GELU experts with a compact box: the gate cannot switch a copy off (beta0 is boxed), and
     no exact split exists as for relu.  The box does not exclude a zero expert (a = 0, b = 0 gives
     GELU(0) = 0), which reproduces f_{G*} with k atoms, so the population infimum itself can be 0; the
     near-truth starts that duplicate atom 0 do not reach it.  The check is that the budget that reaches
@@ -37,7 +37,7 @@ def test_gelu_gbar_stays_away_from_zero():
 
 
 def test_relu_gbar_is_a_continuum():
-    """ReLU experts (notes §8 C2): splitting an expert under a shared gate reproduces f_{G*} exactly, so
+    """ReLU experts: splitting an expert under a shared gate reproduces f_{G*} exactly, so
     the minimum distance is ~0 and different starts land at different points of the orbit."""
     spec = ms.MoE(gate="sigmoid", expert="relu", k=2, d=2)
     truth = _truth()

@@ -37,7 +37,7 @@ def test_identity_moments_closed_form():
 
 
 def test_relu_moments_closed_form():
-    # notes §3.2 Example 2: E[g(Z)^p Z^q] = (p+q-1)!!/2 * (sqrt(2/pi) if p+q odd else 1), p >= 1
+    # makkuva2020's Example 2: E[g(Z)^p Z^q] = (p+q-1)!!/2 * (sqrt(2/pi) if p+q odd else 1), p >= 1
     def relu_moment(p: int, q: int) -> float:
         if p == 0:
             return _normal_moment(q)
@@ -73,7 +73,7 @@ def test_identity_transform_matches_paper_example1():
 def test_relu_transform_matches_corrected_system_not_the_printed_one():
     T = output_transform("relu", SIGMA)
     s2, r = SIGMA**2, math.sqrt(2 / math.pi)
-    # corrected values of notes §9.1 (solved independently there with sympy + quadrature)
+    # corrected values of the paper's constants (solved independently with sympy + quadrature)
     assert T.q4_alpha == pytest.approx(-5.352483, abs=1e-6)
     assert T.q4_beta == pytest.approx(8.125027 - 6 * s2, abs=1e-6)
     assert T.q4_gamma == pytest.approx(-3.291295 + 16.057449 * s2, abs=1e-6)

@@ -615,7 +615,7 @@ def test_box_projection_and_hit_bound():
 
 
 def test_relu_zero_slope_atom_flagged_by_cond():
-    """A relu expert under a zero gate slope has an exactly flat direction (notes §8 C1): cond is inf/huge."""
+    """A relu expert under a zero gate slope has an exactly flat direction: cond is inf/huge."""
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=3, k=2, seed=0)
     spec = ms.MoE(gate="sigmoid", expert="relu", k=2, d=3, noise_sd=0.0)
     data = ms.simulate(spec, truth, n=500, reps=1, seed=1)

@@ -223,7 +223,7 @@ def test_homogeneous_experts_fail_at_zero_slope(expert, kind):
 
 
 def test_euler_identity_is_the_null_combination_for_relu_weak():
-    """Weak family at beta1 = 0: dF/dbeta0 = (1 - sigma(beta0)) (a . dF/da + b dF/db)  (notes §8 C1)."""
+    """Weak family at beta1 = 0: dF/dbeta0 = (1 - sigma(beta0)) (a . dF/da + b dF/db)."""
     spec = ms.MoE(gate="sigmoid", expert="relu", k=2, d=2)
     res = check_identifiability(spec, ATOMS, "weak", X2)
     null = res.null_vectors[(res.null_vectors.direction == 0) & (res.null_vectors.atom == 0)]

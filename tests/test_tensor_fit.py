@@ -28,7 +28,7 @@ def _values(frame):
 
 
 def _dense_score4(x):
-    """Multivariate He4 score S4(x) built from its definition (notes §3.1), for one sample."""
+    """Multivariate He4 score S4(x) built from its definition, for one sample."""
     d = len(x)
     eye = np.eye(d)
     t = np.einsum("a,b,c,e->abce", x, x, x, x)
@@ -105,7 +105,7 @@ def test_tensor_identities_lemma1_at_large_n():
     A = data.truth.regressors
     pop = l4_population(A[None], A, [0.5, 0.5], mu=0.0, lam=0.0, ridge=0.0)
     emp = l4_loss(A, data.X[0], data.y[0], sigma=0.05, mu=0.0, lam=0.0, ridge=0.0)
-    # the cross term sum_{i != j} E[Q4 t1(a_i, a_j)] is 0 in population; per-sample sd/|c| ~ 24 (notes §3.2),
+    # the cross term sum_{i != j} E[Q4 t1(a_i, a_j)] is 0 in population; per-sample sd/|c| ~ 24,
     # so its standard error at n = 2e5 is ~ 2 * 24 / sqrt(2e5) = 0.11: allow 4 standard errors
     assert pop == pytest.approx(0.0, abs=1e-12)
     assert abs(emp - pop) < 0.45
@@ -119,7 +119,7 @@ def test_population_minima_are_the_truth_up_to_permutation_and_sign(regressors):
     out = minimise_l4_population(A_star, [0.5, 0.5], restarts=8, iters=1500, lr=0.02, ridge=0.1, seed=0)
     e = ms.regressor_error(out["regressors"], A_star).query("metric == 'E_reg'")["value"]
     # every restart reaches a global minimum; for non-orthogonal regressors the penalised minimiser is biased by
-    # O(mu, ridge) (Theorem 1's eps_0; notes §3.4 measured E_reg = 2.7e-4 with these mu, lam, ridge)
+    # O(mu, ridge) (Theorem 1's eps_0; E_reg = 2.7e-4 measured with these mu, lam, ridge)
     assert e.max() < (1e-6 if regressors == "orthonormal" else 5e-4)
     assert np.ptp(out["loss"]) < 1e-8                     # ... with the same loss value (no spurious minima)
     if regressors == "skewed":                            # rows are a dual basis: reading them directly is wrong
@@ -139,7 +139,7 @@ def test_planted_recovery_default_size(planted):
     fit = ms.fit_tensor(planted.X, planted.y, 2, sigma=0.05, restarts=2, l4_iters=400, gate_iters=40, seed=1,
                         truth=planted.truth, record_every=100)
     v = _values(fit.errors(planted.truth))
-    # at n = 2e4 the L4 moments have relative error ~ 24/sqrt(n) ~ 0.17 per coordinate -> E_reg ~ 1e-2 (notes §5)
+    # at n = 2e4 the L4 moments have relative error ~ 24/sqrt(n) ~ 0.17 per coordinate -> E_reg ~ 1e-2
     assert v["E_reg"] < 0.02 and v["reg_l2"] < 0.2 and v["gate_l2"] < 0.2
     assert fit.regressors.shape == (1, 2, 10) and fit.gate_weight.shape == (1, 2, 10)
     assert np.allclose(fit.gate_weight[:, -1], 0)
@@ -153,7 +153,7 @@ def test_planted_recovery_large_n():
     data = ms.simulate_gated_nn(n=200_000, reps=1, seed=12)
     fit = ms.fit_tensor(data.X, data.y, 2, sigma=0.05, restarts=2, gate_iters=60, seed=2)
     v = _values(fit.errors(data.truth))
-    # notes §5 (projected L4): E_reg 8.5e-4 at n = 1e5 and 2.0e-4 at n = 1e6; the oracle gate error at n = 2e5
+    # measured (projected L4): E_reg 8.5e-4 at n = 1e5 and 2.0e-4 at n = 1e6; the oracle gate error at n = 2e5
     # is ~ 0.01, plus the floor from the regressor error
     assert v["E_reg"] < 2e-3 and v["gate_l2"] < 0.06
 

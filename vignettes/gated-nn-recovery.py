@@ -1,8 +1,8 @@
 # %% [markdown]
 # # Learning gated networks: tensor (L4) + likelihood (L_log) vs EM vs least squares
 #
-# Makkuva, Oh, Kannan & Viswanath, *Learning in Gated Neural Networks* (AISTATS 2020; notes in
-# `shared/notes/makkuva2020-gated-nn.md`), study the gated network
+# Makkuva, Oh, Kannan & Viswanath, *Learning in Gated Neural Networks* (AISTATS 2020) study the gated
+# network
 # :math:`y = \sum_i z_i\,g(a_i^{*\top} x) + \xi`, :math:`P[z_i=1\mid x] = \mathrm{softmax}_i(w^{*\top}x)`,
 # :math:`x \sim N(0, I_d)`, and propose a two-stage estimator: the experts from a fourth-order
 # Hermite/score loss **L4** whose local minima are all global, then the gate from the likelihood
@@ -270,7 +270,7 @@ def _sigma(cfg: dict) -> pd.DataFrame:
 # ## 4. Non-linear experts and non-orthogonal gates
 #
 # The theory needs the gate orthogonal to the experts; the paper relaxes this only for identity
-# experts.  For non-linear g the L4 moments pick up terms from the gate direction (notes §3.3 measured a
+# experts.  For non-linear g the L4 moments pick up terms from the gate direction (we measured a
 # 15-45% bias in ReLU moments), so the recovered directions should be biased by an amount that does not
 # shrink with n.  Gate: unit vector orthogonal to the experts vs uniform on the sphere.
 

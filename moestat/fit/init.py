@@ -8,7 +8,7 @@ how many other replicates are fitted alongside it.
 * :func:`near_truth` — the papers' "initialisation near the true parameters" (nguyen2024 §4), with
   the over-specified atoms made explicit: ``duplicate`` lists the true atoms that receive an extra
   fitted copy (one entry per extra copy).  A true atom split into ``m`` copies keeps its total gate
-  weight (notes §7.3, §8 C10):
+  weight:
 
   - sigmoid: every copy gets :math:`\beta_0' = \operatorname{logit}(\sigma(\beta_0^*)/m)`, so the
     copies' weights :math:`\sigma(\beta_0')` sum to :math:`\sigma(\beta_0^*)` (always defined);

@@ -7,7 +7,7 @@ The estimator (nguyen2024 eq. 3) is
 
 over mixing measures with ``k`` atoms whose parameters lie in a compact set :math:`\Theta`.  The
 compact set is part of the estimator: without it the sigmoid LSE can drive a redundant gate to
-:math:`-\infty` or an expert to zero (notes §8 C3) and, at small n, run off to parameter values of
+:math:`-\infty` or an expert to zero and, at small n, run off to parameter values of
 order :math:`10^3`-:math:`10^6`.  ``box=`` is that set (a projection), and :class:`LSEFit` reports
 which replicates end on its boundary.
 

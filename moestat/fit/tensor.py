@@ -10,7 +10,7 @@ r"""The two-stage tensor estimator of makkuva2020: :math:`L_4` for the experts, 
 where :math:`c\,t_1(u,v,x) = \mathcal S_4(x)(u,u,v,v)`, :math:`c\,t_2(u,x) = \mathcal S_4(x)(u,u,u,u)` and
 :math:`c'\,t_3(u,x) = \mathcal S_2(x)(u,u)` are projections of the Gaussian score functions.  The empirical loss
 replaces :math:`E` by sample means and is evaluated per sample from :math:`U = XA^\top` and
-:math:`G = AA^\top` (notes §3.4), :math:`O(ndk + nk^2)` per step: the :math:`d^4` tensor is never formed.
+:math:`G = AA^\top`, :math:`O(ndk + nk^2)` per step: the :math:`d^4` tensor is never formed.
 In population (Theorem 5, eq. 8), with :math:`\alpha_m = E[p_m^*(x)]`,
 
 .. math::
@@ -21,7 +21,7 @@ In population (Theorem 5, eq. 8), with :math:`\alpha_m = E[p_m^*(x)]`,
 Its minimisers are a scaled *dual basis* of the regressors (Theorem 1: :math:`(A^\dagger)^\top = PD\Gamma A^*`), so
 the regressors are recovered as the row-normalised :math:`(A^\dagger)^\top`, then signed (L4 is even in each
 :math:`a_i`).  Optionally the data are first projected onto the top-k eigenvectors of
-:math:`\hat{\mathcal T}_2 = \frac1{c'}[\overline{Q_2 xx^\top} - \overline{Q_2} I]` (notes §9.20).
+:math:`\hat{\mathcal T}_2 = \frac1{c'}[\overline{Q_2 xx^\top} - \overline{Q_2} I]`.
 
 **Stage 2 — gate** (makkuva2020 eq. 9): projected gradient descent on :math:`L_{\log}(W, \hat A)` with the
 experts frozen, :math:`W_{t+1} = \Pi_\Omega(W_t - \eta\nabla_W L_{\log})`, which in population is gradient EM
@@ -74,7 +74,7 @@ def _l4_batched(A: torch.Tensor, X: torch.Tensor, q4: torch.Tensor, q2: torch.Te
                 mu: float, lam: float, ridge: float) -> torch.Tensor:
     """Empirical L4 for ``A (R, S, k, d)``, ``X (R, n, d)``, ``q4 = Q4(y)``, ``q2 = Q2(y)`` (R, n) -> (R, S).
 
-    Per sample, with :math:`U = XA^\top`, :math:`G = AA^\top`, :math:`N_i = G_{ii}` (notes §3.4):
+    Per sample, with :math:`U = XA^\top`, :math:`G = AA^\top`, :math:`N_i = G_{ii}`:
     :math:`\\sum_{i\ne j} c\\,t_1 = (\\sum U_i^2)^2 - \\sum U_i^4 - 2[(\\sum N)(\\sum U_i^2) - \\sum N_iU_i^2]
     - 4[U^\top GU - \\sum N_iU_i^2] + (\\sum N)^2 - \\sum N^2 + 2(\\|G\\|_F^2 - \\sum N^2)`,
     :math:`\\sum_i c\\,t_2 = \\sum U_i^4 - 6\\sum N_iU_i^2 + 3\\sum N_i^2`, :math:`c'\\,t_3 = U_i^2 - N_i`.
@@ -113,7 +113,7 @@ def _l4_moments(X: torch.Tensor, q4: torch.Tensor, q2: torch.Tensor) -> dict[str
 
 def _l4_tensor_batched(A: torch.Tensor, mom: dict[str, torch.Tensor], c4: float, c2: float, mu: float, lam: float,
                        ridge: float) -> torch.Tensor:
-    r"""The same empirical L4 as :func:`_l4_batched` from the moment tensors (notes §3.4, tensor form):
+    r"""The same empirical L4 as :func:`_l4_batched` from the moment tensors (tensor form):
     :math:`c\,\hat{\mathcal T}_4(a_i,a_i,a_j,a_j) = m_4(a_i,a_i,a_j,a_j) - N_i m_2(a_j,a_j) - 4G_{ij}m_2(a_i,a_j)
     - N_j m_2(a_i,a_i) + m_0(N_iN_j + 2G_{ij}^2)`; cost :math:`O(kp^4)` per step, independent of n."""
     m0 = mom["m0"][:, None, None, None]
@@ -192,7 +192,7 @@ def recover_regressors(A_raw, *, method: str = "pinv"):
     r"""Regressors from an L4 minimiser: row-normalised :math:`(A^\dagger)^\top` (Theorem 1) or the rows.
 
     ``method="rows"`` reads the rows of ``A`` directly, which is only right for orthonormal regressors
-    (the paper's experiments); the dual basis is the general answer (notes §9.13).
+    (the paper's experiments); the dual basis is the general answer.
     """
     check_choice("method", method, ("pinv", "rows"))
     torch_in = isinstance(A_raw, torch.Tensor)
@@ -309,10 +309,10 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     restarts : int
         Random starts S, fitted as one batched tensor program.
     project : bool
-        Fit L4 in the span of the top-k eigenvectors of :math:`\hat{\mathcal T}_2` (notes §9.20; beyond the paper).
+        Fit L4 in the span of the top-k eigenvectors of :math:`\hat{\mathcal T}_2` (beyond the paper).
     mu, lam, ridge : float
         :math:`\mu, \lambda, \delta` of eq. (7) (unreported in the paper).  ``ridge`` defaults to 0.01 with
-        projection and 1.0 without (notes §5: small ridges make the unprojected empirical loss fragile).
+        projection and 1.0 without (small ridges make the unprojected empirical loss fragile).
     l4_iters, l4_lr, optimizer : int, float, {"adam", "sgd"}
         Full-batch optimisation of the empirical L4 (the paper used mini-batch SGD; unreported step).
     form : {"auto", "samples", "tensor"}
@@ -322,7 +322,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     batch_size : int, optional
         Mini-batch SGD/Adam on the sample form, one random batch (with replacement) per iteration, as in
         the paper's experiments (batch 1024, or 128 in its App. E).  The lambda-term is then a squared
-        batch mean, biased by Var/batch (notes §9.21).  Default: full batch.
+        batch mean, biased by Var/batch.  Default: full batch.
     max_grad_norm : float, optional
         Clip each restart's gradient (plain GD on a quartic diverges at large steps).
     recover : {"pinv", "rows"}

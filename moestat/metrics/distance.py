@@ -3,7 +3,7 @@ r"""Distances between regression functions and between experts.
 * :func:`l2_distance`: the Monte-Carlo :math:`L^2(\mu)` distance
   :math:`\|f_{G_a} - f_{G_b}\|_{L^2(\mu)} \approx \big(\frac1m\sum_{t=1}^m (f_{G_a}(x_t) - f_{G_b}(x_t))^2\big)^{1/2}`
   on a fixed sample :math:`x_1,\dots,x_m \sim \mu` (nguyen2024 Theorem 1 and Corollary 1).  Use one
-  large sample for every method compared (common random numbers, notes §8 C10).
+  large sample for every method compared (common random numbers).
 * :func:`sup_expert_error`: :math:`\max_t |h(x_t, \eta_i) - h(x_t, \eta^*_{j(i)})|` for each fitted
   expert against the true expert of its Voronoi cell, the left-hand side of nguyen2024 eq. 7/10,
   approximated on a finite sample or grid.

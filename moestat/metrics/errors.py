@@ -2,7 +2,7 @@ r"""Per-atom parameter errors inside Voronoi cells, as a tidy frame.
 
 The Voronoi losses mix squared over-specified terms with first-power exact-specified terms, so a loss
 converging at :math:`n^{-1/2}` hides parameters converging at :math:`n^{-1/4}` (nguyen2024 Remark after
-Theorem 2; notes §8 C8).  :func:`parameter_errors` reports every ingredient separately so each can get
+Theorem 2).  :func:`parameter_errors` reports every ingredient separately so each can get
 its own rate:
 
 * for every fitted atom :math:`i \in A_j`: :math:`|\Delta\beta_{0ij}|`, :math:`\|\Delta\beta_{1ij}\|`,

@@ -7,7 +7,7 @@ sign.  The paper's error (rows normalised to unit norm) is
 
 a bottleneck assignment.  The gate is identified up to the same permutation and a common shift;
 after relabelling by the regressor matching :math:`\pi` it is re-referenced so that the last gate
-vector is zero: :math:`w'_i = \hat w_{\pi(i)} - \hat w_{\pi(k)}` (notes §9.15).  For ``k = 2`` a swap maps
+vector is zero: :math:`w'_i = \hat w_{\pi(i)} - \hat w_{\pi(k)}`.  For ``k = 2`` a swap maps
 :math:`w^*` to :math:`-w^*`, which a sign-blind cosine cannot see, so the signed
 :math:`\max_i \|w'_i - w_i^*\|_2` (the norm of makkuva2020 Theorems 3–4) is reported next to the cosine error.
 

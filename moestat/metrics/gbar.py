@@ -7,12 +7,12 @@ population minimisers
           \| f_G - f_{G^*} \|_{L^2(\mu)},
 
 and the loss :math:`D_3` is measured against it (an infimum over the set).  :func:`estimate_gbar`
-approximates the set numerically (notes §7.5): a noise-free least-squares fit of :math:`f_{G^*}` on a
+approximates the set numerically: a noise-free least-squares fit of :math:`f_{G^*}` on a
 large Monte-Carlo sample from :math:`\mu` (the sample average is the :math:`L^2(\mu)` distance up to
 Monte-Carlo error), from several near-truth starts, each start duplicating one true atom.  Distances
 are re-evaluated on an independent Monte-Carlo sample.
 
-For ReLU and linear experts the set is a continuum (notes §8 C2): duplicating a gate and splitting its
+For ReLU and linear experts the set is a continuum: duplicating a gate and splitting its
 expert, :math:`\varphi(t z) + \varphi((1-t)z) = \varphi(z)` for :math:`t \in (0, 1)`, reproduces
 :math:`f_{G^*}` exactly, so the minimum distance is 0 and the near-minimisers spread along the orbit.
 :class:`GBarResult` reports that spread.

@@ -6,12 +6,12 @@ the conditions ask that a family of derivative functions be linearly independent
 * **weak** (Definition 2): :math:`\{\partial F/\partial\beta_1, \partial F/\partial\beta_0,
   \partial F/\partial\eta\}` at every atom :math:`(\beta_{1i}, \beta_{0i}, \eta_i)`;
 * **strong** (Definition 1): for the atoms that are over-specified (default: the atoms with zero gate
-  slope, notes §2.8) the class (S1) of derivatives of order 0, 1 and 2 in :math:`(\beta_1, \eta)` at
+  slope) the class (S1) of derivatives of order 0, 1 and 2 in :math:`(\beta_1, \eta)` at
   :math:`\beta_1 = 0_d`; for the others the first-order class (S2), the same as the weak family.
   At :math:`\beta_1 = 0_d` the gate derivatives are constants times monomials
   (:math:`\partial^{\gamma_1}\sigma/\partial\beta_1^{\gamma_1} = \sigma^{(|\gamma_1|)}(\beta_0) x^{\gamma_1}`),
-  so (S1) is the set :math:`\{x^{\gamma_1}\partial^{\gamma_2} h(x, \eta): |\gamma_1| + |\gamma_2| \le 2\}`
-  (notes §2.8).  For ridge experts :math:`\partial h/\partial a = x\,\partial h/\partial b`, so
+  so (S1) is the set :math:`\{x^{\gamma_1}\partial^{\gamma_2} h(x, \eta): |\gamma_1| + |\gamma_2| \le 2\}`.
+  For ridge experts :math:`\partial h/\partial a = x\,\partial h/\partial b`, so
   :math:`x^{\gamma_1}\partial^{\gamma_2}h = x^{\gamma_1 + \gamma_{2,a}}\varphi^{(|\gamma_2|)}(a^\top x + b)`
   depends only on :math:`(\gamma_1 + \gamma_{2,a}, |\gamma_2|)`: the set holds each such function once.
   Second-order members that vanish identically on the sample (relu and linear have
@@ -22,7 +22,7 @@ scaled to unit norm and the singular values of the :math:`m \times p` matrix are
 singular value below ``rtol`` flags a (numerical) linear dependence; the right singular vector is the
 near-null combination, reported with the function labels.
 
-Known failures (notes §8 C1, C2): relu and linear ridge experts are positively 1-homogeneous, so
+Known failures: relu and linear ridge experts are positively 1-homogeneous, so
 :math:`h = a^\top\partial_a h + b\,\partial_b h`; this breaks (S1) at every atom with zero gate slope
 and the weak family too, through :math:`\partial F/\partial\beta_0 = (1 - \sigma(\beta_0))
 (a^\top\partial_a F + b\,\partial_b F)` at :math:`\beta_1 = 0_d`.  GELU, tanh and sigmoid experts do not
@@ -308,7 +308,7 @@ def check_identifiability(spec: MoE, params: Params, kind: str = "strong", X: An
 
 
 def homogeneity_orbit(params: Params, atom: int, t: float) -> Params:
-    r"""Exact reparametrisation of a positively 1-homogeneous expert with a constant gate (notes §8 C1).
+    r"""Exact reparametrisation of a positively 1-homogeneous expert with a constant gate.
 
     For an atom with :math:`\beta_1 = 0_d` and :math:`\varphi(tz) = t\varphi(z)` (relu, linear),
 

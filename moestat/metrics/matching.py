@@ -1,6 +1,6 @@
 r"""Label alignment of fitted atoms to true atoms, and permutation-invariant parameter errors.
 
-A fitted MoE is identified only up to relabelling of its experts (notes §8 C9).  Two alignments:
+A fitted MoE is identified only up to relabelling of its experts.  Two alignments:
 
 * ``"hungarian"``: the injective map :math:`\pi` from true atoms to fitted atoms minimising
   :math:`\sum_j \|\theta_{\pi(j)} - \theta^*_j\|^2` (``scipy.optimize.linear_sum_assignment``);

@@ -1,7 +1,7 @@
 r"""The true models of the founding papers.
 
 ``sigmoid_vs_softmax`` builds the truths of nguyen2024 (§4 Table 2, App. C Tables 3
-and 4; notes §6): d = 32, k* = 8 ridge experts, noise variance
+and 4): d = 32, k* = 8 ridge experts, noise variance
 :math:`\nu = 0.01`, inputs :math:`U[-1,1]^{32}`, and
 
 .. math::
@@ -16,7 +16,7 @@ atoms set to :math:`0_d`:
 * regime 2 (Tables 2 and 4): atom 8 (index 7) has zero slope.
 
 The regime of an over-specified fit depends on *which* true atom gets the extra
-fitted expert (notes §8 B3): duplicating a zero-slope atom gives regime 1, a
+fitted expert: duplicating a zero-slope atom gives regime 1, a
 non-zero-slope atom regime 2.  The preset records the candidates for its regime
 in ``info["duplicate_candidates"]`` (0-based) and the default choice in
 ``info["duplicate"]``.  The paper's draws are unknown; the seeds are moestat's.
@@ -83,7 +83,7 @@ def sigmoid_vs_softmax(regime: int = 2, expert: str = "relu", *, truth_gate: str
         Expert family of the truth (the paper uses "relu" and "linear"; "gelu" is the clean case).
     truth_gate : {"sigmoid", "softmax"}
         Gate of the true model.  The paper's §4 prints a softmax truth for Figure 1 and
-        App. C a sigmoid truth (notes §8 B1); choose explicitly.
+        App. C a sigmoid truth; choose explicitly.
     d, k : int
         Input dimension (32) and number of true experts (8).
     noise_var : float
