@@ -408,6 +408,26 @@ def sgd_protocol(problem: LSProblem, theta: torch.Tensor, *, epochs: int = 10, l
     return tr.close()
 
 
+def _damped_trial(problem: LSProblem, theta: torch.Tensor, fidx: torch.Tensor, H: torch.Tensor, b: torch.Tensor,
+                  lam: torch.Tensor, Dreg: torch.Tensor, tries: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""One damped step of LM and Newton: solve :math:`(H + \lambda\,\mathrm{diag}(D))\delta = -b` by Cholesky,
+    raising :math:`\lambda` tenfold (up to ``tries`` times) where the matrix is not positive definite, then
+    project the trial point onto the box.  Returns ``(trial, delta, F(trial), lam)`` with ``delta`` the
+    projected step on the free coordinates ``fidx``."""
+    for _ in range(tries):
+        L, info = torch.linalg.cholesky_ex(H + torch.diag_embed(lam.unsqueeze(1) * Dreg))
+        bad = info > 0
+        if not bool(bad.any()):
+            break
+        lam = torch.where(bad, lam * 10.0, lam)
+    delta = torch.nan_to_num(torch.cholesky_solve(-b.unsqueeze(-1), L).squeeze(-1), nan=0.0, posinf=0.0, neginf=0.0)
+    trial = theta.clone()
+    trial[:, fidx] += delta
+    trial = problem.project(trial)
+    return trial, (trial - theta)[:, fidx], problem.value(trial), lam
+
+
 def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, tol: float = 1e-12,
                         gtol: float = 1e-10, xtol: float = 1e-15, damping: float = 1e-3,
                         history: bool = False, progress: bool = False) -> OptimResult:
@@ -445,20 +465,7 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
             A = theta.shape[0]
         D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2))
         Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
-        for _ in range(8):
-            M = H + torch.diag_embed(lam.unsqueeze(1) * Dreg)
-            L, info = torch.linalg.cholesky_ex(M)
-            bad = info > 0
-            if not bool(bad.any()):
-                break
-            lam = torch.where(bad, lam * 10.0, lam)
-        delta = torch.cholesky_solve(-b.unsqueeze(-1), L).squeeze(-1)
-        delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
-        trial = theta.clone()
-        trial[:, fidx] += delta
-        trial = problem.project(trial)
-        delta = (trial - theta)[:, fidx]
-        ft = problem.value(trial)
+        trial, delta, ft, lam = _damped_trial(problem, theta, fidx, H, b, lam, Dreg, tries=8)
         pred = lam * (delta * Dreg * delta).sum(1) - (delta * b).sum(1)
         rho = (f - ft) / pred
         accept = torch.isfinite(ft) & (pred > 0) & (rho > 0)
@@ -552,20 +559,7 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
             keepc = (~held).to(dt)
             Hs = H * keepc.unsqueeze(1) * keepc.unsqueeze(2) + torch.diag_embed(held.to(dt))
             bs = b * keepc
-        for _ in range(40):
-            M = Hs + torch.diag_embed(lam.unsqueeze(1) * Dreg)
-            L, info = torch.linalg.cholesky_ex(M)
-            bad = info > 0
-            if not bool(bad.any()):
-                break
-            lam = torch.where(bad, lam * 10.0, lam)
-        delta = torch.cholesky_solve(-bs.unsqueeze(-1), L).squeeze(-1)
-        delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
-        trial = theta.clone()
-        trial[:, fidx] += delta
-        trial = problem.project(trial)
-        delta = (trial - theta)[:, fidx]
-        ft = problem.value(trial)
+        trial, delta, ft, lam = _damped_trial(problem, theta, fidx, Hs, bs, lam, Dreg, tries=40)
         pred = -2.0 * (delta * b).sum(1) - (delta * torch.bmm(H, delta.unsqueeze(-1)).squeeze(-1)).sum(1)
         rho = (f - ft) / pred
         accept = torch.isfinite(ft) & (pred > 0) & (rho > 0)
