@@ -171,7 +171,7 @@ def sample_complexity_check(studies: int = 150) -> pd.DataFrame:
     """Coverage of the n* intervals and of the scaling-exponent interval (n* proportional to l^1.5)."""
     import warnings
 
-    from moestat.sample_complexity import _crossing
+    from moestat.rates.complexity import _crossing
 
     ns = np.geomspace(25, 25 * 2 ** 12, 13)
     ls = np.array([2, 4, 8, 16])

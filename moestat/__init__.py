@@ -7,21 +7,35 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates, hermite, metrics, plots, rates
+from . import deep, experts, gates, hermite, metrics, rates
 from .diagnostics import design_check, lowest_objective, optimizer_invariance
+from .exceptions import (
+    ConvergenceWarning,
+    MoestatWarning,
+    RepresentationWarning,
+    StudyConfigError,
+    UnderdeterminedWarning,
+)
 from .experts import EXPERTS, ExpertFamily, get_expert
-from .fit import LSEFit, MLEConvergenceWarning, MLEFit, SingularInformationWarning, fit_lse, fit_mle
+from .fit import (
+    GBarResult,
+    LSEFit,
+    MLEConvergenceWarning,
+    MLEFit,
+    SingularInformationWarning,
+    estimate_gbar,
+    fit_lse,
+    fit_mle,
+)
 from .fit._gated import GatedFit
 from .fit.gated_baselines import fit_em_gated, fit_l2_gated
 from .fit.tensor import fit_tensor
 from .gates import GATES
 from .inference import bootstrap, select_k, test_n_experts
 from .metrics import (
-    GBarResult,
     RepresentationErrors,
     center_softmax,
     check_identifiability,
-    estimate_gbar,
     l2_distance,
     match_atoms,
     parameter_errors,
@@ -43,6 +57,7 @@ from .rates import (
     compare_models,
     compare_rates,
     fit_rate,
+    plots,
     sample_complexity,
     scaling_exponent,
     test_exponent,
@@ -72,6 +87,7 @@ __all__ = [
     "EXPERTS",
     "GATES",
     "ClusterData",
+    "ConvergenceWarning",
     "Dataset",
     "ExpertFamily",
     "GBarResult",
@@ -83,14 +99,18 @@ __all__ = [
     "MLEFit",
     "MoE",
     "MoERegressor",
+    "MoestatWarning",
     "Params",
     "PatchData",
     "RateResult",
     "RateWarning",
     "RepresentationErrors",
+    "RepresentationWarning",
     "SampleComplexityResult",
     "SingularInformationWarning",
     "Study",
+    "StudyConfigError",
+    "UnderdeterminedWarning",
     "WindowSensitivity",
     "__version__",
     "bootstrap",

@@ -378,7 +378,7 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
     The seed is derived from the study's master seed (``ctx.seed.entropy``) alone, so every cell of a
     study (every n) scores against the same :math:`\bar{\mathcal G}`.  Returns the result and its seed.
     """
-    from .metrics import estimate_gbar
+    from .fit.gbar import estimate_gbar
 
     seed = int(np.random.SeedSequence(ctx.seed.entropy, spawn_key=(2,)).generate_state(1)[0])
     p = ctx.truth.numpy()

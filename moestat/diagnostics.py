@@ -237,7 +237,7 @@ def design_check(truths: Sequence[Any], n: Sequence[float], *, k: int | str = "t
         seeds), and per truth ``basin_gap`` (scope ``"<gate>/<expert>/seed <s>"``; value the gap, threshold
         the resolution :math:`\sqrt{\nu P / n_\max}`, note ``exact``, ``resolved`` or ``floor``).
     """
-    from .metrics.gbar import estimate_gbar
+    from .fit.gbar import estimate_gbar
 
     if len(truths) == 0:
         raise ValueError("truths is empty; pass the Truth objects of the design (e.g. presets.gate_comparison(...)).")

@@ -27,6 +27,28 @@ from .experts import ExpertFamily, get_expert
 from .gates import GATES, gate_logits, gate_weights, log_mixture_weights
 from .params import Params
 
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def normal_log_density(resid: torch.Tensor, *, sd: torch.Tensor | float | None = None,
+                       var: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Gaussian log-density of residuals, the one formula every likelihood in moestat uses.
+
+    .. math:: \log\mathcal N(y; \mu, \sigma^2) = -\frac{(y - \mu)^2}{2\sigma^2} - \log\sigma
+              - \tfrac12\log(2\pi),
+
+    with ``resid`` :math:`= y - \mu`.  Pass the standard deviation ``sd`` (a tensor or a float) or the
+    variance ``var`` (a tensor; saves the square root in EM, whose M-step estimates variances); either must
+    broadcast against ``resid``.
+    """
+    if (sd is None) == (var is None):
+        raise TypeError("normal_log_density needs exactly one of sd= and var=.")
+    if var is not None:
+        return -0.5 * (resid * resid) / var - 0.5 * torch.log(var) - _HALF_LOG_2PI
+    z = resid / sd
+    log_sd = torch.log(sd) if isinstance(sd, torch.Tensor) else math.log(sd)
+    return -0.5 * z * z - log_sd - _HALF_LOG_2PI
+
 
 def _prepare(params: Params, X: Array, *extra: Array) -> tuple[Params, torch.Tensor, list, bool]:
     """Convert inputs to torch on a common device; report whether the caller passed torch."""
@@ -216,9 +238,7 @@ class MoE:
         logw = log_mixture_weights(self.gate, self._logits(p, X), top_k=self.top_k,
                                    temperature=self.temperature)
         mu = self._experts(p, X)
-        sd = self._noise_sd(p, X).unsqueeze(-2)
-        z = (y.unsqueeze(-1) - mu) / sd
-        return logw - 0.5 * z**2 - torch.log(sd) - 0.5 * math.log(2 * math.pi)
+        return logw + normal_log_density(y.unsqueeze(-1) - mu, sd=self._noise_sd(p, X).unsqueeze(-2))
 
     def loglik(self, params: Params, X: Array, y: Array, *, reduce: str = "sum") -> Array:
         r"""Gaussian MoE log-likelihood :math:`\sum_t \log \sum_i \tilde\pi_i(x_t) N(y_t; h_i(x_t), \sigma_i^2)`.

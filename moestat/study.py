@@ -66,6 +66,7 @@ from ._cells import (
     register_estimator,
     register_metric,
 )
+from .exceptions import StudyConfigError
 from .experts import EXPERTS, get_expert
 from .gates import GATES
 from .simulators.presets import PRESETS
@@ -89,10 +90,6 @@ FIT_KEYS = ("label", "estimator", "gate", "expert", "k", "top_k", "temperature",
 FORMAT_VERSION = 1
 _RESERVED = ("study", "cell", "truth", "fit", "n", "rep", "seed", "data_seed", "fit_seed", "device",
              "estimator", "gate", "expert", "k", "objective", "converged", "wall_time")
-
-
-class StudyConfigError(ValueError):
-    """An invalid study configuration; the message names the key and the valid values."""
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import moestat as ms
-from moestat.metrics.gbar import estimate_gbar
+from moestat.fit.gbar import estimate_gbar
 
 
 def _truth() -> ms.Params:

@@ -157,3 +157,21 @@ def test_cpu_threads_sets_and_restores_torch_threads():
     with pytest.raises(ValueError, match="threads must be"):
         with cpu_threads(0, torch.device("cpu")):
             pass
+
+
+def test_normal_log_density_matches_scipy_for_sd_var_and_floats():
+    from scipy.stats import norm
+
+    from moestat.model import normal_log_density
+
+    rng = np.random.default_rng(0)
+    r = torch.tensor(rng.normal(size=(3, 5)), dtype=torch.float64)
+    sd = torch.tensor(rng.uniform(0.2, 2.0, size=(3, 1)), dtype=torch.float64)
+    expected = norm.logpdf(r.numpy(), scale=sd.numpy())
+    np.testing.assert_allclose(normal_log_density(r, sd=sd).numpy(), expected, rtol=1e-13)
+    np.testing.assert_allclose(normal_log_density(r, var=sd**2).numpy(), expected, rtol=1e-13)
+    np.testing.assert_allclose(normal_log_density(r, sd=0.7).numpy(), norm.logpdf(r.numpy(), scale=0.7), rtol=1e-13)
+    with pytest.raises(TypeError, match="exactly one"):
+        normal_log_density(r)
+    with pytest.raises(TypeError, match="exactly one"):
+        normal_log_density(r, sd=sd, var=sd**2)

@@ -156,7 +156,7 @@ def test_sample_complexity_coverage_reduced():
     """n* of acc = 1 - 0.5 exp(-n/400) + N(0, 0.02^2) at target 0.9 on an 11-point grid, 10 replicates:
     the estimand is the grid-interpolated crossing of the noise-free curve.  200 studies: MC SE of a 95%
     coverage is 0.0154; accept 0.95 +- 3 SE = [0.904, 0.996] (300 studies gave 95.3%, docs/rates.md)."""
-    from moestat.sample_complexity import _crossing
+    from moestat.rates.complexity import _crossing
 
     ns = np.geomspace(25, 25 * 2 ** 10, 11)
 

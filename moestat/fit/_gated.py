@@ -20,6 +20,7 @@ import torch
 from .._torch import resolve_device, resolve_dtype, to_numpy, to_tensor
 from .._validation import check_finite, check_int
 from ..metrics.gated import _gate_metrics, _regressor_metrics
+from ..model import normal_log_density
 from ..params import Params
 from ..simulators.gated_nn import GatedNNTruth
 
@@ -168,9 +169,7 @@ def gate_log_prior(W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 def expert_loglik(y: torch.Tensor, E: torch.Tensor, sigma) -> torch.Tensor:
     r""":math:`\log N(y_s \mid g(a_i^\top x_s), \sigma^2)` for ``y (R, n)``, ``E = g(a_i^\top x_s)`` ``(R, S, k, n)``;
     ``sigma`` a float or a tensor broadcasting against ``(R, S, 1, 1)``."""
-    if isinstance(sigma, torch.Tensor):
-        return -0.5 * ((y[:, None, None, :] - E) / sigma) ** 2 - torch.log(sigma * math.sqrt(2.0 * math.pi))
-    return -0.5 * ((y[:, None, None, :] - E) / sigma) ** 2 - math.log(sigma * math.sqrt(2.0 * math.pi))
+    return normal_log_density(y[:, None, None, :] - E, sd=sigma)
 
 
 def llog_terms(W: torch.Tensor, X: torch.Tensor, log_lik: torch.Tensor

@@ -34,18 +34,16 @@ All arrays carry leading axes (R, S) = (replicates, restarts); one tensor progra
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..model import MoE
+from ..model import MoE, normal_log_density
 from ._layout import BlockParams
 
 _LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 in the gate Newton step
 _GRAM_MAX_P2 = 64  # precompute z z^T per observation when (d+1)^2 is at most this
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass
@@ -275,7 +273,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)  # (A, k, n)
     for it in range(max_iter + 1):
         resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
-        logc = logw - (0.5 * resid * resid) / var_a.unsqueeze(-1) - (0.5 * (torch.log(var_a) + _LOG_2PI)).unsqueeze(-1)
+        logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
         lse = torch.logsumexp(logc, dim=1)
         ll = lse.sum(-1)
         ll_all[idx] = ll

@@ -31,6 +31,7 @@ import torch
 
 from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, seeded_generators, to_numpy, to_tensor
 from .._validation import check_choice, check_finite, check_int
+from ..exceptions import ConvergenceWarning
 from ..model import MoE
 from ..params import Params
 from . import _optim
@@ -47,10 +48,6 @@ _DEFAULT_MAX_ITER = {"newton": 200, "lbfgs": 1000, "adam": 5000, "lm": 200, "sgd
 NEWTON_MAX_PARAMS = 1000
 _DEFAULT_LR = {"adam": 1e-2, "sgd": 0.1}
 _SADDLE_TOL = 1e-8  # smallest Hessian eigenvalue below -tol * largest |eigenvalue|: negative curvature
-
-
-class ConvergenceWarning(UserWarning):
-    """The best restart of some replicate did not meet the convergence tolerance."""
 
 
 @dataclass

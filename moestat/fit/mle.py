@@ -26,7 +26,6 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Sequence
 
@@ -35,8 +34,9 @@ import torch
 
 from .._torch import cpu_threads, resolve_device, resolve_dtype, to_tensor
 from .._validation import check_choice, check_int
+from ..exceptions import UnderdeterminedWarning
 from ..gates import log_mixture_weights
-from ..model import MoE
+from ..model import MoE, normal_log_density
 from ..params import Params
 from ._layout import BlockParams, ParamLayout
 from ._optim import ClosureProblem, lbfgs
@@ -44,11 +44,6 @@ from .em import design, em_fit, weighted_ls
 from .results import MLEFit
 
 METHODS = ("em", "gradient")
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-class UnderdeterminedWarning(UserWarning):
-    """Fewer observations than free parameters (``underdetermined="warn"``): the MLE is not identified."""
 
 
 def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.ndarray, np.ndarray, bool]:
@@ -162,9 +157,7 @@ def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor)
         mu = spec.family.activation(torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt))
     else:
         mu = p.expert_bias.unsqueeze(-1)
-    sd = p.noise_sd.unsqueeze(-1)
-    z = (y.unsqueeze(1) - mu) / sd
-    return logw - 0.5 * z * z - torch.log(sd) - _HALF_LOG_2PI
+    return logw + normal_log_density(y.unsqueeze(1) - mu, sd=p.noise_sd.unsqueeze(-1))
 
 
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,

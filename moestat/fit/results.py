@@ -35,6 +35,7 @@ from scipy import stats
 
 from .._torch import to_numpy, to_tensor
 from .._validation import check_choice
+from ..exceptions import MLEConvergenceWarning, SingularInformationWarning
 from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
@@ -42,14 +43,6 @@ from ._layout import BlockParams, ParamLayout
 
 COV_KINDS = ("oim", "sandwich", "opg")
 SMALL_WEIGHT = 0.05
-
-
-class SingularInformationWarning(UserWarning):
-    """The observed information is singular or not positive definite: standard errors are not reported."""
-
-
-class MLEConvergenceWarning(UserWarning):
-    """The best start of at least one replicate did not meet the convergence criterion."""
 
 
 @dataclass
@@ -408,13 +401,16 @@ class MLEFit:
     def aic(self) -> Any:
         return self._out(-2 * self._loglik + 2 * self.df_model)
 
+    def _bic(self) -> np.ndarray:
+        return -2 * self._loglik + np.log(self.nobs) * self.df_model
+
     @property
     def bic(self) -> Any:
-        return self._out(-2 * self._loglik + np.log(self.nobs) * self.df_model)
+        return self._out(self._bic())
 
     @property
     def icl(self) -> Any:
-        return self._out(-2 * self._loglik + np.log(self.nobs) * self.df_model + 2 * self._entropy())
+        return self._out(np.asarray(self._bic()) + 2 * self._entropy())
 
     # ---------------------------------------------------------- prediction
     def _data(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -545,8 +541,8 @@ class MLEFit:
         header = {
             "Model": f"{self.spec.gate} gate / {self.spec.expert}", "Experts (k)": self.spec.k,
             "Observations": self.nobs, "Parameters": self.df_model, "Method": self.settings["method"],
-            "Covariance": kind, "Log-likelihood": f"{ll:.4f}", "AIC": f"{-2 * ll + 2 * self.df_model:.3f}",
-            "BIC": f"{-2 * ll + np.log(self.nobs) * self.df_model:.3f}",
+            "Covariance": kind, "Log-likelihood": f"{ll:.4f}", "AIC": f"{np.atleast_1d(self.aic)[rep]:.3f}",
+            "BIC": f"{np.atleast_1d(self.bic)[rep]:.3f}",
             "ICL": f"{np.atleast_1d(self.icl)[rep]:.3f}", "Converged": bool(self._converged[rep]),
             "Iterations": int(self._n_iter[rep]),
         }

@@ -2,7 +2,6 @@
 
 from .distance import l2_distance, sup_expert_error
 from .errors import parameter_errors
-from .gbar import GBarResult, estimate_gbar
 from .identifiability import IdentifiabilityResult, check_identifiability, derivative_family, homogeneity_orbit
 from .matching import Matching, match_atoms, permutation_invariant_error
 from .representations import (
@@ -16,7 +15,6 @@ from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi
 
 __all__ = [
     "KINDS",
-    "GBarResult",
     "IdentifiabilityResult",
     "Matching",
     "RepresentationErrors",
@@ -25,7 +23,6 @@ __all__ = [
     "center_softmax",
     "check_identifiability",
     "derivative_family",
-    "estimate_gbar",
     "homogeneity_orbit",
     "l2_distance",
     "match_atoms",

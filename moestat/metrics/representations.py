@@ -97,6 +97,7 @@ from scipy.stats import norm, qmc
 
 from .._torch import to_numpy
 from .._validation import check_choice
+from ..exceptions import RepresentationWarning
 from ..model import MoE
 from ..params import Params
 from ._common import check_compatible, unpack
@@ -112,10 +113,6 @@ _LOGIT_MAX = 30.0
 _FINE = {"1d": {"points": 401, "zoom_points": 41, "rounds": 14},
          "1d_inner": {"points": 201, "zoom_points": 21, "rounds": 20},
          "2d": {"points": 61, "zoom_points": 21, "rounds": 20}}
-
-
-class RepresentationWarning(UserWarning):
-    """The exact set of this truth is larger than the families searched: errors are upper bounds."""
 
 
 # ---------------------------------------------------------------------------------------- small tools

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .rates import RateResult, SampleComplexityResult, WindowSensitivity
+    from .complexity import SampleComplexityResult
+    from .exponents import RateResult, WindowSensitivity
 
 __all__ = ["plot_rate", "plot_sample_complexity", "plot_window"]
 
@@ -53,7 +54,7 @@ def plot_rate(result: RateResult, ax: Any = None, *, models: list[str] | None = 
     -------
     matplotlib Axes
     """
-    from .rates import regressor
+    from ._core import regressor
 
     if spread not in ("2sd", "range", "none"):
         raise ValueError(f"spread={spread!r} is not supported; use '2sd', 'range' or 'none'.")

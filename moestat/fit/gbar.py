@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 
 from .._validation import check_int
-from ..fit.init import check_duplicate, near_truth
-from ..fit.lse import ConvergenceWarning, fit_lse
+from ..metrics.distance import l2_distance
+from ..metrics.matching import match_atoms
 from ..model import MoE
 from ..params import Params
 from ..simulators.regression import draw_inputs, replicate_seeds
-from .distance import l2_distance
-from .matching import match_atoms
+from .init import check_duplicate, near_truth
+from .lse import ConvergenceWarning, fit_lse
 
 _BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias")
 

@@ -1,28 +1,4 @@
-"""Convergence exponents and sample complexity, with confidence intervals, tests, diagnostics and verdicts.
-
-A rate study produces a tidy long frame: one row per (cell, replicate) with the sample size ``n``, a
-replicate id ``rep`` and metric columns (a Voronoi loss, a parameter error, an accuracy).  This module
-estimates the exponent ``alpha`` of ``error ~ C n^-alpha`` from such frames, with intervals that respect
-the replicate structure (shocks shared by a cell, replicates nested across n, independent truth draws),
-tests on exponents, model-fit and window diagnostics, a verdict on whether the exponent is a rate at all,
-and sample complexities.
-
-Rate models (every model regresses ``log y`` on a transform ``u(n)``, so their AICs are comparable):
-
-============== ===================================== ====================================================
-model          equation                              use
-============== ===================================== ====================================================
-``power``      ``log y = c - alpha log n``           parametric rates ``n^-alpha``
-``power_log``  ``log y = c - alpha log(n / log n)``  bounds with a log factor, ``(log n / n)^alpha``
-``inverse_log`` ``log y = c - alpha log log n``      slow rates ``(log n)^-alpha``; ``alpha = 1`` is the
-                                                     ``1 / log n`` rate of polynomial / input-independent
-                                                     experts (nguyen2024 Table 1)
-============== ===================================== ====================================================
-
-The exponent reported is always ``alpha`` (positive for a decaying error).  Sources: nguyen2024 §4 and §6
-for the models; DerSimonian & Laird (1986), Knapp & Hartung (2003), Viechtbauer (2010) and Smyth (2004)
-for the random-effects intervals.
-"""
+"""Convergence exponents: fits, comparisons, tests, window diagnostics and verdicts (see :mod:`moestat.rates`)."""
 
 from __future__ import annotations
 
@@ -43,21 +19,18 @@ __all__ = [
     "VERDICTS",
     "RateResult",
     "RateWarning",
-    "SampleComplexityResult",
     "WindowSensitivity",
     "calibrate_design",
     "compare_models",
     "compare_rates",
     "fit_rate",
-    "sample_complexity",
-    "scaling_exponent",
     "simulate_rate_frame",
     "test_exponent",
-    "theory_rates",
     "window_sensitivity",
 ]
 
-from ._ratecore import (
+from ..exceptions import RateWarning
+from ._core import (
     _AGGS,
     _INTERVALS,
     _KNAPP_HARTUNG,
@@ -70,7 +43,6 @@ from ._ratecore import (
     RECOMMENDED_N_VALUES,
     TABLE_COLUMNS,
     VERDICTS,
-    RateWarning,
     _as_list,
     _cell_stat,
     _Cells,
@@ -88,10 +60,9 @@ from ._ratecore import (
     _re_metareg,
     _re_ml_aic,
     _wls_coefs,
-    _wls_slope,  # noqa: F401  (used by tests as rates._wls_slope)
+    rao_wu,
     regressor,
 )
-from .sample_complexity import SampleComplexityResult, sample_complexity, scaling_exponent
 
 # --------------------------------------------------------------------------------------------------
 # bootstrap and the per-group fit
@@ -150,7 +121,7 @@ def _boot_rows(cells: _Cells, n_boot: int, rng: np.random.Generator, resample: s
         else:
             draw = logv[rng.integers(0, r, size=(n_boot, r))]
         centre = np.median(logv)
-        out.append(centre + np.sqrt(r / (r - 1)) * (draw - centre))
+        out.append(rao_wu(centre, draw, r))
     return np.concatenate(out, axis=1)
 
 
@@ -170,7 +141,7 @@ def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random
         for i, v in enumerate(cells.values):
             r = len(v)
             draw = v[rng.integers(0, r, size=(n_boot, r))]
-            out[:, i] = z0[i] + np.sqrt(r / (r - 1)) * (_cell_stat(draw, agg) - z0[i])
+            out[:, i] = rao_wu(z0[i], _cell_stat(draw, agg), r)
         return out
     ids = cells.reps[0]
     for i, reps in enumerate(cells.reps):
@@ -182,7 +153,7 @@ def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random
     for i, v in enumerate(cells.values):
         order = np.argsort(cells.reps[i])
         draw = v[order][pick]
-        out[:, i] = z0[i] + np.sqrt(g / (g - 1)) * (_cell_stat(draw, agg) - z0[i])
+        out[:, i] = rao_wu(z0[i], _cell_stat(draw, agg), g)
     return out
 
 
@@ -308,7 +279,7 @@ def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng
         g = len(ids)
         zbar = uz.mean(axis=0)
         draws = _unit_counts(n_boot, g, rng) @ uz / g
-        zboot = zbar + np.sqrt(g / (g - 1)) * (draws - zbar)  # Rao & Wu (1988) rescaling, as for replicates
+        zboot = rao_wu(zbar, draws, g)  # units rescaled as replicates are
         return _Engine(kind, cells, agg, zbar, np.ones(m), zboot=zboot, boot_df=float(g - 1),
                        boot_dfs=np.full(m, g - 1.0), n_units=g, unit_z=uz, unit_ids=ids)
     # robust
@@ -647,7 +618,7 @@ class RateResult:
                 f"method={cfg['method']!r}, rows={len(self.table)})\n{self.table.to_string(index=False)}")
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
-        """Log-log plot in the papers' Figure 1 style; see :func:`moestat.plots.plot_rate`."""
+        """Log-log plot in the papers' Figure 1 style; see :func:`moestat.rates.plots.plot_rate`."""
         from .plots import plot_rate
 
         return plot_rate(self, ax=ax, **kwargs)
@@ -1203,8 +1174,8 @@ def _paired_boot(sub: pd.DataFrame, y: str, x: str, rep: str | None, between: st
         r = len(va)
         idx = rng.integers(0, r, size=(n_boot, r))
         za0, zb0 = _cell_stat(va, agg), _cell_stat(vb, agg)
-        za = za0 + np.sqrt(r / (r - 1)) * (_cell_stat(va[idx], agg) - za0)
-        zb = zb0 + np.sqrt(r / (r - 1)) * (_cell_stat(vb[idx], agg) - zb0)
+        za = rao_wu(za0, _cell_stat(va[idx], agg), r)
+        zb = rao_wu(zb0, _cell_stat(vb[idx], agg), r)
         contrib[:, i] = -c[i] * (za - zb)  # exponent = -slope
     return contrib.sum(axis=1), contrib.var(axis=0, ddof=1), ca.counts - 1.0
 
@@ -1249,7 +1220,7 @@ def _paired_units(ea: _Engine, eb: _Engine, model: str, n_boot: int, units: str 
     h = _wls_coefs(X, np.ones(len(ea.cells.ns)))
     dz = ea.unit_z - eb.unit_z
     zbar = dz.mean(axis=0)
-    zb = zbar + np.sqrt(g / (g - 1)) * (counts @ dz / g - zbar)
+    zb = rao_wu(zbar, counts @ dz / g, g)
     return -(zb @ h[1]), float(g - 1)
 
 
@@ -1323,7 +1294,7 @@ class WindowSensitivity:
     config: dict[str, Any]
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
-        """Exponent and CI against the dropped end of the n range; see :func:`moestat.plots.plot_window`."""
+        """Exponent and CI against the dropped end of the n range; see :func:`moestat.rates.plots.plot_window`."""
         from .plots import plot_window
 
         return plot_window(self, ax=ax, **kwargs)
@@ -1406,175 +1377,6 @@ def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequ
     config = {"y": y, "x": x, "by": by_cols, "model": model, "agg": agg, "ci": ci, "method": res.config["method"],
               "n_boot": n_boot, "seed": seed, "drop": drop, "min_values": int(min_values), "min_span": span}
     return WindowSensitivity(res.windows[cols].reset_index(drop=True), config)
-
-
-# --------------------------------------------------------------------------------------------------
-# theory
-
-
-def _apparent_power_exponent(rate_model: str | None, exponent: float, n_range: tuple[float, float]) -> float:
-    """Exponent a plain power fit reports for the noise-free theoretical curve on a log grid over n_range."""
-    if rate_model is None or not np.isfinite(exponent):
-        return np.nan
-    n = np.logspace(np.log10(n_range[0]), np.log10(n_range[1]), 201)
-    log_y = -exponent * regressor(rate_model, n)
-    return -float(np.polyfit(np.log(n), log_y, 1)[0])
-
-
-# (source, result, gate, regime, expert, examples, quantity, response, regressor, rate, exponent, rate_model,
-#  direction, kind, note)
-_THEORY: list[tuple] = [
-    ("nguyen2024", "Thm 1", "sigmoid", "1", "any", "A.1-A.3", "regression function L2(mu) error",
-     "l2_regression", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
-    ("nguyen2024", "Cor 1", "sigmoid", "2", "any", "", "inf over Gbar of L2(mu) error", "l2_regression", "n",
-     "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
-    ("nguyen2024", "Thm 2", "sigmoid", "1", "strongly_identifiable", "relu|gelu (relu fails at zero-slope atoms)",
-     "Voronoi loss D1", "D1", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
-     "D1 squares over-specified terms, so the loss slope is 1/2 although those parameters move at 1/4"),
-    ("nguyen2024", "Rem (i)", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
-     "over-specified beta1, eta (cells with |A_j| >= 2)", "param_overspecified", "n", "(log n / n)^{1/4}", 0.25,
-     "power_log", "decay", "upper_bound", "D1 mixes orders; track individual parameter errors"),
-    ("nguyen2024", "eq (7)", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
-     "over-specified expert sup_x |h - h*|", "expert_overspecified", "n", "(log n / n)^{1/4}", 0.25, "power_log",
-     "decay", "upper_bound", ""),
-    ("nguyen2024", "implied by Thm 2", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
-     "over-specified cell weight sum |sum sigma(beta0_i) - sigma(beta0*_j)|", "weight_sum", "n",
-     "(log n / n)^{1/2}", 0.5, "power_log", "decay", "derived", "not stated in the paper; follows from D1"),
-    ("nguyen2024", "structure of D1", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
-     "individual beta0_i in an over-specified cell", "beta0_overspecified", "n", "no rate (not identified)",
-     np.nan, None, "decay", "no_rate", ""),
-    ("nguyen2024", "Rem (ii)", "sigmoid", "1", "strongly_identifiable", "relu|gelu",
-     "exact-specified beta0, beta1, eta (|A_j| = 1)", "param_exact", "n", "(log n / n)^{1/2}", 0.5, "power_log",
-     "decay", "upper_bound", ""),
-    ("nguyen2024", "Rem (ii)", "sigmoid", "1", "strongly_identifiable", "relu|gelu", "exact-specified expert",
-     "expert_exact", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
-    ("nguyen2024", "Thm 3", "sigmoid", "1", "ridge_input_independent", "phi(a^T x + b) with a*_j = 0",
-     "minimax E D_{2,r}", "D2r", "n", ">= n^{-1/2} for all r >= 1", 0.5, "power", "decay", "lower_bound_minimax",
-     "the proof's step 'choose c as a root' is invalid as written; the conclusion holds"),
-    ("nguyen2024", "Thm 3 (i)-(ii)", "sigmoid", "1", "ridge_input_independent", "phi(a^T x + b) with a*_j = 0",
-     "parameters beta1, a, b and the expert", "param", "n",
-     "slower than n^{-1/(2r)} for all r; could be 1/log n", 1.0, "inverse_log", "decay", "slower_than_polynomial",
-     "may not converge at all (exact non-identifiability): report inverse_log and flag"),
-    ("nguyen2024", "Thm 4", "sigmoid", "1", "polynomial", "(a^T x + b)^p", "minimax E D_{2,r}", "D2r", "n",
-     ">= n^{-1/2} for all r >= 1", 0.5, "power", "decay", "lower_bound_minimax", "proof covers p = 1 only"),
-    ("nguyen2024", "Thm 4, Table 1", "sigmoid", "1", "polynomial", "(a^T x + b)^p", "parameters and experts",
-     "param", "n", "1 / log n", 1.0, "inverse_log", "decay", "slower_than_polynomial", ""),
-    ("nguyen2024", "Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|polynomial with a != 0",
-     "Voronoi loss D3 (inf over Gbar)", "D3", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
-     "relu/linear regime 2 is not misspecified (exact split family); gelu is the clean case"),
-    ("nguyen2024", "after Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|polynomial with a != 0",
-     "all of beta0, beta1, eta and the experts", "param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay",
-     "upper_bound", ""),
-    ("nguyen2024", "Table 1", "sigmoid", "2", "input_independent", "constant", "experts", "expert", "n",
-     "1 / log n", 1.0, "inverse_log", "decay", "slower_than_polynomial", "stated 'similar to Thm 3'; not proved"),
-    ("nguyen2024", "Table 1 ([26] Thm 3.2)", "softmax", "1|2", "relu_gelu", "relu|gelu", "experts", "expert", "n",
-     "n^{-1/4}, could be (log n / n)^{1/4}", 0.25, "power", "decay", "upper_bound", "cited, not proved, in nguyen2024"),
-    ("nguyen2024", "Table 1 ([26] Thm 4.6)", "softmax", "1|2", "polynomial", "linear|polynomial", "experts",
-     "expert", "n", "1 / log n", 1.0, "inverse_log", "decay", "slower_than_polynomial", "cited from [26]"),
-    ("nguyen2024", "Table 1", "softmax", "1|2", "input_independent", "constant", "experts", "expert", "n",
-     "1 / log n", 1.0, "inverse_log", "decay", "slower_than_polynomial", "cited from [26]"),
-    # the representation functional (moestat.representation_errors): mass-weighted first-order errors against the
-    # nearest exact k* + 1 atom representation, "over" = the atoms a representation adds or changes
-    ("nguyen2024", "Thm 5", "sigmoid", "2", "relu", "relu", "over-specified atoms vs the exact split family",
-     "over_param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
-     "the split family is exact for relu, so Thm 5's limit is a representation of f*; weak identifiability "
-     "fails at its symmetric member t = 1/2"),
-    ("nguyen2024", "Thm 5", "sigmoid", "2", "linear", "linear", "over-specified atoms vs the exact split family",
-     "over_param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound",
-     "additive splits are exact; first-order identifiability fails at copies with equal experts"),
-    ("nguyen2024", "Thm 5 (limit not exact)", "sigmoid", "2", "gelu", "gelu|tanh|sigmoid",
-     "over-specified atoms vs the exact set", "over_param", "n",
-     "no rate while the fit stays in the split basin: its limit is misspecified", np.nan, None, "decay", "no_rate",
-     "for phi(0) = 0 the only exact k*+1 representations have a dead extra atom; Thm 5's rate is towards "
-     "the misspecified basin limit (response D3), whose experts differ from the truth"),
-    ("nguyen2024", "Thm 5", "sigmoid", "2", "gelu", "gelu|tanh|sigmoid", "all atoms vs the misspecified limit",
-     "D3", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", "measured against estimate_gbar"),
-    ("nguyen2024", "Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|linear",
-     "atoms matched to unchanged true atoms", "exact_param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay",
-     "upper_bound", "against the exact set for relu/linear; against the basin limit for gelu"),
-    ("nguyen2024", "Table 1 ([26] Thm 3.2)", "softmax", "1|2", "strongly_identifiable", "gelu|relu|sigmoid|tanh",
-     "over-specified atoms (mass-weighted) vs the split family", "over_param", "n", "(log n / n)^{1/4}", 0.25,
-     "power_log", "decay", "upper_bound", "second-order identifiability of the copies; relu adds the (s, c) "
-     "continuum, which the infimum covers"),
-    ("nguyen2024", "Table 1 ([26] Thm 4.6)", "softmax", "1|2", "polynomial", "linear",
-     "over-specified atoms vs the split family", "over_param", "n", "1 / log n", 1.0, "inverse_log", "decay",
-     "slower_than_polynomial", "gate-expert interaction (a PDE) slows the over-specified cell"),
-    ("nguyen2024", "Table 1 ([26], Voronoi loss exact cells)", "softmax", "1|2", "any", "gelu|relu|linear",
-     "atoms matched to unchanged true atoms", "exact_param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay",
-     "upper_bound", "first-order terms of the softmax Voronoi loss"),
-    ("nguyen2024", "Thm 1 / Cor 1 (both gates)", "sigmoid|softmax", "1|2", "any", "", "regression function",
-     "l2", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", "the same functional for both gates"),
-    ("makkuva2020", "Thm 4", "softmax", "", "linear|sigmoid|relu", "", "gate parameters max_i ||w_i - w_i*||",
-     "gate_l2", "n", "sqrt(d T log(Tk/delta) / n) down to the floor kappa eps_reg / (1 - rho)", 0.5, "power",
-     "decay", "upper_bound", "fixed T, sample-split GD; fit only above the floor"),
-    ("makkuva2020", "Thm 4 (derived)", "softmax", "", "linear|sigmoid|relu", "", "samples to reach gate error eps",
-     "N_star", "d", "O~(d log(1/eps) / eps^2)", 1.0, "power", "growth", "upper_bound_slope", "linear in d"),
-    ("makkuva2020", "Thm 4 (derived)", "softmax", "", "linear|sigmoid|relu", "", "samples to reach gate error eps",
-     "N_star", "1/eps", "O~(d log(1/eps) / eps^2)", 2.0, "power", "growth", "upper_bound_slope",
-     "parametric in eps, up to log(1/eps)"),
-    ("makkuva2020", "Thm 2 (heuristic)", "softmax", "", "linear|sigmoid|relu", "", "regressor angle error",
-     "angle_error", "n", "n^{-1/2} if parametric; Thm 2 gives no rate", 0.5, "power", "decay", "derived",
-     "a parametric rate is expected, not proved"),
-    ("makkuva2020", "Thm 2 (heuristic)", "softmax", "", "linear|sigmoid|relu", "", "E_reg = 1 - |cos theta|",
-     "E_reg", "n", "n^{-1} if parametric (E_reg ~ theta^2 / 2)", 1.0, "power", "decay", "derived",
-     "twice the slope of the parameter error (E_reg ~ theta^2 / 2)"),
-]
-# chowdhury2023 §4.2 (slopes of log response on log regressor; upper bounds, test slope <= bound)
-_PMOE = [
-    ("N_star", "l", "pmoe_separate", 8.0, "Thm 4.2"), ("N_star", "l", "pmoe_joint", 6.0, "Thm 4.5"),
-    ("N_star", "l", "cnn", 0.0, "Thm 4.3"), ("N_star", "n", "pmoe_separate", 0.0, "Thm 4.2"),
-    ("N_star", "n", "pmoe_joint", 0.0, "Thm 4.5"), ("N_star", "n", "cnn", 8.0, "Thm 4.3"),
-    ("N_star", "k", "pmoe_joint", 4.0, "Thm 4.5"), ("N_star", "p", "pmoe_separate", 12.0, "Thm 4.2"),
-    ("N_star", "p", "pmoe_joint", 12.0, "Thm 4.5"), ("N_star", "p", "cnn", 12.0, "Thm 4.3"),
-    ("N_star", "delta", "pmoe_separate", 6.0, "Thm 4.2"), ("N_star", "delta", "pmoe_joint", 6.0, "Thm 4.5"),
-    ("N_star", "delta", "cnn", 6.0, "Thm 4.3"), ("N_star", "1/eps", "pmoe_separate", 16.0, "Thm 4.2"),
-    ("N_star", "1/eps", "pmoe_joint", 16.0, "Thm 4.5"), ("N_star", "1/eps", "cnn", 16.0, "Thm 4.3"),
-    ("N_star_ratio_cnn_over_separate", "n/l", "pmoe_separate", 8.0, "Thm 4.2 + 4.3"),
-    ("M_star", "l", "pmoe_separate", 10.0, "Thm 4.2"), ("M_star", "l", "pmoe_joint", 6.0, "Thm 4.5"),
-    ("M_star", "n", "pmoe_joint", 2.0, "Thm 4.5"), ("M_star", "n", "cnn", 10.0, "Thm 4.3"),
-    ("M_star", "k", "pmoe_joint", 3.0, "Thm 4.5"),
-    ("test_error_fixed_N", "l", "pmoe_separate", 0.5, "Thm 4.2"),
-    ("test_error_fixed_N", "l", "pmoe_joint", 0.375, "Thm 4.5"),
-    ("test_error_fixed_N", "k", "pmoe_joint", 0.25, "Thm 4.5"),
-    ("test_error_fixed_N", "n", "cnn", 0.5, "Thm 4.3"),
-    ("router_N_r", "n", "pmoe_separate", 2.0, "Lemma 4.1 (one pass)"),
-]
-
-
-def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
-    """The rates the founding papers predict, as a tidy frame to join against :func:`fit_rate` results.
-
-    Sources: nguyen2024 (Table 1 and Theorems 1-5; its softmax rows cite its reference [26]), makkuva2020
-    (Theorem 4 and its derived sample complexity; heuristic parametric rates for Theorem 2), chowdhury2023
-    (Theorems 4.2-4.5: log-log slopes of sample and model complexity; upper bounds).
-
-    Columns: ``source, result, gate, regime, expert, examples, quantity, response, regressor, rate``
-    (as printed), ``exponent`` (alpha of ``response ~ regressor^-alpha`` for ``direction="decay"``; the
-    slope of ``log response`` on ``log regressor`` for ``"growth"``; ``test_error_fixed_N`` rows are growth
-    slopes in l, k, n), ``rate_model`` (the :func:`fit_rate` model that has this rate as a straight line),
-    ``direction``, ``kind`` (``upper_bound``, ``lower_bound_minimax``, ``slower_than_polynomial``,
-    ``upper_bound_slope``, ``derived``, ``no_rate``), ``power_exponent_in_range`` (what a plain power fit
-    reports for the noise-free curve over ``n_range``, e.g. 0.445 for ``(log n / n)^{1/2}`` over
-    [1e3, 1e5]), ``note``.
-    """
-    lo, hi = n_range
-    if not (1 < lo < hi):
-        raise ValueError(f"n_range must be (low, high) with 1 < low < high, got {n_range!r}.")
-    cols = ["source", "result", "gate", "regime", "expert", "examples", "quantity", "response", "regressor", "rate",
-            "exponent", "rate_model", "direction", "kind", "note"]
-    rows = [dict(zip(cols, r, strict=True)) for r in _THEORY]
-    for resp, reg, arch, slope, res in _PMOE:
-        rows.append({"source": "chowdhury2023", "result": res, "gate": "patch_top_l" if arch != "cnn" else "none",
-                     "regime": "", "expert": arch, "examples": "two-layer ReLU CNN experts",
-                     "quantity": resp, "response": resp, "regressor": reg,
-                     "rate": f"slope {slope:g} in log {reg}", "exponent": slope, "rate_model": "power",
-                     "direction": "growth", "kind": "upper_bound_slope",
-                     "note": "loose upper bound: test slope <= bound, not equality"})
-    out = pd.DataFrame(rows, columns=cols)
-    out["power_exponent_in_range"] = [
-        _apparent_power_exponent(m, e, n_range) if d == "decay" and r == "n" else np.nan
-        for m, e, d, r in zip(out["rate_model"], out["exponent"], out["direction"], out["regressor"], strict=True)]
-    return out[[*cols[:-1], "power_exponent_in_range", "note"]]
 
 
 # --------------------------------------------------------------------------------------------------

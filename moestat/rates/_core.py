@@ -1,7 +1,6 @@
 """Shared pieces of the rate modules: model transforms, input checks, per-n cells, weighted LS, meta-regression.
 
-Private to :mod:`moestat.rates` and :mod:`moestat.sample_complexity`; the public names are re-exported
-there.
+Private to the modules of :mod:`moestat.rates`, which re-exports the public names.
 """
 
 from __future__ import annotations
@@ -37,8 +36,14 @@ MIN_CLUSTERS = 10
 MIN_UNITS = 5
 
 
-class RateWarning(UserWarning):
-    """A rate fit that is technically possible but statistically fragile (narrow range, few n values...)."""
+def rao_wu(centre: Any, draws: Any, size: int) -> Any:
+    r"""Rescaled bootstrap draws :math:`\hat\theta + \sqrt{m/(m-1)}\,(\theta^* - \hat\theta)`.
+
+    A bootstrap mean over ``size`` = m resampled units has variance :math:`s^2 (m-1)/m^2`; rescaling the
+    deviations by :math:`\sqrt{m/(m-1)}` makes it the unbiased :math:`s^2/m` (the rescaling bootstrap of
+    Rao & Wu 1988), which matters at the 5-20 replicates or units of a rate study.
+    """
+    return centre + np.sqrt(size / (size - 1)) * (draws - centre)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ import pandas as pd
 import statsmodels.api as sm
 from scipy import stats
 
-from ._ratecore import (
-    RateWarning,
+from ..exceptions import RateWarning
+from ._core import (
     _as_list,
     _cells,
     _check_choice,
@@ -29,6 +29,7 @@ from ._ratecore import (
     _group_key,
     _key_text,
     _wls_slope,
+    rao_wu,
 )
 
 __all__ = ["SampleComplexityResult", "sample_complexity", "scaling_exponent"]
@@ -97,7 +98,7 @@ class SampleComplexityResult:
         return scaling_exponent(self, design, **kwargs)
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
-        """n* with its CI against a design column; see :func:`moestat.plots.plot_sample_complexity`."""
+        """n* with its CI against a design column; see :func:`moestat.rates.plots.plot_sample_complexity`."""
         from .plots import plot_sample_complexity
 
         return plot_sample_complexity(self, ax=ax, **kwargs)
@@ -176,7 +177,7 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
             r = len(s)
             resampled = s[rng.integers(0, r, size=(n_boot, r))].mean(axis=1)
             point[i] = s.mean()
-            boot[:, i] = point[i] + np.sqrt(r / (r - 1)) * (resampled - point[i])  # Rao-Wu rescaling
+            boot[:, i] = rao_wu(point[i], resampled, r)
         thr = q if rule == "fraction" else 0.0
         est, code = _crossing((point - thr)[None, :], log_n)
         bdraw, _ = _crossing(boot - thr, log_n)

@@ -1,0 +1,56 @@
+"""moestat's warnings and errors, in one hierarchy.
+
+Every warning moestat emits is a :class:`MoestatWarning` (a ``UserWarning``), so one filter reaches them all::
+
+    import warnings
+    warnings.simplefilter("error", ms.MoestatWarning)     # make every moestat warning an error
+
+and each kind has its own class to filter on:
+
+* :class:`ConvergenceWarning` — an estimator's best start did not meet its convergence tolerance (any fitter;
+  :class:`MLEConvergenceWarning` is the maximum-likelihood fitters' subclass);
+* :class:`SingularInformationWarning` — the observed information is singular: no standard errors;
+* :class:`UnderdeterminedWarning` — fewer observations than free parameters;
+* :class:`RateWarning` — a rate fit that is possible but statistically fragile;
+* :class:`RepresentationWarning` — a truth whose exact set is larger than the families searched.
+
+Invalid arguments raise ``ValueError`` or ``TypeError`` naming the argument; an invalid study configuration
+raises :class:`StudyConfigError` (a ``ValueError``) naming the key and the valid values.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConvergenceWarning", "MLEConvergenceWarning", "MoestatWarning", "RateWarning", "RepresentationWarning",
+           "SingularInformationWarning", "StudyConfigError", "UnderdeterminedWarning"]
+
+
+class MoestatWarning(UserWarning):
+    """Base class of every warning moestat emits."""
+
+
+class ConvergenceWarning(MoestatWarning):
+    """The best restart of some replicate did not meet the convergence tolerance."""
+
+
+class MLEConvergenceWarning(ConvergenceWarning):
+    """The best start of at least one replicate did not meet the maximum-likelihood convergence criterion."""
+
+
+class SingularInformationWarning(MoestatWarning):
+    """The observed information is singular or not positive definite: standard errors are not reported."""
+
+
+class UnderdeterminedWarning(MoestatWarning):
+    """Fewer observations than free parameters (``underdetermined="warn"``): the MLE is not identified."""
+
+
+class RateWarning(MoestatWarning):
+    """A rate fit that is technically possible but statistically fragile (narrow range, few n values...)."""
+
+
+class RepresentationWarning(MoestatWarning):
+    """The exact set of this truth is larger than the families searched: errors are upper bounds."""
+
+
+class StudyConfigError(ValueError):
+    """An invalid study configuration; the message names the key and the valid values."""

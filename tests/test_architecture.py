@@ -1,0 +1,76 @@
+"""The package's import graph: no cycle between moestat's top-level modules and subpackages.
+
+Every ``import``/``from ... import`` of a moestat module counts — at module level or inside a function (a
+lazy import is still a dependency) — except those under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+import moestat
+
+ROOT = Path(moestat.__file__).parent
+
+
+def _unit(module: str) -> str:
+    """``moestat.fit.lse`` -> ``moestat.fit``: the top-level module or subpackage a module belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+class _Imports(ast.NodeVisitor):
+    def __init__(self, package: str) -> None:
+        self.package, self.targets = package, []
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            for n in node.orelse:
+                self.visit(n)
+            return
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            parts = self.package.split(".")
+            base = parts[:len(parts) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            names = [f"{target}.{a.name}" for a in node.names] if not node.module or target == "moestat" else [target]
+            self.targets += names
+        elif node.module and node.module.split(".")[0] == "moestat":
+            self.targets.append(node.module)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.targets += [a.name for a in node.names if a.name.split(".")[0] == "moestat"]
+
+
+def import_graph() -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for path in ROOT.rglob("*.py"):
+        parts = ["moestat", *path.relative_to(ROOT).with_suffix("").parts]
+        is_init = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_init else parts)
+        visitor = _Imports(module if is_init else module.rsplit(".", 1)[0])
+        visitor.visit(ast.parse(path.read_text()))
+        for target in visitor.targets:
+            a, b = _unit(module), _unit(target)
+            if a != b and a != "moestat" and b != "moestat":
+                graph.add_edge(a, b)
+    return graph
+
+
+def test_no_import_cycle_between_modules_and_subpackages():
+    graph = import_graph()
+    assert graph.number_of_edges() > 20  # the parser found the package's imports
+    assert ("moestat.fit", "moestat.metrics") in graph.edges  # a known dependency, read through a relative import
+    assert list(nx.simple_cycles(graph)) == []
+
+
+def test_the_check_sees_a_cycle_when_there_is_one():
+    graph = import_graph()
+    graph.add_edge("moestat.metrics", "moestat.fit")
+    assert list(nx.simple_cycles(graph))
