@@ -222,8 +222,9 @@ def design_check(truths: Sequence[Any], n: Sequence[float], *, k: int | str = "t
         Thresholds of the rules in the module docstring.
     basin : bool
         Each truth's weight-split basin gap: 0 where the split is exact (softmax gates; sigmoid gates with relu
-        or linear experts), else the smallest held-out distance of :func:`moestat.estimate_gbar` (seconds per
-        truth; its optimiser resolves gaps down to about 1e-6).
+        or linear experts, or with a duplicated atom of zero gate slope, ``info["duplicate"]``), else the
+        smallest held-out distance of :func:`moestat.estimate_gbar` (seconds per truth; its optimiser resolves
+        gaps down to about 1e-6).
     n_mc, restarts, seed :
         Passed to :func:`moestat.estimate_gbar` (``restarts`` defaults to k*, one split per true atom).
     exact_gap : float
@@ -268,9 +269,13 @@ def design_check(truths: Sequence[Any], n: Sequence[float], *, k: int | str = "t
             Pk = spec.with_k(kk).n_params()
             resolution = float(np.sqrt(nu * Pk / ns.max()))
             scope = f"{spec.gate}/{spec.expert}/seed {info.get('seed', i)}"
-            if spec.gate == "softmax" or spec.expert in EXACT_SIGMOID_SPLITS:
-                rows.append(("basin_gap", scope, 0.0, resolution, True,
-                             "exact: the weight split is an exact representation of f* for this gate and expert"))
+            duplicated = info.get("duplicate", [0])
+            constant_gate = bool(np.all(np.asarray(params.gate_weight)[duplicated] == 0))
+            if spec.gate == "softmax" or spec.expert in EXACT_SIGMOID_SPLITS or constant_gate:
+                why = ("the duplicated atom's gate is constant (regime 1), so splitting its weight is exact for every "
+                       "expert" if constant_gate and spec.gate == "sigmoid" else
+                       "the weight split is an exact representation of f* for this gate and expert")
+                rows.append(("basin_gap", scope, 0.0, resolution, True, f"exact: {why}"))
                 continue
             res = estimate_gbar(spec, params, kk, n_mc=n_mc, restarts=restarts or params.k, seed=seed)
             gap = float(np.min(res.l2))

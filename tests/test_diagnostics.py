@@ -85,6 +85,21 @@ def test_basin_gap_separates_exact_from_near_exact_splits():
     assert gelu["note"].startswith("floor") and not gelu["passed"] and 2e-6 < gelu["value"] < 0.1 * gelu["threshold"]
 
 
+def test_basin_gap_is_exact_when_the_duplicated_atom_has_a_constant_gate():
+    """Regime 1: splitting the weight sigma(b0*) of a zero-slope atom between two copies with its expert is exact
+    for gelu too, so no basin fit runs; the split itself reproduces f* to round-off."""
+    truth = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0, regime=1)
+    row = ms.design_check([truth], [1e3, 1e5], min_truths=1).query("check == 'basin_gap'").iloc[0]
+    assert row["note"].startswith("exact: the duplicated atom's gate is constant") and row["value"] == 0
+    spec, p = truth
+    w = 1.0 / (1.0 + np.exp(-p.gate_bias[0]))
+    half = np.log(w / 2) - np.log1p(-w / 2)  # sigma(half) = w / 2
+    split = ms.Params(np.r_[half, half, p.gate_bias[1:]], np.r_[p.gate_weight[:1], p.gate_weight],
+                      np.r_[p.expert_weight[:1], p.expert_weight], np.r_[p.expert_bias[:1], p.expert_bias])
+    X = np.random.default_rng(0).uniform(-1, 1, (2000, 2))
+    np.testing.assert_allclose(spec.with_k(3).mean(split, X), spec.mean(p, X), rtol=0, atol=1e-14)
+
+
 def test_lowest_objective_takes_each_row_from_the_better_solver():
     f = pd.DataFrame({"objective": [1.0, 2.0, 3.0], "objective_alt": [1.5, 1.0, 3.0], "y": [10.0, 20.0, 30.0],
                       "y_alt": [11.0, 21.0, 31.0]})

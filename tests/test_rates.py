@@ -432,6 +432,25 @@ def test_theory_rates_table():
     assert t["rate_model"].dropna().isin(list(rates.RATE_MODELS)).all()
 
 
+def test_predicted_rate_looks_up_gate_expert_response_and_regime():
+    # Table 1 of nguyen2024 on the representation functional: sigmoid regime 2 vs the exact split family at 1/2,
+    # regime 1 (a zero-slope atom duplicated) at 1/4 for gelu, softmax at 1/4 (relu, gelu) or 1/log n (linear)
+    assert ms.predicted_rate("sigmoid", "relu", "over_param", regime=2) == "(log n / n)^{1/2}"
+    assert ms.predicted_rate("sigmoid", "gelu", "over_param", regime=1) == "(log n / n)^{1/4}"
+    assert ms.predicted_rate("sigmoid", "gelu", "over_param").startswith("no rate while the fit stays in the split")
+    assert ms.predicted_rate("sigmoid", "relu", "over_param", regime=1).startswith("no theorem")
+    assert ms.predicted_rate("softmax", "relu", "over_param", regime=1) == "(log n / n)^{1/4}"
+    assert ms.predicted_rate("softmax", "linear", "over_param") == "1 / log n"
+    for gate in ("sigmoid", "softmax"):
+        for regime in (1, 2):
+            assert ms.predicted_rate(gate, "gelu", "l2", regime=regime) == "(log n / n)^{1/2}"
+    assert ms.predicted_rate("sigmoid", "gelu", "no_such_response") == ""
+    # every answer is a row of theory_rates with the same gate, response and regime
+    t = ms.theory_rates()
+    hit = t[(t["response"] == "over_param") & (t["regime"] == "1") & (t["expert"] == "gelu")]
+    assert list(hit["rate"]) == [ms.predicted_rate("sigmoid", "gelu", "over_param", regime=1)]
+
+
 def test_plots_render(frame, tmp_path):
     import matplotlib.pyplot as plt
 

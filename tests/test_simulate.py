@@ -152,3 +152,23 @@ def test_gate_comparison_preset_follows_its_rules():
         assert other.spec.gate == "softmax" and other.spec.expert == "linear"
     with pytest.raises(ValueError, match="no draw"):
         ms.presets.gate_comparison("relu", seed=0, bias_bound=1e-6, max_draws=20)
+
+
+def test_gate_comparison_regime_1_zeroes_the_duplicated_atoms_slope():
+    shared = 0
+    for seed in range(10):
+        one = ms.presets.gate_comparison("gelu", d=3, seed=seed, regime=1)
+        two = ms.presets.gate_comparison("gelu", d=3, seed=seed)
+        p = one.params
+        assert np.all(p.gate_weight[0] == 0) and np.all(np.linalg.norm(p.gate_weight[1:], axis=1) > 0)
+        assert one.info["regime"] == 1 and one.info["zero_slope_atoms"] == [0] and one.info["duplicate"] == [0]
+        assert two.info["regime"] == 2 and two.info["zero_slope_atoms"] == []
+        omega = np.concatenate([p.gate_weight, p.expert_weight, p.expert_bias[:, None]], 1)
+        assert np.linalg.norm(omega[:, None] - omega[None], axis=-1)[~np.eye(3, dtype=bool)].min() >= 0.5
+        if one.info["draws"] == two.info["draws"]:  # the same draw, but for the zeroed slope
+            np.testing.assert_array_equal(p.expert_weight, two.params.expert_weight)
+            np.testing.assert_array_equal(p.gate_weight[1:], two.params.gate_weight[1:])
+            shared += 1
+    assert shared >= 8  # the separation rule rarely rejects a zeroed draw that it accepted with its slope
+    with pytest.raises(ValueError, match="regime must be 1"):
+        ms.presets.gate_comparison("gelu", regime=3)

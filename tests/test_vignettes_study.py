@@ -21,7 +21,7 @@ def test_vignette_imports_without_computing(name):
     assert mod.NAME == name and mod.TITLE and callable(mod.run)
     study = mod.make_study("quick")
     assert len(study.cells) > 0
-    if name == "sigmoid-vs-softmax":
+    if name in ("sigmoid-vs-softmax", "sigmoid-regimes"):
         # the decisive design: >= 50 observations per parameter (P = 32 for d = 3, k = 4), >= 1 decade quick and
         # 2 decades full, >= 5 truths quick (the unit bootstrap's minimum) and 10 full, starts beyond the truth
         full = mod.make_study("full")
@@ -31,6 +31,15 @@ def test_vignette_imports_without_computing(name):
     else:
         assert study.reps >= 2
         assert all(n > 594 for n in study.n)  # more observations than the k = 9 model's parameters
+
+
+def test_sigmoid_regimes_pairs_the_two_regimes_of_each_truth():
+    mod = vindex.load(vindex.find("sigmoid-regimes"))
+    study = mod.make_study("quick")
+    regimes = {(t["seed"], t["regime"]): t for t in study.truths}
+    assert {r for _, r in regimes} == {1, 2} and all(t["truth_gate"] == "sigmoid" for t in study.truths)
+    for seed in mod.SIZES["quick"]["seeds"]:  # same data stream for both regimes of a truth draw (paired)
+        assert regimes[(seed, 1)]["stream"] == regimes[(seed, 2)]["stream"]
 
 
 @pytest.mark.slow  # about a minute on an idle 2-core machine (30 small cells, rate bootstraps, two figures)
@@ -59,3 +68,26 @@ def test_sigmoid_vs_softmax_tiny_run_and_resume(tmp_path):
     again = mod.run(tmp_path, **kw)  # resume: every cell is loaded, none recomputed
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "study" / "cells").glob("*.parquet")} == cells
     pd.testing.assert_frame_equal(frame, again)
+
+
+@pytest.mark.slow  # about a minute on an idle 2-core machine (30 small cells, rate bootstraps, two figures)
+def test_sigmoid_regimes_tiny_run(tmp_path):
+    mod = vindex.load(vindex.find("sigmoid-regimes"))
+    kw = dict(size="quick", n=[1600, 2500, 4000], seeds=[0, 1, 2, 3, 4], max_iter=30, starts=["near_truth", "kmeans"],
+              progress=False, workers=1)
+    frame = mod.run(tmp_path, **kw)
+    for f in ["results.csv", "rates.csv", "windows.csv", "comparison.csv", "invariance.csv", "design.csv", "rates.png",
+              "invariance.png", "provenance.json"]:
+        assert (tmp_path / f).is_file(), f
+    assert set(frame["truth_regime"]) == {1, 2} and set(frame["gate"]) == {"sigmoid"} and len(frame) == 2 * 5 * 3
+    rates = pd.read_csv(tmp_path / "rates.csv")
+    one = rates[(rates["truth_regime"] == 1) & (rates["response"] == "over_param")]
+    assert set(one["theory"]) == {"(log n / n)^{1/4}"}  # Theorem 2 for gelu in regime 1
+    cmp = pd.read_csv(tmp_path / "comparison.csv")
+    assert set(cmp["level_a"]) == {2} and set(cmp["level_b"]) == {1} and cmp["verdict"].notna().all()
+    inv = pd.read_csv(tmp_path / "invariance.csv")
+    assert set(inv["truth_regime"]) == {1, 2} and inv["verdict"].notna().all()
+    # regime 1: the duplicated atom's weight split is exact, so the nearest representations are splits of atom 0
+    # (or dead atoms), never a gelu basin limit of atom 0
+    reg1 = frame[frame["truth_regime"] == 1]["representation"].astype(str)
+    assert not reg1.str.fullmatch("gbar 0").any()

@@ -119,15 +119,9 @@ def rate_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
             cmp = ms.compare_rates(sub, y, between="gate", by="expert", paired=True, units=UNITS,
                                    levels=["sigmoid", "softmax"], n_boot=2000, seed=0)
             comparisons.append(cmp.assign(y=y, response=r, solver=solver))
-    theory = ms.theory_rates()[["gate", "response", "examples", "rate", "exponent", "kind"]]
     out = pd.concat(rates, ignore_index=True)
-    def predicted(r: pd.Series) -> str:
-        gate_ok = theory["gate"].str.split("|").map(lambda gates: r["gate"] in gates)
-        expert_ok = (theory["examples"] == "") | theory["examples"].str.split("|").map(lambda es: r["expert"] in es)
-        hit = theory[(theory["response"] == r["response"]) & gate_ok & expert_ok]
-        return hit["rate"].iloc[0] if len(hit) else ""
-
-    out["theory"] = out.apply(predicted, axis=1)
+    out["theory"] = [ms.predicted_rate(g, e, r, regime=2)
+                     for g, e, r in zip(out["gate"], out["expert"], out["response"], strict=True)]
     return out, pd.concat(windows, ignore_index=True), pd.concat(comparisons, ignore_index=True)
 
 
@@ -139,8 +133,9 @@ def design_table(size_cfg: dict[str, Any], basin: bool = True) -> pd.DataFrame:
 
 
 def start_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Which start and which solver won, and the representations chosen, per expert and gate."""
-    fam = frame["representation"].astype(str).str.split(" ").str[0]
+    """Which start and which solver won, and the representation nearest to the reported (lowest-objective) fit."""
+    rep = frame["representation"].where(frame["solver_best"] != "lm", frame["representation_alt"])
+    fam = rep.astype(str).str.split(" ").str[0]
     return (frame.assign(family=fam).groupby(["expert", "gate", "solver_best", "best_start", "family"]).size()
             .rename("fits").reset_index())
 

@@ -39,7 +39,7 @@ from .exponents import (
     test_exponent,
     window_sensitivity,
 )
-from .theory import theory_rates
+from .theory import predicted_rate, theory_rates
 
 __all__ = [
     "MIN_N_VALUES",
@@ -54,6 +54,7 @@ __all__ = [
     "compare_rates",
     "fit_rate",
     "plots",
+    "predicted_rate",
     "regressor",
     "sample_complexity",
     "scaling_exponent",

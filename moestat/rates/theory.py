@@ -1,4 +1,4 @@
-"""What the founding papers predict, as data: :func:`theory_rates`."""
+"""What the founding papers predict, as data: :func:`theory_rates` and the lookup :func:`predicted_rate`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pandas as pd
 
 from ._core import regressor
 
-__all__ = ["theory_rates"]
+__all__ = ["predicted_rate", "theory_rates"]
 
 
 def _apparent_power_exponent(rate_model: str | None, exponent: float, n_range: tuple[float, float]) -> float:
@@ -90,6 +90,21 @@ _THEORY: list[tuple] = [
     ("nguyen2024", "Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|linear",
      "atoms matched to unchanged true atoms", "exact_param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay",
      "upper_bound", "against the exact set for relu/linear; against the basin limit for gelu"),
+    ("nguyen2024", "Thm 2, Rem (i)", "sigmoid", "1", "gelu", "gelu",
+     "over-specified atoms vs the exact weight-split family", "over_param", "n", "(log n / n)^{1/4}", 0.25,
+     "power_log", "decay", "upper_bound",
+     "a zero-slope atom's weight split is exact for every expert; strong identifiability holds for gelu, and "
+     "the copies' slopes and experts move at the fourth root (D1 squares them)"),
+    ("nguyen2024", "Thm 2, Rem (ii)", "sigmoid", "1", "gelu", "gelu", "atoms matched to unchanged true atoms",
+     "exact_param", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", ""),
+    ("nguyen2024", "Thm 2 does not apply", "sigmoid", "1", "relu", "relu",
+     "over-specified atoms vs the exact set", "over_param", "n",
+     "no theorem: strong identifiability fails at a zero-slope relu atom", np.nan, None, "decay", "no_rate",
+     "positive homogeneity (h = a'dh/da + b dh/db) breaks the condition; the exact set adds the orbit "
+     "sigma(u) h(x; c eta*) and the relu c-continuum of the split, which the infimum covers"),
+    ("nguyen2024", "Thm 2 does not apply", "sigmoid", "1", "relu", "relu", "atoms matched to unchanged true atoms",
+     "exact_param", "n", "no theorem: strong identifiability fails at a zero-slope relu atom", np.nan, None,
+     "decay", "no_rate", ""),
     ("nguyen2024", "Table 1 ([26] Thm 3.2)", "softmax", "1|2", "strongly_identifiable", "gelu|relu|sigmoid|tanh",
      "over-specified atoms (mass-weighted) vs the split family", "over_param", "n", "(log n / n)^{1/4}", 0.25,
      "power_log", "decay", "upper_bound", "second-order identifiability of the copies; relu adds the (s, c) "
@@ -173,4 +188,27 @@ def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
         _apparent_power_exponent(m, e, n_range) if d == "decay" and r == "n" else np.nan
         for m, e, d, r in zip(out["rate_model"], out["exponent"], out["direction"], out["regressor"], strict=True)]
     return out[[*cols[:-1], "power_exponent_in_range", "note"]]
+
+
+def predicted_rate(gate: str, expert: str, response: str, *, regime: int | str = 2) -> str:
+    """The rate :func:`theory_rates` predicts for one gate, expert, response and regime, as printed ("" if none).
+
+    A row applies when its ``response`` is ``response``, ``gate`` and ``regime`` (``"|"``-separated lists) contain
+    the arguments, and ``examples`` lists ``expert`` or is empty; the first such row wins (rows for a named
+    expert come before the generic ones of the same result).
+
+    Examples
+    --------
+    >>> predicted_rate("softmax", "gelu", "over_param")
+    '(log n / n)^{1/4}'
+    >>> predicted_rate("sigmoid", "gelu", "over_param", regime=1)
+    '(log n / n)^{1/4}'
+    """
+    table = theory_rates()
+    hit = table[(table["response"] == response)
+                & table["gate"].str.split("|").map(lambda gates: gate in gates)
+                & table["regime"].map(lambda r: r == "" or str(regime) in r.split("|"))
+                & table["examples"].map(lambda e: e == "" or expert in e.split("|"))]
+    return str(hit["rate"].iloc[0]) if len(hit) else ""
+
 

@@ -131,7 +131,7 @@ def sigmoid_vs_softmax(regime: int = 2, expert: str = "relu", *, truth_gate: str
 
 def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int = 4, k: int = 3,
                     noise_var: float = 0.01, gate_var: float = 1.0, expert_var: float = 1.0, seed: int = 0,
-                    bias_bound: float = 2.0, kink_margin: float = 0.25, min_separation: float = 0.5,
+                    regime: int = 2, bias_bound: float = 2.0, kink_margin: float = 0.25, min_separation: float = 0.5,
                     max_draws: int = 10_000) -> Truth:
     r"""A truth for comparing gates on one functional: generic atoms, gates that vary, every expert kinked.
 
@@ -141,8 +141,10 @@ def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int
     default (so gate logits vary by about :math:`\pm\sqrt{d/3}` over :math:`U[-1,1]^d`), and a draw is
     kept only when
 
-    * no atom has a zero gate slope (draws are continuous, so this always holds: there is no regime-1 atom
-      and none of the extra exact families that zero-slope atoms bring);
+    * in ``regime=2`` (the default) no atom has a zero gate slope (draws are continuous, so this always holds:
+      there is no regime-1 atom and none of the extra exact families that zero-slope atoms bring); in
+      ``regime=1`` atom 0's gate slope is set to :math:`0_d` after the draw (a constant gate
+      :math:`\sigma(\beta^*_{00})`), and the rules below are checked on that modified draw;
     * every ridge expert changes regime inside the cube, :math:`|b^*_i| \le \|a^*_i\|_1 - \text{kink\_margin}`
       (a relu expert always active or always off on the support would have a larger exact set);
     * every gate intercept satisfies :math:`|\beta^*_{0i}| \le` ``bias_bound`` (no atom nearly switched off);
@@ -151,7 +153,10 @@ def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int
 
     The acceptance rule does not depend on ``expert`` or ``truth_gate``, so one seed gives the same
     parameters for every expert family and both gates (paired comparisons).  The duplicated atom of an
-    over-specified fit defaults to atom 0, which has a non-zero slope (regime 2 of nguyen2024).
+    over-specified fit defaults to atom 0: it has a non-zero slope in ``regime=2`` and a zero slope in
+    ``regime=1`` (nguyen2024's regimes: the over-specified atoms' true gate slopes are all zero in regime 1,
+    not all zero in regime 2).  For most seeds the two regimes share every other parameter (the same first
+    accepted draw); a draw whose zero-slope version breaks the separation rule moves regime 1 to a later draw.
 
     Returns
     -------
@@ -160,12 +165,15 @@ def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int
     """
     check_choice("truth_gate", truth_gate, ("sigmoid", "softmax"))
     d, k = check_int("d", d), check_int("k", k, minimum=2)
+    if regime not in (1, 2):
+        raise ValueError(f"regime must be 1 (atom 0 has a zero gate slope) or 2 (no zero slope), got {regime!r}.")
+    zero_slope = [0] if regime == 1 else []
     rng = np.random.default_rng(seed)
     max_draws = check_int("max_draws", max_draws)
     draws = 0
     while draws < max_draws:
         draws += 1
-        p = draw_truth(d, k, gate_var=gate_var, expert_var=expert_var, zero_slope=[], rng=rng)
+        p = draw_truth(d, k, gate_var=gate_var, expert_var=expert_var, zero_slope=zero_slope, rng=rng)
         reach = np.abs(p.expert_weight).sum(1)
         omega = np.concatenate([p.gate_weight, p.expert_weight, p.expert_bias[:, None]], 1)
         dist = np.linalg.norm(omega[:, None] - omega[None], axis=-1)
@@ -178,7 +186,7 @@ def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int
                          f"min_separation={min_separation}); relax them or raise max_draws.")
     spec = MoE(gate=truth_gate, expert=expert, k=k, d=d, noise_sd=float(np.sqrt(noise_var)))
     info = {"source": "moestat gate-comparison design (nguyen2024 parameter distributions, constrained draws)",
-            "regime": 2, "truth_gate": truth_gate, "expert": expert, "zero_slope_atoms": [],
+            "regime": regime, "truth_gate": truth_gate, "expert": expert, "zero_slope_atoms": zero_slope,
             "duplicate_candidates": list(range(k)), "duplicate": [0], "gate_var": gate_var, "expert_var": expert_var,
             "noise_var": noise_var, "inputs": "uniform[-1,1]", "seed": seed, "draws": draws,
             "bias_bound": bias_bound, "kink_margin": kink_margin, "min_separation": min_separation}
