@@ -4,7 +4,7 @@
 * ``moestat study run STUDY.toml --out DIR [--resume] [--workers N] [--device auto|cpu|cuda]`` and
   ``moestat study check STUDY.toml``;
 * ``moestat rates DIR --y D1 --by gate,expert`` — the rate table (printed, CSV and PNG);
-* ``moestat vignette list`` and ``moestat vignette run NAME [--quick] [--out DIR]``.
+* ``moestat vignette list`` and ``moestat vignette run NAME [--quick | --size SIZE] [--out DIR]``.
 
 Exit codes: 0 success; 2 a usage or input error (message on stderr, prefixed ``moestat: error:``);
 130 interrupted (finished work is kept); 1 an unexpected failure (traceback).
@@ -163,9 +163,19 @@ def _cmd_vignette_run(args: argparse.Namespace) -> int:
     info = find(args.name)
     module = load(info)
     out = Path(args.out) if args.out else Path("out") / info.name
-    print(f"running vignette {info.name}{' (quick)' if args.quick else ''} -> {out}", flush=True)
+    kwargs = {}
+    if args.size is not None:
+        sizes = sorted(getattr(module, "SIZES", {}))
+        if args.size not in sizes:
+            raise _UsageError(f"--size {args.size!r} is not a size of vignette {info.name}; valid sizes are "
+                              f"{sizes or 'none (it has only the default and --quick)'}.")
+        if args.quick:
+            raise _UsageError("--quick and --size are exclusive (--quick is the size 'quick'); pass one of them.")
+        kwargs["size"] = args.size
+    label = f" ({args.size})" if args.size else (" (quick)" if args.quick else "")
+    print(f"running vignette {info.name}{label} -> {out}", flush=True)
     try:
-        module.run(out, quick=args.quick, resume=not args.no_resume)
+        module.run(out, quick=args.quick, resume=not args.no_resume, **kwargs)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished pieces are saved in {out}; rerun the same command to continue.",
               file=sys.stderr)
@@ -258,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "rates.csv, figures (PNG) and provenance.json into --out.")
     vr.add_argument("name", metavar="NAME", help="vignette name (see 'moestat vignette list')")
     vr.add_argument("--quick", action="store_true", help="reduced size (minutes on 2 CPU cores)")
+    vr.add_argument("--size", metavar="SIZE", default=None,
+                    help="a named size of the vignette (its SIZES, e.g. 'linear' for sigmoid-vs-softmax)")
     vr.add_argument("--out", metavar="DIR", default=None, help="output folder (default out/NAME)")
     vr.add_argument("--no-resume", action="store_true", help="recompute pieces already saved in DIR")
     vr.set_defaults(func=_cmd_vignette_run)

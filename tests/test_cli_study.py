@@ -102,10 +102,13 @@ NAME = "tiny-demo"
 TITLE = "A tiny demonstration"
 
 
-def run(out, quick: bool = False, resume: bool = True) -> None:
+SIZES = {"quick": {}, "full": {}, "wide": {}}
+
+
+def run(out, quick: bool = False, resume: bool = True, size=None) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.csv").write_text(f"quick,resume\\n{quick},{resume}\\n")
+    (out / "results.csv").write_text(f"quick,resume,size\\n{quick},{resume},{size}\\n")
 '''
 
 
@@ -127,9 +130,15 @@ def test_vignette_list_and_run_from_a_package_folder(fake_vignettes, tmp_path, c
     assert "tiny-demo" in listed and "A tiny demonstration" in listed and "hidden" not in listed
     out = tmp_path / "v"
     assert main(["vignette", "run", "tiny-demo", "--quick", "--out", str(out)]) == 0
-    assert (out / "results.csv").read_text().splitlines()[1] == "True,True"
+    assert (out / "results.csv").read_text().splitlines()[1] == "True,True,None"
     assert main(["vignette", "run", "tiny-demo", "--out", str(out), "--no-resume"]) == 0
-    assert (out / "results.csv").read_text().splitlines()[1] == "False,False"
+    assert (out / "results.csv").read_text().splitlines()[1] == "False,False,None"
+    assert main(["vignette", "run", "tiny-demo", "--size", "wide", "--out", str(out)]) == 0
+    assert (out / "results.csv").read_text().splitlines()[1] == "False,True,wide"
+    assert main(["vignette", "run", "tiny-demo", "--size", "huge", "--out", str(out)]) == 2
+    assert "valid sizes are ['full', 'quick', 'wide']" in capsys.readouterr().err
+    assert main(["vignette", "run", "tiny-demo", "--size", "wide", "--quick", "--out", str(out)]) == 2
+    assert "exclusive" in capsys.readouterr().err
 
 
 def test_package_resource_root_is_scanned(fake_vignettes, monkeypatch):
