@@ -15,14 +15,7 @@ from moestat.deep import cluster_moe as cm
 from moestat.deep import fit_cluster_moe, fit_single_cnn
 from moestat.deep import metrics as mt
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # 2 shared cores: torch's default thread pool oversubscribes them (>10x slower here).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -14,14 +13,7 @@ import moestat as ms
 from moestat.deep import metrics as mt
 from moestat.simulators.clusters import ROLE_CENTER, ROLE_FEATURE, ROLE_FEATURE_NOISE, ROLE_NOISE, SETTINGS
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # 2 shared cores: torch's default thread pool oversubscribes them (>10x slower here).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,7 @@ from moestat.metrics import (
     voronoi_loss,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: intra-op threads only add synchronisation cost on a shared machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_params(rng, k, d, scale=1.0):

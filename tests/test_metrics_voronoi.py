@@ -11,14 +11,7 @@ from hypothesis import strategies as st
 import moestat as ms
 from moestat.metrics import center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: intra-op threads only add synchronisation cost on a shared machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sig(t):

@@ -18,14 +18,7 @@ from moestat.deep.patch_moe import (
     router_gradient_eq26,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small batched steps are overhead-bound: one torch thread avoids spin-waiting on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rand_model(rng, L, k, me, d, router_scale=1.0):

@@ -7,16 +7,7 @@ from scipy import stats
 import moestat as ms
 from moestat.simulators.patches import DISCRIMINATIVE, _digit_pools
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small batched steps are overhead-bound: one torch thread avoids spin-waiting on a loaded machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
