@@ -8,8 +8,12 @@ A vignette is a jupytext percent script in ``vignettes/`` defining ``NAME``, ``T
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | None = None) -> int:
@@ -22,3 +26,24 @@ def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | No
     run(Path(args.out), quick=args.quick, resume=not args.no_resume)
     print(f"{name}: results written to {args.out}")
     return 0
+
+
+def run_study_timed(study: Any, out: Path, *, resume: bool = True, progress: bool = True,
+                    workers: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """Run ``study`` into ``out/study`` (worker processes when ``workers`` > 1; default: the CPU count) and
+    return ``(frame, timing)``: ``study_seconds``, ``cells_computed`` and ``workers``.  When every cell was
+    loaded from an earlier run, the timing recorded in ``out/provenance.json`` by the run that computed them is
+    returned instead, so a re-render keeps the measured time."""
+    workers = workers or os.cpu_count() or 1
+    cells = out / "study" / "cells"
+    stored = {p.name for p in cells.glob("*.parquet")} if resume and cells.is_dir() else set()
+    t0 = time.perf_counter()
+    frame = study.run(out / "study", resume=resume, progress=progress,
+                      executor="processes" if workers > 1 else None, workers=workers)
+    seconds = time.perf_counter() - t0
+    computed = len({p.name for p in cells.glob("*.parquet")} - stored) if resume else len(study.cells)
+    timing = {"study_seconds": round(seconds, 1), "cells_computed": computed, "workers": workers}
+    previous = out / "provenance.json"
+    if computed == 0 and previous.is_file():
+        timing = json.loads(previous.read_text())["config"].get("timing", timing)
+    return frame, timing

@@ -522,3 +522,32 @@ def test_huber_resists_outlying_replicates():
     assert rob["exponent"] == pytest.approx(row["exponent"])
     with pytest.raises(ValueError, match="agg=None"):
         ms.fit_rate(df, "y", estimator="huber", agg="mean")
+
+
+def test_unit_profile_and_invariance_plots(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from moestat.rates.plots import plot_invariance, plot_unit_profiles
+
+    rng = np.random.default_rng(0)
+    ns = [1000, 3000, 10000, 30000, 100000]
+    rows = [{"expert": e, "gate": g, "truth_seed": s, "n": n,
+             "y": 3 * n ** -0.5 * np.exp(rng.normal(0, 0.2)), "y_alt": 3 * n ** -0.5 * np.exp(rng.normal(0, 0.2))}
+            for e in ("gelu", "relu") for g in ("sigmoid", "softmax") for s in range(5) for n in ns]
+    frame = pd.DataFrame(rows).assign(y_best=lambda f: f["y"])
+    rates_table = ms.fit_rate(frame, "y_best", by=["expert", "gate"], units="truth_seed", n_boot=200, seed=0).table
+    fig = plot_unit_profiles(frame, rates_table.assign(y="y_best"), ["y"], hue="gate", hue_label="gate {}",
+                             colors={"sigmoid": "tab:blue"}, label="test")
+    assert len(fig.axes) == 2 and fig.axes[0].get_title() == "gelu: y (test)"
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    row = rates_table[(rates_table["expert"] == "gelu") & (rates_table["gate"] == "sigmoid")].iloc[0]
+    interval = f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+    assert legend[0] == f"gate sigmoid: {interval}, {row['verdict']}"
+    fig.savefig(tmp_path / "profiles.png")
+    plt.close(fig)
+    fig = plot_invariance(frame, ["y"], hue="gate")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["sigmoid, gelu", "softmax, gelu", "sigmoid, relu",
+                                                                   "softmax, relu"]
+    assert ax.get_xscale() == "log" and len(ax.collections) == 4
+    plt.close(fig)

@@ -55,7 +55,7 @@ def test_sigmoid_vs_softmax_tiny_run_and_resume(tmp_path):
     assert {"over_param", "over_param_alt", "objective_alt", "best_start", "representation"} <= set(frame.columns)
     rates = pd.read_csv(tmp_path / "rates.csv")
     assert {"y", "solver", "expert", "gate", "exponent", "ci_low", "ci_high", "verdict", "theory"} <= set(rates.columns)
-    assert set(rates["solver"]) == {"newton", "lm"}
+    assert set(rates["solver"]) == {"lowest objective", "newton", "lm"}
     cmp = pd.read_csv(tmp_path / "comparison.csv")
     assert cmp["verdict"].notna().all()
     inv = pd.read_csv(tmp_path / "invariance.csv")

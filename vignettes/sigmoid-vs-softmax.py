@@ -43,9 +43,6 @@
 # %%
 from __future__ import annotations
 
-import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 import moestat as ms
+from moestat._vignette import run_study_timed
 from moestat.provenance import write_provenance
 
 NAME = "sigmoid-vs-softmax"
@@ -149,34 +147,17 @@ def start_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # %%
+COLORS = {"sigmoid": "tab:blue", "softmax": "tab:green"}
+
+
 def plot_rates(frame: pd.DataFrame, rates: pd.DataFrame, path: Path, label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"sigmoid": "tab:blue", "softmax": "tab:green"}
-    experts = [e for e in ("gelu", "relu", "linear") if e in set(frame["expert"])]
-    fig, axes = plt.subplots(len(experts), len(RESPONSES), figsize=(4.4 * len(RESPONSES), 3.6 * len(experts)),
-                             squeeze=False)
-    for i, expert in enumerate(experts):
-        for j, y in enumerate(r + "_best" for r in RESPONSES):
-            ax = axes[i, j]
-            for gate, sub in frame[frame["expert"] == expert].groupby("gate"):
-                for _, one in sub.groupby(UNITS):
-                    one = one.sort_values("n")
-                    ax.plot(one["n"], one[y], "-", color=colors[gate], alpha=0.2, lw=0.8)
-                med = sub.groupby("n")[y].median()
-                row = rates[(rates["y"] == y) & (rates["expert"] == expert) & (rates["gate"] == gate)]
-                text = gate
-                if len(row):
-                    r = row.iloc[0]
-                    text += f": {r['exponent']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}], {r['verdict']}"
-                ax.plot(med.index, med.values, "o-", color=colors[gate], lw=2, ms=4, label=text)
-            ax.set(xscale="log", yscale="log", xlabel="sample size n", ylabel=f"{y} (lowest-objective fit)",
-                   title=f"{expert}: {y.removesuffix('_best')} ({label})")
-            ax.legend(fontsize=6.5)
-    fig.tight_layout()
+    fig = ms.rates.plots.plot_unit_profiles(frame, rates, RESPONSES, hue="gate", units=UNITS, colors=COLORS,
+                                            hue_label="{}", label=label)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -187,20 +168,8 @@ def plot_invariance(frame: pd.DataFrame, path: Path, label: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(RESPONSES), figsize=(4.2 * len(RESPONSES), 3.8), squeeze=False)
-    markers = {"gelu": "o", "relu": "s", "linear": "^"}
-    colors = {"sigmoid": "tab:blue", "softmax": "tab:green"}
-    for ax, y in zip(axes[0], RESPONSES, strict=True):
-        for (expert, gate), sub in frame.groupby(["expert", "gate"]):
-            ax.scatter(sub[y], sub[y + "_alt"], s=12, marker=markers.get(expert, "o"), color=colors[gate],
-                       alpha=0.7, label=f"{gate}, {expert}")
-        lo = np.nanmin(frame[[y, y + "_alt"]].to_numpy()[frame[[y, y + "_alt"]].to_numpy() > 0])
-        hi = np.nanmax(frame[[y, y + "_alt"]].to_numpy())
-        ax.plot([lo, hi], [lo, hi], "k:", lw=1)
-        ax.set(xscale="log", yscale="log", xlabel=f"{y}, Newton (default)", ylabel=f"{y}, Levenberg-Marquardt",
-               title=f"{y}: same data, two solvers ({label})")
-        ax.legend(fontsize=6.5)
-    fig.tight_layout()
+    fig = ms.rates.plots.plot_invariance(frame, RESPONSES, hue="gate", colors=COLORS, hue_label="{}",
+                                         label=label)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -222,18 +191,7 @@ def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str 
     size = size or ("quick" if quick else "full")
     cfg = {**SIZES[size], **override}
     study = make_study(size, **override)
-    workers = workers or os.cpu_count() or 1
-    cells = out / "study" / "cells"
-    stored = {p.name for p in cells.glob("*.parquet")} if resume and cells.is_dir() else set()
-    t0 = time.perf_counter()
-    frame = study.run(out / "study", resume=resume, progress=progress,
-                      executor="processes" if workers > 1 else None, workers=workers)
-    study_seconds = time.perf_counter() - t0
-    computed = len({p.name for p in cells.glob("*.parquet")} - stored) if resume else len(study.cells)
-    timing = {"study_seconds": round(study_seconds, 1), "cells_computed": computed, "workers": workers}
-    previous = out / "provenance.json"
-    if computed == 0 and previous.is_file():  # every cell was loaded: keep the run that computed them
-        timing = json.loads(previous.read_text())["config"].get("timing", timing)
+    frame, timing = run_study_timed(study, out, resume=resume, progress=progress, workers=workers)
     frame = ms.lowest_objective(frame, RESPONSES, names=("newton", "lm"))
     frame.to_csv(out / "results.csv", index=False)
     rates, windows, comparison = rate_tables(frame)

@@ -4,6 +4,8 @@
   exponent and CI in the legend (nguyen2024 Fig. 1-2).
 * :func:`plot_window` — exponent and CI as the smallest / largest n are dropped (window sensitivity).
 * :func:`plot_sample_complexity` — n* with its bootstrap CI against a design variable (chowdhury2023 Fig. 5).
+* :func:`plot_unit_profiles` — every truth's error profile and the median per group, with exponents and verdicts.
+* :func:`plot_invariance` — each fit's response against a second solver's on the same data.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .complexity import SampleComplexityResult
     from .exponents import RateResult, WindowSensitivity
 
-__all__ = ["plot_rate", "plot_sample_complexity", "plot_window"]
+__all__ = ["plot_invariance", "plot_rate", "plot_sample_complexity", "plot_unit_profiles", "plot_window"]
 
 _LINESTYLES = {"power": "-.", "power_log": "--", "inverse_log": ":"}
 
@@ -175,3 +177,65 @@ def plot_sample_complexity(res: SampleComplexityResult, ax: Any = None, *, desig
                   f"{res.config['target']:g})")
     ax.legend(fontsize=7, frameon=False)
     return ax
+
+
+def plot_unit_profiles(frame: pd.DataFrame, rates: pd.DataFrame, responses: list[str], *, hue: str,
+                       rows: str = "expert", units: str = "truth_seed", suffix: str = "_best",
+                       colors: dict[Any, str] | None = None, hue_label: str = "{}", label: str = "",
+                       ylabel: str = "lowest-objective fit") -> Any:
+    """One log-log panel per ``rows`` level and response: every unit's profile (thin), the median over units
+    (thick) per ``hue`` level, and that level's exponent, interval and verdict from ``rates`` in the legend.
+
+    ``rates`` is a :func:`moestat.fit_rate` table with a ``y`` column (``response + suffix``) and the ``rows``
+    and ``hue`` columns; ``hue_label`` formats a hue level for the legend (e.g. ``"regime {}"``).  Returns the
+    matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    levels = [r for r in ("gelu", "relu", "linear") if r in set(frame[rows])] or sorted(set(frame[rows]))
+    fig, axes = plt.subplots(len(levels), len(responses), figsize=(4.4 * len(responses), 3.6 * len(levels)),
+                             squeeze=False)
+    for i, level in enumerate(levels):
+        for j, y in enumerate(r + suffix for r in responses):
+            ax = axes[i, j]
+            for h, sub in frame[frame[rows] == level].groupby(hue):
+                color = (colors or {}).get(h)
+                for _, one in sub.groupby(units):
+                    one = one.sort_values("n")
+                    ax.plot(one["n"], one[y], "-", color=color, alpha=0.2, lw=0.8)
+                med = sub.groupby("n")[y].median()
+                row = rates[(rates["y"] == y) & (rates[rows] == level) & (rates[hue] == h)]
+                text = hue_label.format(h)
+                if len(row):
+                    r = row.iloc[0]
+                    text += f": {r['exponent']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}], {r['verdict']}"
+                ax.plot(med.index, med.values, "o-", color=color, lw=2, ms=4, label=text)
+            ax.set(xscale="log", yscale="log", xlabel="sample size n", ylabel=f"{y} ({ylabel})",
+                   title=f"{level}: {y.removesuffix(suffix)} ({label})")
+            ax.legend(fontsize=6.5)
+    fig.tight_layout()
+    return fig
+
+
+def plot_invariance(frame: pd.DataFrame, responses: list[str], *, hue: str, marker: str = "expert",
+                    suffix: str = "_alt", colors: dict[Any, str] | None = None, hue_label: str = "{}",
+                    label: str = "", names: tuple[str, str] = ("Newton (default)", "Levenberg-Marquardt")) -> Any:
+    """Each fit's response against its second solver's on the same data (``y`` vs ``y + suffix``), one panel per
+    response, log-log with the diagonal: the picture behind :func:`moestat.optimizer_invariance`.  Returns the
+    matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    shapes = {"gelu": "o", "relu": "s", "linear": "^"}
+    fig, axes = plt.subplots(1, len(responses), figsize=(4.2 * len(responses), 3.8), squeeze=False)
+    for ax, y in zip(axes[0], responses, strict=True):
+        for (m, h), sub in frame.groupby([marker, hue]):
+            ax.scatter(sub[y], sub[y + suffix], s=12, marker=shapes.get(m, "o"), color=(colors or {}).get(h),
+                       alpha=0.7, label=f"{hue_label.format(h)}, {m}")
+        both = frame[[y, y + suffix]].to_numpy()
+        lo, hi = np.nanmin(both[both > 0]), np.nanmax(both)
+        ax.plot([lo, hi], [lo, hi], "k:", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel=f"{y}, {names[0]}", ylabel=f"{y}, {names[1]}",
+               title=f"{y}: same data, two solvers ({label})")
+        ax.legend(fontsize=6.5)
+    fig.tight_layout()
+    return fig
