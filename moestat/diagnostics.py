@@ -43,7 +43,7 @@ import pandas as pd
 from ._validation import check_int
 from .model import MoE
 from .params import Params
-from .rates import RateWarning, fit_rate
+from .rates import RateWarning, compare_rates, fit_rate
 
 INVARIANCE_COLUMNS = ["response", "pairs", "both_converged", "agree", "median_abs_log_ratio", "objective_delta_median",
                       "objective_delta_max", "flat_disagree", "exponent", "ci_low", "ci_high", "exponent_alt",
@@ -186,6 +186,36 @@ def lowest_objective(frame: pd.DataFrame, responses: str | Sequence[str], *, suf
     out["objective" + best_suffix] = np.where(alt, frame["objective" + suffix], frame["objective"])
     out["solver" + best_suffix] = np.where(alt, names[1], names[0])
     return out
+
+
+SOLVERS = {"_best": "lowest objective", "": "newton", "_alt": "lm"}
+"""Column suffix -> solver label of a study run with ``options.invariance`` and :func:`lowest_objective`."""
+
+
+def solver_rate_tables(frame: pd.DataFrame, responses: Sequence[str], *, between: str, levels: Sequence[Any],
+                       by: str = "expert", units: str | None = "truth_seed", solvers: dict[str, str] | None = None,
+                       n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Rates, windows and a paired comparison of ``between`` for every response under every solver.
+
+    For each ``response + suffix`` column (``solvers``: ``_best`` the lowest-objective fit, ``""`` the default
+    solver, ``_alt`` the second solver) and positive finite rows: :func:`moestat.fit_rate` by ``[by, between]``
+    (table and window table) and :func:`moestat.compare_rates` of ``levels[0]`` against ``levels[1]`` paired
+    within ``by``, with ``units`` as the resampling unit.  Every row carries ``y``, ``response`` and ``solver``.
+    Returns ``(rates, windows, comparisons)``.
+    """
+    rates, windows, comparisons = [], [], []
+    for suffix, solver in (solvers or SOLVERS).items():
+        for r in responses:
+            y = r + suffix
+            sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
+            res = fit_rate(sub, y, by=[by, between], units=units, n_boot=n_boot, seed=seed)
+            rates.append(res.table.assign(y=y, response=r, solver=solver))
+            windows.append(res.windows.assign(y=y, response=r, solver=solver))
+            cmp = compare_rates(sub, y, between=between, by=by, paired=True, units=units, levels=list(levels),
+                                n_boot=n_boot, seed=seed)
+            comparisons.append(cmp.assign(y=y, response=r, solver=solver))
+    return (pd.concat(rates, ignore_index=True), pd.concat(windows, ignore_index=True),
+            pd.concat(comparisons, ignore_index=True))
 
 
 def _exponent(g: pd.DataFrame, y: str, *, x: str, units: str | None, **kwargs: Any) -> tuple[float, float, float]:

@@ -109,3 +109,15 @@ def test_lowest_objective_takes_each_row_from_the_better_solver():
     assert "y_best" not in f  # a copy
     with pytest.raises(ValueError, match="invariance='lm'"):
         ms.lowest_objective(f.drop(columns="y_alt"), "y")
+
+
+def test_solver_rate_tables_cover_every_solver_and_response():
+    rng = np.random.default_rng(0)
+    rows = [{"expert": "gelu", "gate": g, "truth_seed": s, "n": n, **{f"y{suf}": n ** -0.5 * np.exp(rng.normal(0, .2))
+                                                                      for suf in ("", "_alt", "_best")}}
+            for g in ("sigmoid", "softmax") for s in range(5) for n in (1000, 3000, 10000, 30000, 100000)]
+    rates, windows, cmp = ms.diagnostics.solver_rate_tables(pd.DataFrame(rows), ["y"], between="gate",
+                                                            levels=["sigmoid", "softmax"], n_boot=200)
+    assert set(rates["solver"]) == {"lowest objective", "newton", "lm"} and len(rates) == 3 * 2
+    assert set(cmp["solver"]) == set(rates["solver"]) and len(cmp) == 3 and (cmp["level_a"] == "sigmoid").all()
+    assert set(windows["y"]) == {"y", "y_alt", "y_best"} and rates["exponent"].between(0.3, 0.7).all()

@@ -42,11 +42,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 import moestat as ms
 from moestat._vignette import run_study_timed
+from moestat.diagnostics import solver_rate_tables
 from moestat.provenance import write_provenance
 
 NAME = "sigmoid-regimes"
@@ -64,7 +64,6 @@ BOX = 10.0
 STARTS = ["near_truth", "kmeans", "random"]
 RESPONSES = ["over_param", "exact_param", "l2"]
 UNITS = "truth_seed"
-SOLVERS = {"_best": "lowest objective", "": "newton", "_alt": "lm"}
 
 
 def make_study(size: str = "full", **override: Any) -> ms.Study:
@@ -92,21 +91,11 @@ def make_study(size: str = "full", **override: Any) -> ms.Study:
 # %%
 def rate_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(rates with verdicts and the theory's rate, windows, paired regime comparison), every response and solver."""
-    rates, windows, comparisons = [], [], []
-    for suffix, solver in SOLVERS.items():
-        for r in RESPONSES:
-            y = r + suffix
-            sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-            res = ms.fit_rate(sub, y, by=["expert", "truth_regime"], units=UNITS, n_boot=2000, seed=0)
-            rates.append(res.table.assign(y=y, response=r, solver=solver))
-            windows.append(res.windows.assign(y=y, response=r, solver=solver))
-            cmp = ms.compare_rates(sub, y, between="truth_regime", by="expert", paired=True, units=UNITS,
-                                   levels=[2, 1], n_boot=2000, seed=0)
-            comparisons.append(cmp.assign(y=y, response=r, solver=solver))
-    out = pd.concat(rates, ignore_index=True)
+    out, windows, comparisons = solver_rate_tables(frame, RESPONSES, between="truth_regime", levels=[2, 1],
+                                                   units=UNITS)
     out["theory"] = [ms.predicted_rate("sigmoid", e, r, regime=g)
                      for e, r, g in zip(out["expert"], out["response"], out["truth_regime"], strict=True)]
-    return out, pd.concat(windows, ignore_index=True), pd.concat(comparisons, ignore_index=True)
+    return out, windows, comparisons
 
 
 def design_table(size_cfg: dict[str, Any]) -> pd.DataFrame:
@@ -128,27 +117,13 @@ COLORS = {1: "tab:orange", 2: "tab:blue"}
 
 
 def plot_rates(frame: pd.DataFrame, rates: pd.DataFrame, path: Path, label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = ms.rates.plots.plot_unit_profiles(frame, rates, RESPONSES, hue="truth_regime", units=UNITS, colors=COLORS,
-                                            hue_label="regime {}", label=label)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ms.rates.plots.plot_unit_profiles(frame, rates, RESPONSES, hue="truth_regime", units=UNITS, colors=COLORS,
+                                      hue_label="regime {}", label=label, path=path)
 
 
 def plot_invariance(frame: pd.DataFrame, path: Path, label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = ms.rates.plots.plot_invariance(frame, RESPONSES, hue="truth_regime", colors=COLORS, hue_label="regime {}",
-                                         label=label)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ms.rates.plots.plot_invariance(frame, RESPONSES, hue="truth_regime", colors=COLORS, hue_label="regime {}",
+                                   label=label, path=path)
 
 
 # %%

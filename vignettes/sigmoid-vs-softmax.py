@@ -46,11 +46,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 import moestat as ms
 from moestat._vignette import run_study_timed
+from moestat.diagnostics import solver_rate_tables
 from moestat.provenance import write_provenance
 
 NAME = "sigmoid-vs-softmax"
@@ -98,7 +98,6 @@ def make_study(size: str = "full", **override: Any) -> ms.Study:
 
 
 # %%
-SOLVERS = {"_best": "lowest objective", "": "newton", "_alt": "lm"}
 
 
 def rate_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -106,21 +105,11 @@ def rate_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
 
     ``solver`` is ``"lowest objective"`` (per row, the fit of whichever solver reached the lower objective:
     the headline), ``"newton"`` (the default ``fit_lse``) or ``"lm"`` (the invariance refit)."""
-    rates, windows, comparisons = [], [], []
-    for suffix, solver in SOLVERS.items():
-        for r in RESPONSES:
-            y = r + suffix
-            sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-            res = ms.fit_rate(sub, y, by=["expert", "gate"], units=UNITS, n_boot=2000, seed=0)
-            rates.append(res.table.assign(y=y, response=r, solver=solver))
-            windows.append(res.windows.assign(y=y, response=r, solver=solver))
-            cmp = ms.compare_rates(sub, y, between="gate", by="expert", paired=True, units=UNITS,
-                                   levels=["sigmoid", "softmax"], n_boot=2000, seed=0)
-            comparisons.append(cmp.assign(y=y, response=r, solver=solver))
-    out = pd.concat(rates, ignore_index=True)
+    out, windows, comparisons = solver_rate_tables(frame, RESPONSES, between="gate", levels=["sigmoid", "softmax"],
+                                                   units=UNITS)
     out["theory"] = [ms.predicted_rate(g, e, r, regime=2)
                      for g, e, r in zip(out["gate"], out["expert"], out["response"], strict=True)]
-    return out, pd.concat(windows, ignore_index=True), pd.concat(comparisons, ignore_index=True)
+    return out, windows, comparisons
 
 
 def design_table(size_cfg: dict[str, Any], basin: bool = True) -> pd.DataFrame:
@@ -151,27 +140,13 @@ COLORS = {"sigmoid": "tab:blue", "softmax": "tab:green"}
 
 
 def plot_rates(frame: pd.DataFrame, rates: pd.DataFrame, path: Path, label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = ms.rates.plots.plot_unit_profiles(frame, rates, RESPONSES, hue="gate", units=UNITS, colors=COLORS,
-                                            hue_label="{}", label=label)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ms.rates.plots.plot_unit_profiles(frame, rates, RESPONSES, hue="gate", units=UNITS, colors=COLORS,
+                                      hue_label="{}", label=label, path=path)
 
 
 def plot_invariance(frame: pd.DataFrame, path: Path, label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = ms.rates.plots.plot_invariance(frame, RESPONSES, hue="gate", colors=COLORS, hue_label="{}",
-                                         label=label)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ms.rates.plots.plot_invariance(frame, RESPONSES, hue="gate", colors=COLORS, hue_label="{}", label=label,
+                                   path=path)
 
 
 # %%

@@ -182,13 +182,13 @@ def plot_sample_complexity(res: SampleComplexityResult, ax: Any = None, *, desig
 def plot_unit_profiles(frame: pd.DataFrame, rates: pd.DataFrame, responses: list[str], *, hue: str,
                        rows: str = "expert", units: str = "truth_seed", suffix: str = "_best",
                        colors: dict[Any, str] | None = None, hue_label: str = "{}", label: str = "",
-                       ylabel: str = "lowest-objective fit") -> Any:
+                       ylabel: str = "lowest-objective fit", path: Any = None) -> Any:
     """One log-log panel per ``rows`` level and response: every unit's profile (thin), the median over units
     (thick) per ``hue`` level, and that level's exponent, interval and verdict from ``rates`` in the legend.
 
     ``rates`` is a :func:`moestat.fit_rate` table with a ``y`` column (``response + suffix``) and the ``rows``
     and ``hue`` columns; ``hue_label`` formats a hue level for the legend (e.g. ``"regime {}"``).  Returns the
-    matplotlib Figure.
+    matplotlib Figure, or saves it to ``path`` (110 dpi), closes it and returns None.
     """
     import matplotlib.pyplot as plt
 
@@ -214,15 +214,16 @@ def plot_unit_profiles(frame: pd.DataFrame, rates: pd.DataFrame, responses: list
                    title=f"{level}: {y.removesuffix(suffix)} ({label})")
             ax.legend(fontsize=6.5)
     fig.tight_layout()
-    return fig
+    return _save(fig, path)
 
 
 def plot_invariance(frame: pd.DataFrame, responses: list[str], *, hue: str, marker: str = "expert",
                     suffix: str = "_alt", colors: dict[Any, str] | None = None, hue_label: str = "{}",
-                    label: str = "", names: tuple[str, str] = ("Newton (default)", "Levenberg-Marquardt")) -> Any:
+                    label: str = "", names: tuple[str, str] = ("Newton (default)", "Levenberg-Marquardt"),
+                    path: Any = None) -> Any:
     """Each fit's response against its second solver's on the same data (``y`` vs ``y + suffix``), one panel per
     response, log-log with the diagonal: the picture behind :func:`moestat.optimizer_invariance`.  Returns the
-    matplotlib Figure."""
+    matplotlib Figure, or saves it to ``path`` (110 dpi), closes it and returns None."""
     import matplotlib.pyplot as plt
 
     shapes = {"gelu": "o", "relu": "s", "linear": "^"}
@@ -238,4 +239,15 @@ def plot_invariance(frame: pd.DataFrame, responses: list[str], *, hue: str, mark
                title=f"{y}: same data, two solvers ({label})")
         ax.legend(fontsize=6.5)
     fig.tight_layout()
-    return fig
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Any) -> Any:
+    """Return ``fig``, or save it to ``path`` at 110 dpi and close it."""
+    if path is None:
+        return fig
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
