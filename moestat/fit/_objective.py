@@ -121,7 +121,7 @@ def activation_second_derivative(family: ExpertFamily) -> Callable | None:
 
     Closed forms: gelu :math:`\phi(z)(2 - z^2)` (:math:`\phi` the standard normal density), tanh
     :math:`-2\tanh z\,(1 - \tanh^2 z)`, sigmoid :math:`s(1-s)(1-2s)`, polyP :math:`P(P-1)z^{P-2}`; any other
-    activation by double autograd.  Used by the exact Hessian (:meth:`MeanKernel.second_derivatives`).
+    activation by double autograd.  Used by the exact Hessian (:meth:`MeanKernel.exact_curvature_rows`).
     """
     name = family.name
     if not family.input_dependent or name in ("linear", "relu"):
@@ -321,6 +321,7 @@ class MeanKernel:
         self.native, self.native_act = native, native_act
         self.act2: Callable | None = None
         self._ws: dict = {}
+        self._pair_pos: dict = {}
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool | str = False, chunk_bytes: int = 2**21,
@@ -499,10 +500,23 @@ class MeanKernel:
         return r, U
 
 
-    def second_derivatives(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r"""Residuals r (G, s, n), :math:`u = \partial f/\partial Z` (G, s, 2k, n) and the second derivatives
-        :math:`W = \partial^2 f/\partial Z\,\partial Z^\top` (G, s, 2k, 2k, n), fresh tensors.
+    def _pair_positions(self, device: torch.device) -> torch.Tensor:
+        """(2k, 2k) table: the position of the pair (i, j) among the unordered pairs of the 2k derivative rows,
+        in the order of :func:`_pair_products` (cached per device)."""
+        table = self._pair_pos.get(device)
+        if table is None:
+            m = 2 * self.k
+            a, b = torch.triu_indices(m, m, device=device)
+            table = torch.empty(m, m, dtype=torch.long, device=device)
+            table[a, b] = table[b, a] = torch.arange(a.numel(), device=device)
+            self._pair_pos[device] = table
+        return table
+
+    def exact_curvature_rows(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""Residuals r (G, s, n), :math:`u = \partial f/\partial Z` (G, s, 2k, n) and the unordered pair rows
+        :math:`C_{ij} = u_iu_j + r\,W_{ij}` (:math:`i \le j`, order of :func:`_pair_products`), shape
+        (G, s, 2k(2k+1)/2, n), with :math:`W = \partial^2 f/\partial Z\,\partial Z^\top`.
 
         With logits :math:`l = Z_{\mathrm{gate}}/\tau`, experts :math:`h_i = \varphi(Z_{\mathrm{exp},i})` and
         :math:`f = \sum_i \pi_i h_i`:
@@ -513,40 +527,46 @@ class MeanKernel:
           :math:`W_{g_ig_j} = [\delta_{ij}\pi_i(h_i - f) - \pi_i\pi_j(h_i + h_j - 2f)]/\tau^2`,
           :math:`W_{g_ie_j} = \pi_i(\delta_{ij}h'_i - \pi_j h'_j)/\tau`, :math:`W_{e_ie_i} = \pi_i h''_i`.
 
-        The Hessian of :math:`f_t` in :math:`\Theta` is :math:`W_t \otimes \tilde x_t\tilde x_t^\top`, so the
-        exact Hessian of the objective has the Kronecker structure of :math:`J^\top J`
-        (:meth:`LSProblem.gauss_newton` with ``exact=True``).  The test-suite checks W against autograd.
+        The Hessian of :math:`f_t` in :math:`\Theta` is :math:`W_t \otimes \tilde x_t\tilde x_t^\top`, so half
+        the exact Hessian of the objective is :math:`\frac1n\sum_t C_t \otimes \tilde x_t\tilde x_t^\top`, with the
+        Kronecker structure of :math:`J^\top J` (:meth:`LSProblem.gauss_newton` with ``exact=True``).  Only the
+        non-zero entries of W are formed (3k of them for a sigmoid gate) and added into the pair rows in place;
+        the test-suite checks the resulting Hessian against autograd.  ``u`` and ``r`` are workspace buffers,
+        valid until the next evaluation of this kernel.
         """
         G, s = theta.shape[:2]
         k, n, tau = self.k, X.shape[1], self.temperature
         ws = self._workspace(G, s, n, X)
         pi, h, dh, f = self._forward(theta, X, ws)
-        pi, h, f = pi.clone(), h.clone(), f.clone()
-        dh = torch.ones_like(h) if dh is None else dh.clone()
-        ze = torch.bmm(theta[:, :, k:].reshape(G, s * k, -1), X.transpose(1, 2)).view(G, s, k, n)
-        r = f - y.unsqueeze(1)
-        U = self._dfdz(pi.clone(), h, dh, f, None, torch.empty(G, s, 2 * k, n, dtype=X.dtype, device=X.device))
-        W = torch.zeros(G, s, 2 * k, 2 * k, n, dtype=X.dtype, device=X.device)
+        ze = ws["Z"].view(G, s, 2 * k, n)[:, :, k:]
+        r = torch.sub(f, y.unsqueeze(1), out=ws["r"])
+        pos = self._pair_positions(X.device)
         eye = torch.arange(k, device=X.device)
+        slope = 1.0 if dh is None else dh  # linear experts: h' = 1
         if self.gate == "sigmoid":
             d1 = pi * (1.0 - pi)
-            W[:, :, eye, eye] = d1 * (1.0 - 2.0 * pi) * h / tau**2
-            cross = d1 * dh / tau
-            W[:, :, eye, k + eye] = cross
-            W[:, :, k + eye, eye] = cross
+            blocks = [d1 * (1.0 - 2.0 * pi) * h / tau**2, d1 * slope / tau]
+            where = [pos[eye, eye], pos[eye, k + eye]]
         else:
             hf = h - f.unsqueeze(2)
-            pp = pi.unsqueeze(3) * pi.unsqueeze(2)                                   # (G, s, k, k, n)
-            gg = -pp * (hf.unsqueeze(3) + hf.unsqueeze(2))
-            gg[:, :, eye, eye] += pi * hf
-            W[:, :, :k, :k] = gg / tau**2
-            ge = -pp * dh.unsqueeze(2)
-            ge[:, :, eye, eye] += pi * dh
-            W[:, :, :k, k:] = ge / tau
-            W[:, :, k:, :k] = ge.transpose(2, 3) / tau
+            gi, gj = torch.triu_indices(k, k, device=X.device)
+            pp = pi[:, :, gi] * pi[:, :, gj]
+            gg = pp.mul_(hf[:, :, gi] + hf[:, :, gj]).neg_()
+            gg[:, :, gi == gj] += pi * hf
+            dhj = slope if dh is None else dh.unsqueeze(2)
+            ge = (pi.unsqueeze(3) * pi.unsqueeze(2)).mul_(dhj).neg_()  # (G, s, k, k, n): -pi_i pi_j h'_j
+            ge[:, :, eye, eye] += pi * slope
+            blocks = [gg / tau**2, ge.view(G, s, k * k, n) / tau]
+            ei, ej = torch.meshgrid(eye, eye, indexing="ij")
+            where = [pos[gi, gj], pos[ei.reshape(-1), k + ej.reshape(-1)]]
         if self.act2 is not None:
-            W[:, :, k + eye, k + eye] = pi * self.act2(ze)
-        return r, U, W
+            blocks.append(pi * self.act2(ze))
+            where.append(pos[k + eye, k + eye])
+        U = self._dfdz(pi, h, dh, f, None, ws["U"])  # overwrites pi under softmax: W is formed above
+        C = _pair_products(U.view(G * s, 2 * k, n))
+        W = torch.cat(blocks, 2).view(G * s, -1, n).mul_(r.view(G * s, 1, n))
+        C.index_add_(1, torch.cat(where), W)
+        return r, U, C.view(G, s, -1, n)
 
 
 def _pair_products(rows: torch.Tensor) -> torch.Tensor:
@@ -653,7 +673,7 @@ class LSProblem:
 
         With ``exact=True`` H is half the exact Hessian of the objective,
         :math:`\frac1n\sum_t (u_t u_t^\top + r_t W_t) \otimes \tilde x_t\tilde x_t^\top`
-        (:meth:`MeanKernel.second_derivatives`): the residual-curvature term that Gauss-Newton drops is
+        (:meth:`MeanKernel.exact_curvature_rows`): the residual-curvature term that Gauss-Newton drops is
         added to the pair products before the one matrix product, at the same cost.  Then
         :math:`L(\Theta + \delta) = L + 2b^\top\delta + \delta^\top H\delta + O(\|\delta\|^3)`.
 
@@ -684,10 +704,7 @@ class LSProblem:
             Xc, yc = self._Xg[:, lo : lo + chunk], self._yg[:, lo : lo + chunk]
             c = Xc.shape[1]
             if exact:
-                r, u, W = self.kernel.second_derivatives(th, Xc, yc)
-                uu = _pair_products(u.view(A, two_k, c))
-                wa, wb = torch.triu_indices(two_k, two_k, device=theta.device)
-                uu.addcmul_(W.view(A, two_k, two_k, c)[:, wa, wb], r.reshape(A, 1, c))
+                r, u, uu = self.kernel.exact_curvature_rows(th, Xc, yc)
                 uu = uu.view(G, s * mu, c)
             else:
                 r, u = self.kernel.residual_jacobian(th, Xc, yc)  # (G, s, c), (G, s, 2k, c)
