@@ -169,18 +169,35 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
         fit = fit_lse(spec, X, y, seed=seed, device=device, **opts)
         est = estimate_from_fit(fit)
         if invariance is not None:
-            alt_opts = {**opts, **_invariance_options(invariance)}
+            alt = _invariance_options(invariance)
+            starts = alt.pop("starts", "all")
+            alt_opts = {**opts, **alt}
+            if starts == "best":  # the second solver starts where the first solver's winning restart started
+                rows = fit.restarts.index[fit.restarts["best"]].to_numpy()
+                for key in ("truth", "duplicate", "init_scale", "restarts"):
+                    alt_opts.pop(key, None)
+                alt_opts["init"] = fit.start_params.select(rows)
             est.alt = estimate_from_fit(fit_lse(spec, X, y, seed=seed, device=device, **alt_opts))
             est.settings["invariance"] = alt_opts["optimizer"]
+            est.settings["invariance_starts"] = starts
     return est
 
 
+INVARIANCE_STARTS = ("all", "best")
+
+
 def _invariance_options(invariance: Any) -> dict[str, Any]:
-    """Options of the second solver: ``"lm"``/``"lbfgs"``/... or a table with ``optimizer`` and its settings."""
+    """Options of the second solver: ``"lm"``/``"lbfgs"``/... or a table with ``optimizer``, its settings and
+    ``starts`` (``"all"``: the first fit's starts; ``"best"``: per replicate, only the start of the first fit's
+    lowest-objective restart)."""
     if isinstance(invariance, str):
         return {"optimizer": invariance}
     if isinstance(invariance, Mapping) and "optimizer" in invariance:
-        return dict(invariance)
+        out = dict(invariance)
+        if out.get("starts", "all") not in INVARIANCE_STARTS:
+            raise ValueError(f"options.invariance.starts must be one of {INVARIANCE_STARTS}, got {out['starts']!r}: "
+                             "'all' refits from every start of the first fit, 'best' from its winning start only.")
+        return out
     raise ValueError(f"options.invariance must name an optimizer (e.g. 'lm') or be a table with an 'optimizer' key, "
                      f"got {invariance!r}.")
 

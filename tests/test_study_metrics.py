@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 
 import moestat as ms
 from moestat._cells import split_family
+from moestat.exceptions import ConvergenceWarning
 
 
 @settings(max_examples=20, deadline=None)
@@ -127,3 +130,29 @@ def _two_atoms(truth):
     """A batched k* + 1 atom Params (the gbar_for cache key only reads the truth and the fitted k)."""
     return ms.Params(np.r_[truth.gate_bias, 0.0][None], np.r_[truth.gate_weight, np.zeros((1, truth.d))][None],
                      np.r_[truth.expert_weight, np.zeros((1, truth.d))][None], np.r_[truth.expert_bias, 0.0][None])
+
+
+def test_invariance_from_the_winning_start_only():
+    """options.invariance.starts='best' runs the second solver once per replicate, from the starting values of the
+    first fit's lowest-objective restart: the same objective as LM run by hand from fit.start_params of that row."""
+    from moestat._cells import lse_estimator
+
+    truth = ms.presets.gate_comparison("gelu", seed=1)
+    spec = truth.spec.with_k(4)
+    data = ms.simulate(truth.spec, truth.params, n=400, reps=2, seed=5)
+    opts = {"init": ["near_truth", "kmeans", "random"], "box": 10.0, "max_iter": 200}
+    est = lse_estimator(spec, data.X, data.y, truth=truth, seed=7,
+                        invariance={"optimizer": "lm", "max_iter": 300, "starts": "best"}, **opts)
+    assert est.settings["invariance_starts"] == "best"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = ms.fit_lse(spec, data.X, data.y, truth=truth.params, duplicate=[0], seed=7, **opts)
+        rows = np.flatnonzero(fit.restarts["best"].to_numpy())
+        assert fit.start_params.n_reps == 6 and len(rows) == 2
+        lm = ms.fit_lse(spec, data.X, data.y, init=fit.start_params.select(rows), optimizer="lm", max_iter=300,
+                        box=10.0, seed=7)
+    np.testing.assert_array_equal(est.objective, fit.objective)
+    # the same deterministic computation from the same start: equal to round-off
+    np.testing.assert_allclose(est.alt.objective, lm.objective, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"invariance\.starts"):
+        lse_estimator(spec, data.X, data.y, truth=truth, invariance={"optimizer": "lm", "starts": "first"}, **opts)

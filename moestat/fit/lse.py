@@ -89,6 +89,9 @@ class LSEFit:
         One row per (rep, restart): objective, converged, status, n_iter, grad_norm, hit_bound, best.
     restart_params : Params
         All restarts, batched (R*S, ...), row ``r*S + s``.
+    start_params : Params or None
+        The starting values of every restart, batched like ``restart_params`` (so a second solver can be run
+        from exactly the start that won: ``init=fit.start_params.select(...)``).
     history : DataFrame or None
         With ``history=True``: one row per (rep, restart, iter) with objective and grad_norm.
     settings : dict
@@ -111,6 +114,7 @@ class LSEFit:
     settings: dict[str, Any] = field(default_factory=dict)
     wall_time: float = float("nan")
     hessian_min_eig: np.ndarray | None = None
+    start_params: Params | None = None
 
     @property
     def n_reps(self) -> int:
@@ -610,7 +614,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         converged=to_numpy(converged_all[best]), status=status_all[best_np],
         n_iter=to_numpy(res.n_iter[best]), grad_norm=to_numpy(res.grad_norm[best]).astype(float), cond=cond,
         hit_bound=to_numpy(hit_all[best]), restarts=restarts_frame, restart_params=all_params,
-        history=hist_frame, settings=settings, wall_time=wall, hessian_min_eig=hess_min,
+        history=hist_frame, settings=settings, wall_time=wall, hessian_min_eig=hess_min, start_params=start,
     )
     if optimizer != "sgd" and not fit.converged.all():
         bad = int((~fit.converged).sum())
