@@ -4,7 +4,7 @@
 * ``moestat study run STUDY.toml --out DIR [--resume] [--workers N] [--device auto|cpu|cuda]`` and
   ``moestat study check STUDY.toml``;
 * ``moestat rates DIR --y D1 --by gate,expert`` — the rate table (printed, CSV and PNG);
-* ``moestat vignette list`` and ``moestat vignette run NAME [--quick | --size SIZE] [--out DIR]``.
+* ``moestat vignette list`` and ``moestat vignette run NAME [--quick | --size SIZE] [--out DIR] [--workers N]``.
 
 Exit codes: 0 success; 2 a usage or input error (message on stderr, prefixed ``moestat: error:``);
 130 interrupted (finished work is kept); 1 an unexpected failure (traceback).
@@ -13,6 +13,7 @@ Exit codes: 0 success; 2 a usage or input error (message on stderr, prefixed ``m
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,6 +173,12 @@ def _cmd_vignette_run(args: argparse.Namespace) -> int:
         if args.quick:
             raise _UsageError("--quick and --size are exclusive (--quick is the size 'quick'); pass one of them.")
         kwargs["size"] = args.size
+    if args.workers is not None:
+        if args.workers < 1:
+            raise _UsageError(f"--workers must be a positive number of processes, got {args.workers}.")
+        if "workers" not in inspect.signature(module.run).parameters:
+            raise _UsageError(f"vignette {info.name} runs in one process; drop --workers.")
+        kwargs["workers"] = args.workers
     label = f" ({args.size})" if args.size else (" (quick)" if args.quick else "")
     print(f"running vignette {info.name}{label} -> {out}", flush=True)
     try:
@@ -272,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a named size of the vignette (its SIZES, e.g. 'linear' for sigmoid-vs-softmax)")
     vr.add_argument("--out", metavar="DIR", default=None, help="output folder (default out/NAME)")
     vr.add_argument("--no-resume", action="store_true", help="recompute pieces already saved in DIR")
+    vr.add_argument("--workers", metavar="N", type=int, default=None,
+                    help="worker processes for the vignette's study cells (default: the CPU count)")
     vr.set_defaults(func=_cmd_vignette_run)
     vig.set_defaults(func=None, _sub_parser=vig)
     return parser

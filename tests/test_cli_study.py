@@ -139,6 +139,27 @@ def test_vignette_list_and_run_from_a_package_folder(fake_vignettes, tmp_path, c
     assert "valid sizes are ['full', 'quick', 'wide']" in capsys.readouterr().err
     assert main(["vignette", "run", "tiny-demo", "--size", "wide", "--quick", "--out", str(out)]) == 2
     assert "exclusive" in capsys.readouterr().err
+    # the fake vignette's run() has no workers parameter: --workers is refused with the reason
+    assert main(["vignette", "run", "tiny-demo", "--workers", "2", "--out", str(out)]) == 2
+    assert "runs in one process" in capsys.readouterr().err
+    assert main(["vignette", "run", "tiny-demo", "--workers", "0", "--out", str(out)]) == 2
+    assert "--workers must be a positive" in capsys.readouterr().err
+
+
+def test_vignette_run_passes_workers(monkeypatch, tmp_path):
+    import moestat._vignette_index as vindex
+
+    seen = {}
+
+    class Fake:
+        @staticmethod
+        def run(out, quick=False, resume=True, size=None, workers=None):
+            seen.update(workers=workers, quick=quick)
+
+    monkeypatch.setattr(vindex, "find", lambda name: vindex.VignetteInfo(name, "t", tmp_path / "x.py"))
+    monkeypatch.setattr(vindex, "load", lambda info: Fake)
+    assert main(["vignette", "run", "any", "--quick", "--workers", "2", "--out", str(tmp_path / "o")]) == 0
+    assert seen == {"workers": 2, "quick": True}
 
 
 def test_package_resource_root_is_scanned(fake_vignettes, monkeypatch):
