@@ -26,6 +26,8 @@ slope.  Each family reports it as ``homogeneous``.
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +38,17 @@ import torch
 from ._torch import Array, is_torch, to_numpy, to_tensor
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
+FusedActivation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                           tuple[torch.Tensor, torch.Tensor | None]]
 
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+LEAKY_SLOPE = 0.1
+"""Negative-side slope of the ``leaky_relu`` family."""
+
+
+# ------------------------------------------------------------------ closed forms, one place
+# phi, phi' and phi'' of every built-in family (torch).  The fused variants write phi and phi' into workspace
+# buffers without allocating (the least-squares kernel's element-wise pass, moestat.fit._objective).
 
 def _identity(z: torch.Tensor) -> torch.Tensor:
     return z
@@ -46,17 +58,110 @@ def _gelu(z: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(z)
 
 
-def _power(p: int) -> Activation:
+def _gelu_d1(z: torch.Tensor) -> torch.Tensor:
+    r""":math:`\Phi(z) + z\phi(z)`."""
+    cdf = 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0))))
+    return cdf + z * torch.exp(-0.5 * z * z) * (1.0 / _SQRT_2PI)
+
+
+def _gelu_d2(z: torch.Tensor) -> torch.Tensor:
+    r""":math:`\phi(z)(2 - z^2)`."""
+    return torch.exp(-0.5 * z * z).mul_(1.0 / _SQRT_2PI).mul_(2.0 - z * z)
+
+
+def _relu_d1(z: torch.Tensor) -> torch.Tensor:
+    return (z > 0).to(z.dtype)  # phi'(0) = 0
+
+
+def _tanh_d1(z: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(z)
+    return 1.0 - t * t
+
+
+def _tanh_d2(z: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(z)
+    return -2.0 * t * (1.0 - t * t)
+
+
+def _sigmoid_d1(z: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(z)
+    return s * (1.0 - s)
+
+
+def _sigmoid_d2(z: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(z)
+    return s * (1.0 - s) * (1.0 - 2.0 * s)
+
+
+def _leaky_relu(z: torch.Tensor) -> torch.Tensor:
+    return torch.where(z > 0, z, LEAKY_SLOPE * z)
+
+
+def _leaky_relu_d1(z: torch.Tensor) -> torch.Tensor:
+    return torch.where(z > 0, torch.ones_like(z), torch.full_like(z, LEAKY_SLOPE))
+
+
+def _fused_linear(z, h, dh, tmp):
+    return z, None
+
+
+def _fused_relu(z, h, dh, tmp):
+    torch.clamp_min(z, 0.0, out=h)
+    torch.sign(h, out=dh)  # h >= 0, so sign(h) is the indicator z > 0 (phi'(0) = 0)
+    return h, dh
+
+
+def _fused_tanh(z, h, dh, tmp):
+    torch.tanh(z, out=h)
+    torch.mul(h, h, out=dh)
+    dh.neg_().add_(1.0)
+    return h, dh
+
+
+def _fused_sigmoid(z, h, dh, tmp):
+    torch.sigmoid(z, out=h)
+    torch.neg(h, out=dh).add_(1.0)
+    dh.mul_(h)
+    return h, dh
+
+
+def _fused_gelu(z, h, dh, tmp):
+    torch.mul(z, 1.0 / math.sqrt(2.0), out=dh)
+    dh.erf_().add_(1.0).mul_(0.5)  # Phi(z)
+    torch.mul(z, dh, out=h)  # z Phi(z)
+    torch.mul(z, z, out=tmp)
+    tmp.mul_(-0.5).exp_().mul_(1.0 / _SQRT_2PI).mul_(z)  # z phi(z)
+    dh.add_(tmp)
+    return h, dh
+
+
+def _power(p: int) -> tuple[Activation, Activation, Activation, FusedActivation]:
+    """phi, phi', phi'' and the fused evaluator of :math:`z^p`."""
     def phi(z: torch.Tensor) -> torch.Tensor:
         return z**p
 
+    def d1(z: torch.Tensor) -> torch.Tensor:
+        return p * z ** (p - 1)
+
+    def d2(z: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(z, 2.0) if p == 2 else p * (p - 1) * z ** (p - 2)
+
+    def fused(z, h, dh, tmp):
+        torch.pow(z, p - 1, out=dh)
+        torch.mul(dh, z, out=h)
+        dh.mul_(float(p))
+        return h, dh
+
     phi.__name__ = f"poly{p}"
-    return phi
+    return phi, d1, d2, fused
 
 
 @dataclass(frozen=True)
 class ExpertFamily:
-    r"""A parametric expert family :math:`x \mapsto h(x; \eta)`.
+    r"""A parametric expert family :math:`x \mapsto h(x; \eta)`: the one registry of activations.
+
+    Every part of moestat that evaluates an activation (the models, the least-squares kernels, Hermite
+    quadrature of the tensor method, the deep cluster MoE) reads it from here.
 
     Attributes
     ----------
@@ -65,15 +170,34 @@ class ExpertFamily:
     activation : callable
         The torch activation :math:`\varphi`.
     homogeneous : bool
-        True when :math:`\varphi` is positively 1-homogeneous (linear, relu).
+        True when :math:`\varphi` is positively 1-homogeneous (linear, relu, leaky_relu).
     input_dependent : bool
         False for the constant expert :math:`h(x;b) = b`.
+    derivative : callable, optional
+        Closed-form :math:`\varphi'` (torch); ``None``: autograd (:meth:`phi_prime`).
+    second_derivative : callable, optional
+        Closed-form :math:`\varphi''` (torch); ``None``: autograd unless ``piecewise_linear``.
+    piecewise_linear : bool
+        :math:`\varphi'' \equiv 0` away from the kinks (linear, relu, leaky_relu, constant).
+    kinks : tuple of float
+        Points where :math:`\varphi` is not smooth (quadrature is split there).
+    odd : bool
+        :math:`\varphi(-z) = -\varphi(z)`.
+    fused : callable, optional
+        In-place evaluator ``fused(z, h, dh, tmp) -> (phi(z), phi'(z))`` writing into the workspace tensors ``h``,
+        ``dh`` (and scratch ``tmp``); a returned derivative ``None`` means :math:`\varphi' \equiv 1`.
     """
 
     name: str
     activation: Activation
     homogeneous: bool
     input_dependent: bool = True
+    derivative: Activation | None = None
+    second_derivative: Activation | None = None
+    piecewise_linear: bool = False
+    kinks: tuple[float, ...] = ()
+    odd: bool = False
+    fused: FusedActivation | None = None
 
     def n_params(self, d: int) -> int:
         """Number of free parameters of one expert in dimension ``d`` (``d + 1`` or 1)."""
@@ -109,26 +233,87 @@ class ExpertFamily:
         z = X @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
         return self.activation(z)
 
+    def numpy(self, z: Array) -> np.ndarray:
+        """:math:`\\varphi(z)` on a numpy array (float64, through the torch formula)."""
+        return to_numpy(self.activation(torch.as_tensor(np.asarray(z, dtype=np.float64))))
+
+    def phi_prime(self, z: torch.Tensor) -> torch.Tensor:
+        """:math:`\\varphi'(z)`: the closed form, else autograd."""
+        if self.derivative is not None:
+            return self.derivative(z)
+        with torch.enable_grad():
+            zz = z.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.activation(zz).sum(), zz)
+        return g.detach()
+
+    def phi_second(self, z: torch.Tensor) -> torch.Tensor | None:
+        """:math:`\\varphi''(z)`, or ``None`` where it vanishes (piecewise-linear families): the closed form, else
+        double autograd."""
+        if self.piecewise_linear:
+            return None
+        if self.second_derivative is not None:
+            return self.second_derivative(z)
+        with torch.enable_grad():
+            zz = z.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.activation(zz).sum(), zz, create_graph=True)
+            (g2,) = torch.autograd.grad(g.sum(), zz)
+        return g2.detach()
+
+    def value_and_derivative_into(self, z: torch.Tensor, h: torch.Tensor, dh: torch.Tensor, tmp: torch.Tensor
+                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(phi(z), phi'(z))`` written into the workspace tensors ``h`` and ``dh`` (``fused`` where the family
+        has one, else the closed forms or autograd); a derivative ``None`` means :math:`\\varphi' \\equiv 1`."""
+        if self.fused is not None:
+            return self.fused(z, h, dh, tmp)
+        h.copy_(self.activation(z))
+        dh.copy_(self.phi_prime(z))
+        return h, dh
+
 
 _FAMILIES: dict[str, ExpertFamily] = {
-    "linear": ExpertFamily("linear", _identity, homogeneous=True),
-    "relu": ExpertFamily("relu", torch.relu, homogeneous=True),
-    "gelu": ExpertFamily("gelu", _gelu, homogeneous=False),
-    "tanh": ExpertFamily("tanh", torch.tanh, homogeneous=False),
-    "sigmoid": ExpertFamily("sigmoid", torch.sigmoid, homogeneous=False),
-    "constant": ExpertFamily("constant", _identity, homogeneous=False, input_dependent=False),
+    "linear": ExpertFamily("linear", _identity, homogeneous=True, derivative=torch.ones_like, piecewise_linear=True,
+                           odd=True, fused=_fused_linear),
+    "relu": ExpertFamily("relu", torch.relu, homogeneous=True, derivative=_relu_d1, piecewise_linear=True, kinks=(0.0,),
+                         fused=_fused_relu),
+    "leaky_relu": ExpertFamily("leaky_relu", _leaky_relu, homogeneous=True, derivative=_leaky_relu_d1,
+                               piecewise_linear=True, kinks=(0.0,)),
+    "gelu": ExpertFamily("gelu", _gelu, homogeneous=False, derivative=_gelu_d1, second_derivative=_gelu_d2,
+                         fused=_fused_gelu),
+    "tanh": ExpertFamily("tanh", torch.tanh, homogeneous=False, derivative=_tanh_d1, second_derivative=_tanh_d2,
+                         odd=True, fused=_fused_tanh),
+    "sigmoid": ExpertFamily("sigmoid", torch.sigmoid, homogeneous=False, derivative=_sigmoid_d1,
+                            second_derivative=_sigmoid_d2, fused=_fused_sigmoid),
+    "softplus": ExpertFamily("softplus", torch.nn.functional.softplus, homogeneous=False, derivative=torch.sigmoid,
+                             second_derivative=_sigmoid_d1),
+    "celu": ExpertFamily("celu", torch.nn.functional.celu, homogeneous=False),
+    "constant": ExpertFamily("constant", _identity, homogeneous=False, input_dependent=False,
+                             derivative=torch.ones_like, piecewise_linear=True, fused=_fused_linear),
 }
+_ALIASES = {"id": "linear", "identity": "linear", "cubic": "poly3"}
 _POLY = re.compile(r"^poly([1-9][0-9]*)$")
 
 EXPERTS = ("linear", "relu", "gelu", "tanh", "sigmoid", "poly2", "poly3", "constant")
-"""Names accepted by :func:`get_expert` (``polyP`` works for any integer P >= 1)."""
+"""The expert families of the nguyen2024-style ridge MoE (:func:`get_expert` also knows ``leaky_relu`` (slope
+0.1), ``softplus``, ``celu``, any ``polyP`` and the aliases ``id``/``identity`` (linear) and ``cubic`` (poly3))."""
+
+ACTIVATION_NAMES = tuple(sorted({*_FAMILIES, *_ALIASES, "poly2", "poly3"} - {"constant"}))
+"""Every activation name :func:`get_expert` resolves (besides ``polyP`` for any P and the constant expert)."""
+
+
+@functools.cache
+def _poly_family(p: int) -> ExpertFamily:
+    """The family ``polyP`` (one object per degree, so families compare equal)."""
+    phi, d1, d2, fused = _power(p)
+    return ExpertFamily(f"poly{p}", phi, homogeneous=False, derivative=d1, second_derivative=d2, odd=p % 2 == 1,
+                        fused=fused)
 
 
 def get_expert(name: str | ExpertFamily) -> ExpertFamily:
-    """Look up an expert family by name (``"relu"``, ``"poly3"``, ...)."""
+    """Look up an expert family by name (``"relu"``, ``"poly3"``, ``"identity"``, ...)."""
     if isinstance(name, ExpertFamily):
         return name
     if isinstance(name, str):
+        name = _ALIASES.get(name, name)
         if name in _FAMILIES:
             return _FAMILIES[name]
         m = _POLY.match(name)
@@ -136,10 +321,11 @@ def get_expert(name: str | ExpertFamily) -> ExpertFamily:
             p = int(m.group(1))
             if p == 1:
                 return _FAMILIES["linear"]
-            return ExpertFamily(name, _power(p), homogeneous=False)
+            return _poly_family(p)
     raise ValueError(
         f"expert={name!r} is not a known expert family; valid names are "
-        f"{list(EXPERTS)} (or 'polyP' for any integer degree P >= 1)."
+        f"{list(EXPERTS)} (or 'polyP' for any integer degree P >= 1; also {sorted(set(_FAMILIES) - set(EXPERTS))} "
+        f"and the aliases {sorted(_ALIASES)})."
     )
 
 
@@ -150,5 +336,4 @@ def expert_values(name: str | ExpertFamily, X: Array, weight: Array, bias: Array
 
 def activation_numpy(name: str, z: np.ndarray) -> np.ndarray:
     """The activation of family ``name`` applied to a numpy array (through the torch formula)."""
-    fam = get_expert(name)
-    return to_numpy(fam.activation(to_tensor(z)))
+    return get_expert(name).numpy(z)

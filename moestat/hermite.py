@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from numpy.polynomial import hermite_e, legendre
+
+from .experts import ExpertFamily, get_expert
 
 __all__ = [
     "ACTIVATIONS",
@@ -50,64 +51,31 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Activation:
-    """An expert activation with numpy and torch versions.
+Activation = ExpertFamily
+"""An activation of the tensor method: an :class:`moestat.experts.ExpertFamily` (``name``, ``numpy``,
+``activation`` and ``kinks`` are what quadrature and the fitters read)."""
 
-    Attributes
-    ----------
-    name : str
-    numpy : callable
-        Vectorised numpy function.
-    torch : callable
-        The same function on torch tensors (used by the fitters).
-    kinks : tuple of float
-        Points where the activation is not smooth; quadrature is split there.
-    """
-
-    name: str
-    numpy: Callable[[np.ndarray], np.ndarray]
-    torch: Callable[[torch.Tensor], torch.Tensor]
-    kinks: tuple[float, ...] = field(default=())
+ACTIVATIONS: tuple[str, ...] = ("leaky_relu", "linear", "relu", "sigmoid", "softplus", "tanh")
+"""The activations whose output transforms the tensor method supports (leaky_relu has slope 0.1); their formulas
+live in :mod:`moestat.experts`.  ``"id"`` and ``"identity"`` alias ``"linear"``."""
 
 
-def _leaky(slope: float) -> tuple[Callable, Callable]:
-    return (lambda z: np.where(z > 0, z, slope * z),
-            lambda z: torch.where(z > 0, z, slope * z))
-
-
-_LEAKY_NP, _LEAKY_T = _leaky(0.1)
-
-ACTIVATIONS: dict[str, Activation] = {
-    "linear": Activation("linear", lambda z: np.asarray(z, dtype=float), lambda z: z),
-    "relu": Activation("relu", lambda z: np.maximum(z, 0.0), torch.relu, kinks=(0.0,)),
-    "leaky_relu": Activation("leaky_relu", _LEAKY_NP, _LEAKY_T, kinks=(0.0,)),
-    "sigmoid": Activation("sigmoid", lambda z: 0.5 * (1.0 + np.tanh(0.5 * z)), torch.sigmoid),
-    "tanh": Activation("tanh", np.tanh, torch.tanh),
-    "softplus": Activation("softplus", lambda z: np.logaddexp(0.0, z), torch.nn.functional.softplus),
-}
-"""Supported activations by name (leaky_relu has slope 0.1).  ``"id"`` and ``"identity"`` alias ``"linear"``."""
-
-_ALIASES = {"id": "linear", "identity": "linear"}
-
-
-def get_activation(activation: str | Activation) -> Activation:
-    """Look up an activation by name (or pass an :class:`Activation` through).
+def get_activation(activation: str | ExpertFamily) -> ExpertFamily:
+    """Look up an activation of :data:`ACTIVATIONS` by name (or pass an :class:`~moestat.experts.ExpertFamily`
+    through).
 
     Raises
     ------
     ValueError
         If the name is unknown; the message lists the supported names.
     """
-    if isinstance(activation, Activation):
+    if isinstance(activation, ExpertFamily):
         return activation
-    if isinstance(activation, str):
-        name = _ALIASES.get(activation, activation)
-        if name in ACTIVATIONS:
-            return ACTIVATIONS[name]
+    if isinstance(activation, str) and activation in (*ACTIVATIONS, "id", "identity"):
+        return get_expert(activation)
     raise ValueError(
         f"activation={activation!r} is not supported; supported activations are "
-        f"{sorted(ACTIVATIONS)} (aliases 'id', 'identity' for 'linear'), or pass a moestat.hermite.Activation."
+        f"{list(ACTIVATIONS)} (aliases 'id', 'identity' for 'linear'), or pass a moestat.experts.ExpertFamily."
     )
 
 

@@ -306,7 +306,7 @@ def test_single_cnn_bias_definition_and_fit(small):
     a = torch.tensor([[1.0, -2.0, 0.5, 1.0]], dtype=torch.float64)
     b = torch.tensor([[0.3, -0.1, 0.0, 2.0]], dtype=torch.float64)
     for act in ("cubic", "linear", "relu"):
-        ref = torch.tensor([[sum(float(a[0, j]) * cm.ACTIVATIONS[act](X[0, i, p] @ W[0, 0, :, j] + b[0, j])
+        ref = torch.tensor([[sum(float(a[0, j]) * ms.get_expert(act).activation(X[0, i, p] @ W[0, 0, :, j] + b[0, j])
                                  for j in range(4) for p in range(4)) for i in range(3)]], dtype=torch.float64)
         torch.testing.assert_close(cm.single_forward(X, W[:, 0], a, act, b), ref)
     tr, te = small

@@ -114,7 +114,7 @@ def test_with_k_and_n_params():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(gate="gaussian"), "valid values"),
-    (dict(expert="softplus"), "valid names"),
+    (dict(expert="swish"), "valid names"),
     (dict(k=0), "k must be"),
     (dict(noise_sd=-0.1), "noise_sd"),
     (dict(gate="topk", k=2, top_k=3), "top_k=3 exceeds"),

@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,19 +55,17 @@ import torch.nn.functional as Fnn
 
 from .._torch import resolve_device, resolve_dtype, seeded_generators, to_numpy
 from .._validation import check_choice, check_int
+from ..experts import get_expert
 from ..simulators.clusters import ClusterData
 from ..simulators.regression import SeedLike, replicate_seeds
 from . import metrics as mt
 
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "cubic": lambda z: z ** 3,
-    "linear": lambda z: z,
-    "relu": torch.relu,
-    "celu": Fnn.celu,
-    "gelu": Fnn.gelu,
-    "tanh": torch.tanh,
-}
-_ODD = ("cubic", "linear", "tanh")
+ACTIVATIONS: tuple[str, ...] = ("cubic", "linear", "relu", "celu", "gelu", "tanh")
+"""Expert activations of the cluster MoE (formulas in :mod:`moestat.experts`; ``cubic`` is ``poly3``)."""
+
+
+def _phi(activation: str):
+    return get_expert(activation).activation
 
 
 def _check_positive(name: str, value: Any) -> float:
@@ -121,7 +118,7 @@ def expert_outputs(X: torch.Tensor, W: torch.Tensor, activation: str) -> torch.T
     if activation == "linear":
         return torch.bmm(X.sum(dim=2), W.sum(dim=-1).transpose(1, 2))
     Z = torch.bmm(X.reshape(R, n * P, d), W.permute(0, 2, 1, 3).reshape(R, d, M * J))
-    return ACTIVATIONS[activation](Z).reshape(R, n, P, M, J).sum(dim=(2, 4))
+    return _phi(activation)(Z).reshape(R, n, P, M, J).sum(dim=(2, 4))
 
 
 def routed_expert_output(X: torch.Tensor, W: torch.Tensor, expert: torch.Tensor, activation: str) -> torch.Tensor:
@@ -144,7 +141,7 @@ def routed_expert_output(X: torch.Tensor, W: torch.Tensor, expert: torch.Tensor,
     slot = torch.arange(R * n, device=X.device) - (torch.cumsum(counts, 0) - counts)[group] + group * cap
     buf = X.new_zeros((R * M * cap, P * d)).index_copy_(0, slot, X.reshape(R * n, P * d)[order])
     Z = torch.bmm(buf.view(R * M, cap * P, d), W.reshape(R * M, d, J))
-    out = ACTIVATIONS[activation](Z).reshape(R * M * cap, P * J).sum(dim=-1)[slot]
+    out = _phi(activation)(Z).reshape(R * M * cap, P * J).sum(dim=-1)[slot]
     return out.new_empty(R * n).index_copy(0, order, out).reshape(R, n)
 
 
@@ -327,7 +324,7 @@ def single_forward(X: torch.Tensor, W: torch.Tensor, a: torch.Tensor, activation
     Z = torch.bmm(X.reshape(R, n * P, d), W)
     if b is not None:
         Z = Z + b[:, None, :]
-    Z = ACTIVATIONS[activation](Z).reshape(R, n, P, -1).sum(dim=2)
+    Z = _phi(activation)(Z).reshape(R, n, P, -1).sum(dim=2)
     return (Z * a[:, None, :]).sum(dim=-1)
 
 
@@ -485,7 +482,7 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     optimizer = check_choice("optimizer", optimizer, ("adam", "gd"))
     lr = _check_positive("lr", (0.003 if activation == "linear" else 0.01) if lr is None else lr)
     weight_decay, sigma0 = _check_nonneg("weight_decay", weight_decay), _check_positive("sigma0", sigma0)
-    train_a = activation not in _ODD if train_second_layer is None else bool(train_second_layer)
+    train_a = not get_expert(activation).odd if train_second_layer is None else bool(train_second_layer)
     if batch_size is not None:
         batch_size = check_int("batch_size", batch_size)
     dev = resolve_device(device)

@@ -27,7 +27,6 @@ it against autograd and finite differences.  The Jacobian of the residuals used 
 
 from __future__ import annotations
 
-import math
 import types
 import warnings
 from collections.abc import Callable
@@ -38,145 +37,31 @@ from ..experts import ExpertFamily
 from ..model import MoE
 from . import _native
 
-_SQRT_2PI = math.sqrt(2.0 * math.pi)
-
-
-def _act_linear(z, h, dh, tmp):
-    return z, None
-
-
-def _act_relu(z, h, dh, tmp):
-    torch.clamp_min(z, 0.0, out=h)
-    torch.sign(h, out=dh)  # h >= 0, so sign(h) is the indicator z > 0 (phi'(0) = 0)
-    return h, dh
-
-
-def _act_tanh(z, h, dh, tmp):
-    torch.tanh(z, out=h)
-    torch.mul(h, h, out=dh)
-    dh.neg_().add_(1.0)
-    return h, dh
-
-
-def _act_sigmoid(z, h, dh, tmp):
-    torch.sigmoid(z, out=h)
-    torch.neg(h, out=dh).add_(1.0)
-    dh.mul_(h)
-    return h, dh
-
-
-def _act_gelu(z, h, dh, tmp):
-    torch.mul(z, 1.0 / math.sqrt(2.0), out=dh)
-    dh.erf_().add_(1.0).mul_(0.5)  # Phi(z)
-    torch.mul(z, dh, out=h)  # z Phi(z)
-    torch.mul(z, z, out=tmp)
-    tmp.mul_(-0.5).exp_().mul_(1.0 / _SQRT_2PI).mul_(z)  # z phi(z)
-    dh.add_(tmp)
-    return h, dh
-
-
-def _act_power(p: int):
-    def act(z, h, dh, tmp):
-        torch.pow(z, p - 1, out=dh)
-        torch.mul(dh, z, out=h)
-        dh.mul_(float(p))
-        return h, dh
-    return act
-
-
-def _act_generic(activation):
-    def act(z, h, dh, tmp):
-        with torch.enable_grad():
-            zz = z.detach().requires_grad_(True)
-            hh = activation(zz)
-            (g,) = torch.autograd.grad(hh.sum(), zz)
-        h.copy_(hh.detach())
-        dh.copy_(g)
-        return h, dh
-    return act
-
 
 def activation_and_derivative(family: ExpertFamily) -> Callable:
-    r"""In-place evaluator ``act(z, h, dh, tmp) -> (phi(z), phi'(z))`` for an expert family.
-
-    ``h``, ``dh`` and ``tmp`` are workspace tensors shaped like ``z``; a returned derivative of
-    ``None`` means :math:`\varphi' \equiv 1`.  Closed forms for the built-in families (relu uses
-    :math:`\varphi'(0) = 0`, gelu :math:`\varphi'(z) = \Phi(z) + z\phi(z)`); any other element-wise
-    activation falls back to autograd.
-    """
-    name = family.name
-    if not family.input_dependent or name == "linear":
-        return _act_linear
-    table = {"relu": _act_relu, "tanh": _act_tanh, "sigmoid": _act_sigmoid, "gelu": _act_gelu}
-    if name in table:
-        return table[name]
-    if name.startswith("poly") and name[4:].isdigit():
-        return _act_power(int(name[4:]))
-    return _act_generic(family.activation)
+    r"""In-place evaluator ``act(z, h, dh, tmp) -> (phi(z), phi'(z))`` for an expert family
+    (:meth:`ExpertFamily.value_and_derivative_into`); a returned derivative of ``None`` means
+    :math:`\varphi' \equiv 1` (linear and constant experts)."""
+    return family.value_and_derivative_into
 
 
 def activation_second_derivative(family: ExpertFamily) -> Callable | None:
     r"""``z -> phi''(z)`` for an expert family, or ``None`` where :math:`\varphi'' \equiv 0` (constant, linear,
-    relu away from its kink).
-
-    Closed forms: gelu :math:`\phi(z)(2 - z^2)` (:math:`\phi` the standard normal density), tanh
-    :math:`-2\tanh z\,(1 - \tanh^2 z)`, sigmoid :math:`s(1-s)(1-2s)`, polyP :math:`P(P-1)z^{P-2}`; any other
-    activation by double autograd.  Used by the exact Hessian (:meth:`MeanKernel.exact_curvature_rows`).
-    """
-    name = family.name
-    if not family.input_dependent or name in ("linear", "relu"):
+    relu away from its kink): :meth:`ExpertFamily.phi_second`.  Used by the exact Hessian
+    (:meth:`MeanKernel.exact_curvature_rows`)."""
+    if not family.input_dependent or family.piecewise_linear:
         return None
-    if name == "gelu":
-        return lambda z: torch.exp(-0.5 * z * z).mul_(1.0 / _SQRT_2PI).mul_(2.0 - z * z)
-    if name == "tanh":
-        def tanh2(z):
-            t = torch.tanh(z)
-            return -2.0 * t * (1.0 - t * t)
-        return tanh2
-    if name == "sigmoid":
-        def sig2(z):
-            s = torch.sigmoid(z)
-            return s * (1.0 - s) * (1.0 - 2.0 * s)
-        return sig2
-    if name.startswith("poly") and name[4:].isdigit():
-        q = int(name[4:])
-        return (lambda z: torch.full_like(z, 2.0)) if q == 2 else (lambda z: q * (q - 1) * z ** (q - 2))
-
-    def generic(z):
-        with torch.enable_grad():
-            zz = z.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(family.activation(zz).sum(), zz, create_graph=True)
-            (g2,) = torch.autograd.grad(g.sum(), zz)
-        return g2.detach()
-    return generic
+    return family.phi_second
 
 
-def _functional_activation(family: ExpertFamily) -> Callable:
-    """``z -> (phi(z), phi'(z) or None)`` without workspaces (the traced, compiled path)."""
-    name = family.name
-    if not family.input_dependent or name == "linear":
+def _functional_activation(family: ExpertFamily) -> Callable | None:
+    """``z -> (phi(z), phi'(z) or None)`` without workspaces (the traced, compiled path); None for a family
+    without a closed-form derivative."""
+    if not family.input_dependent or family.name == "linear":
         return lambda z: (z, None)
-    if name == "relu":
-        return lambda z: (torch.relu(z), (z > 0).to(z.dtype))
-    if name == "tanh":
-        def tanh(z):
-            t = torch.tanh(z)
-            return t, 1.0 - t * t
-        return tanh
-    if name == "sigmoid":
-        def sig(z):
-            t = torch.sigmoid(z)
-            return t, t * (1.0 - t)
-        return sig
-    if name == "gelu":
-        def gelu(z):
-            cdf = 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0))))
-            return z * cdf, cdf + z * torch.exp(-0.5 * z * z) * (1.0 / _SQRT_2PI)
-        return gelu
-    if name.startswith("poly") and name[4:].isdigit():
-        q = int(name[4:])
-        return lambda z: (z**q, q * z ** (q - 1))
-    return None
+    if family.derivative is None:
+        return None
+    return lambda z: (family.activation(z), family.derivative(z))
 
 
 _COMPILED: dict = {}

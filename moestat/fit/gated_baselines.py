@@ -89,7 +89,7 @@ def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | Non
     opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)([A, W], lr=lr)
     for it in range(iters + 1):
         opt.zero_grad(set_to_none=True)
-        loss = ((yt[:, None] - _mean_fn(A, W, Xt, act.torch)) ** 2).mean(-1)
+        loss = ((yt[:, None] - _mean_fn(A, W, Xt, act.activation)) ** 2).mean(-1)
         if it % record_every == 0 or it == iters:
             hist.add("joint", it, {"loss": loss.detach()})
             hist.add_errors("joint", it, A=A.detach(), W=full_gate(W.detach()))
@@ -159,7 +159,7 @@ def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.0
     sig = torch.full((R, S, 1, 1), float(sigma), dtype=Xt.dtype, device=dev)
     hist = History(truth_arrays(truth))
     for it in range(iters + 1):
-        loss, _, post = llog_terms(W, Xt, expert_loglik(yt, act.torch(project_rows(Xt, A)), sig))
+        loss, _, post = llog_terms(W, Xt, expert_loglik(yt, act.activation(project_rows(Xt, A)), sig))
         if it % record_every == 0 or it == iters:
             hist.add("joint", it, {"loss": loss})
             hist.add_errors("joint", it, A=A, W=full_gate(W))
@@ -170,14 +170,14 @@ def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.0
         else:
             for _ in range(expert_steps):
                 Ag = A.clone().requires_grad_(True)
-                res = yt[:, None, None, :] - act.torch(project_rows(Xt, Ag))
+                res = yt[:, None, None, :] - act.activation(project_rows(Xt, Ag))
                 obj = (post * res**2).sum((-1, -2)) / n
                 (grad,) = torch.autograd.grad(obj.sum(), Ag)
                 A = (Ag - expert_step * grad).detach()
         for _ in range(gate_steps):
             W = W - gate_step * llog_grad(Xt, exp_safe(gate_log_prior(W, Xt)), post)
         if learn_sigma:
-            E = act.torch(project_rows(Xt, A))
+            E = act.activation(project_rows(Xt, A))
             var = (post * (yt[:, None, None, :] - E) ** 2).sum((-1, -2)) / n
             sig = var.clamp_min(1e-12).sqrt()[..., None, None]
     W_full = full_gate(W)

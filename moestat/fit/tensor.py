@@ -303,7 +303,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     k : int
         Number of experts.
     activation : str
-        Expert activation (:data:`moestat.hermite.ACTIVATIONS`).
+        Expert activation (:data:`moestat.hermite.ACTIVATIONS`, formulas in :mod:`moestat.experts`).
     sigma : float
         Known noise sd (enters :math:`Q_4` and :math:`L_{\log}`).
     restarts : int
@@ -438,7 +438,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
         W0 = W0.repeat_interleave(P, dim=1)
 
     # ---- stage 2: L_log with the experts frozen
-    E = act.torch(project_rows(Xt, A_hat))
+    E = act.activation(project_rows(Xt, A_hat))
 
     def rec2(it: int, loss: torch.Tensor, W: torch.Tensor) -> None:
         if P > 1:
@@ -508,7 +508,7 @@ def fit_gate(X, y, regressors, *, activation: str = "linear", sigma: float = 0.0
         hist.add("gate", it, {"loss": loss})
         hist.add_errors("gate", it, A=A, W=full_gate(W))
 
-    ll = expert_loglik(yt, act.torch(project_rows(Xt, A)), float(sigma))
+    ll = expert_loglik(yt, act.activation(project_rows(Xt, A)), float(sigma))
     W, final = _gate_descent(W0, Xt, ll, gate_iters, gate_step, gate_radius, sample_split, rec, record_every)
     W_full = full_gate(W)
     best, A_best, W_best = select_best(final, A, W_full)
