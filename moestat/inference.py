@@ -4,7 +4,7 @@ r"""Inference beyond the information matrix: bootstrap, the bootstrap LRT for k,
   nonparametric (resampled :math:`(x_t, y_t)` pairs) bootstrap of :math:`\hat\theta`.  All B refits run
   as one batched :func:`moestat.fit_mle` call, each started from the original estimate plus random
   starts.  Mixture labels are arbitrary, so every replicate is **aligned to the original fit** by the
-  Hungarian algorithm (:func:`scipy.optimize.linear_sum_assignment`) on the standardised distance between
+  Hungarian algorithm (:func:`moestat.metrics.matching.optimal_assignment`) on the standardised distance between
   expert atoms :math:`(b_i, a_i, \log\sigma_i)`; softmax gates are then re-expressed relative to the
   (aligned) last expert.  Replicates whose refit failed (non-finite or not converged) are **reported and
   excluded, never silently redrawn** (contrast mixtools' ``boot.se``).
@@ -28,13 +28,13 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
-from scipy.optimize import linear_sum_assignment
 
 from ._torch import to_numpy
 from ._validation import check_choice, check_int
 from .fit.mle import _check_data, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
 from .gates import log_mixture_weights
+from .metrics.matching import optimal_assignment
 from .model import MoE
 from .params import Params
 
@@ -190,11 +190,8 @@ def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
     scale = np.concatenate([coef_se, sig_se], -1)
     scale = scale if np.isfinite(scale).all() else np.ones_like(a0)
     scale = np.maximum(scale, 1e-8)
-    perms = np.empty((ab.shape[0], spec.k), dtype=int)
-    for b in range(ab.shape[0]):
-        cost = (((ab[b][None, :, :] - a0[:, None, :]) / scale[:, None, :]) ** 2).sum(-1)  # (orig, boot)
-        rows, cols = linear_sum_assignment(cost)
-        perms[b, rows] = cols
+    perms = optimal_assignment((((ab[:, None, :, :] - a0[None, :, None, :]) / scale[None, :, None, :]) ** 2)
+                               .sum(-1))  # (B, orig, boot)
     aligned = bp.permute(perms)
     return to_numpy(lay.pack(_blocks_from_params(aligned)))
 

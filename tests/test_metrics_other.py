@@ -324,3 +324,22 @@ def test_frames_are_tidy():
     res = check_identifiability(spec, ATOMS, "strong", X2)
     assert isinstance(res.to_frame(), pd.DataFrame)
     assert {"direction", "atom", "function", "coefficient", "coefficient_raw"} <= set(res.null_vectors.columns)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 4), extra=st.integers(0, 2), batch=st.integers(1, 3), seed=st.integers(0, 10_000))
+def test_optimal_assignment_matches_brute_force(m, extra, batch, seed):
+    """The one atom matcher: the minimum-cost injective map from m reference items to k >= m candidates, per batch
+    entry, equals the brute-force minimum over all injective maps."""
+    from moestat.metrics.matching import optimal_assignment
+
+    k = m + extra
+    cost = np.random.default_rng(seed).exponential(size=(batch, m, k))
+    match = optimal_assignment(cost)
+    assert match.shape == (batch, m)
+    for b in range(batch):
+        assert len(set(match[b])) == m
+        best = min(sum(cost[b, i, p[i]] for i in range(m)) for p in itertools.permutations(range(k), m))
+        assert math.isclose(cost[b, np.arange(m), match[b]].sum(), best, rel_tol=1e-12)
+    with pytest.raises(ValueError, match="m <= k"):
+        optimal_assignment(np.ones((3, 2)))

@@ -223,7 +223,7 @@ class MLEFit:
         The cost between a fitted and a reference expert is the squared Euclidean distance between their
         atoms :math:`(b_i, a_i, \log\sigma_i)` (and gate rows, after the softmax normalisation).
         """
-        from scipy.optimize import linear_sum_assignment
+        from ..metrics.matching import optimal_assignment
 
         self.spec.check_params(params)
         ref = params.numpy().batched(self.n_reps) if not params.is_batched else params.numpy()
@@ -238,11 +238,7 @@ class MLEFit:
                                    np.log(p.noise_sd)[..., None]], -1)
 
         a_ref, a_fit = atoms(ref), atoms(fit)
-        perms = np.empty((self.n_reps, self.spec.k), dtype=int)
-        for r in range(self.n_reps):
-            cost = ((a_ref[r][:, None, :] - a_fit[r][None, :, :]) ** 2).sum(-1)
-            rows, cols = linear_sum_assignment(cost)
-            perms[r, rows] = cols
+        perms = optimal_assignment(((a_ref[:, :, None, :] - a_fit[:, None, :, :]) ** 2).sum(-1))  # (R, k)
         return self.relabel(perms[0] if self.single else perms)
 
     # ------------------------------------------------------ likelihood parts

@@ -34,6 +34,27 @@ ALL_BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias")
 CELL_BLOCKS = ("gate_weight", "expert_weight", "expert_bias")
 
 
+def optimal_assignment(cost: np.ndarray) -> np.ndarray:
+    r"""Minimum-cost assignment of reference items to candidates, batched: the one atom matcher.
+
+    ``cost`` has shape (..., m, k) with :math:`m \le k` (cost of pairing reference item ``i`` with candidate
+    ``j``); returns ``match`` of shape (..., m), the candidate assigned to each reference item, minimising
+    :math:`\sum_i \text{cost}_{i, \text{match}_i}` over injective maps (Hungarian algorithm,
+    ``scipy.optimize.linear_sum_assignment``, one small problem per leading index).  Used to align fitted atoms
+    with true atoms (:func:`match_atoms`), an MLE fit with a reference (:meth:`moestat.MLEFit.align_to`) and
+    bootstrap refits with the original fit.
+    """
+    cost = np.asarray(cost, dtype=np.float64)
+    if cost.ndim < 2 or cost.shape[-2] > cost.shape[-1]:
+        raise ValueError(f"cost must have shape (..., m, k) with m <= k, got {cost.shape}.")
+    flat = cost.reshape(-1, *cost.shape[-2:])
+    match = np.empty(flat.shape[:2], dtype=np.int64)
+    for b, c in enumerate(flat):
+        rows, cols = linear_sum_assignment(c)
+        match[b, rows] = cols
+    return match.reshape(cost.shape[:-1])
+
+
 def _stack_blocks(b: Blocks, names: Sequence[str]) -> torch.Tensor:
     parts = {"gate_bias": b.b0.unsqueeze(-1), "gate_weight": b.b1, "expert_weight": b.a,
              "expert_bias": b.b.unsqueeze(-1)}
@@ -120,14 +141,19 @@ def match_atoms(params: Any, truth: Any, method: str = "hungarian", *,
     truth_index = np.full((R, k), -1, dtype=np.int64)
     total = np.empty(R)
     if method == "hungarian":
-        for rep in range(R):   # scipy solves one assignment per call; k x k* is tiny
-            rows, cols = linear_sum_assignment(cost[rep])
-            order = np.argsort(cols, kind="stable")
-            matched = rows[order]
-            rest = np.setdiff1d(np.arange(k), matched)
-            perm[rep] = np.concatenate([matched, rest])
-            truth_index[rep, rows] = cols
-            total[rep] = cost[rep, rows, cols].sum()
+        tc = np.swapaxes(cost, 1, 2)                    # (R, k*, k): true atoms are the reference items
+        if tc.shape[1] <= tc.shape[2]:
+            fitted_of_true = optimal_assignment(tc)                 # (R, k*)
+        else:                                           # fewer fitted than true atoms: assign the fitted ones
+            true_of_fitted = optimal_assignment(cost)               # (R, k)
+            fitted_of_true = np.full(tc.shape[:2], -1, dtype=np.int64)
+            np.put_along_axis(fitted_of_true, true_of_fitted, np.arange(k)[None].repeat(R, 0), -1)
+        for rep in range(R):
+            matched = fitted_of_true[rep][fitted_of_true[rep] >= 0]
+            cols = np.flatnonzero(fitted_of_true[rep] >= 0)
+            perm[rep] = np.concatenate([matched, np.setdiff1d(np.arange(k), matched)])
+            truth_index[rep, matched] = cols
+            total[rep] = cost[rep, matched, cols].sum()
     else:
         assign = cost.argmin(-1)                                  # first minimum: lowest index on ties
         dist = np.take_along_axis(cost, assign[..., None], -1)[..., 0]
