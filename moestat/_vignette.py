@@ -31,9 +31,10 @@ def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | No
 def run_study_timed(study: Any, out: Path, *, resume: bool = True, progress: bool = True,
                     workers: int | None = None) -> tuple[Any, dict[str, Any]]:
     """Run ``study`` into ``out/study`` (worker processes when ``workers`` > 1; default: the CPU count) and
-    return ``(frame, timing)``: ``study_seconds``, ``cells_computed`` and ``workers``.  When every cell was
-    loaded from an earlier run, the timing recorded in ``out/provenance.json`` by the run that computed them is
-    returned instead, so a re-render keeps the measured time."""
+    return ``(frame, timing)``: ``study_seconds``, ``cells_computed`` and ``workers``.  The timing is saved in
+    ``out/study/timing.json`` as soon as the study finishes; when every cell was loaded from an earlier run, the
+    timing of the run that computed them is returned (that file, else ``out/provenance.json``), so a re-render
+    keeps the measured time."""
     workers = workers or os.cpu_count() or 1
     cells = out / "study" / "cells"
     stored = {p.name for p in cells.glob("*.parquet")} if resume and cells.is_dir() else set()
@@ -43,7 +44,12 @@ def run_study_timed(study: Any, out: Path, *, resume: bool = True, progress: boo
     seconds = time.perf_counter() - t0
     computed = len({p.name for p in cells.glob("*.parquet")} - stored) if resume else len(study.cells)
     timing = {"study_seconds": round(seconds, 1), "cells_computed": computed, "workers": workers}
+    saved = out / "study" / "timing.json"
     previous = out / "provenance.json"
-    if computed == 0 and previous.is_file():
+    if computed > 0:
+        saved.write_text(json.dumps(timing))  # kept even if a later step of the vignette fails
+    elif saved.is_file():
+        timing = json.loads(saved.read_text())
+    elif previous.is_file():
         timing = json.loads(previous.read_text())["config"].get("timing", timing)
     return frame, timing

@@ -192,6 +192,31 @@ SOLVERS = {"_best": "lowest objective", "": "newton", "_alt": "lm"}
 """Column suffix -> solver label of a study run with ``options.invariance`` and :func:`lowest_objective`."""
 
 
+def complete_units(frame: pd.DataFrame, units: str, *, by: Sequence[str] = (), across: str | None = None
+                   ) -> tuple[pd.DataFrame, dict[str, list[Any]]]:
+    """Keep the units (e.g. truth draws) that have rows at every n of their group; with ``across``, also at every
+    level of that column within the group (the units a paired comparison can use).
+
+    A unit-bootstrap interval resamples whole units, so every unit must span the group's n grid; a response that
+    is missing (not finite or not positive) at one cell of a unit removes that unit from the group's fit.  Returns
+    ``(kept rows, {group label: dropped units})``, so the caller can report what was left out.
+    """
+    by = list(by)
+    keep = pd.Series(True, index=frame.index)
+    dropped: dict[str, list[Any]] = {}
+    groups = frame.groupby(by, sort=False) if by else [((), frame)]
+    for key, g in groups:
+        need = g["n"].nunique() * (g[across].nunique() if across else 1)
+        cols = ["n", across] if across else ["n"]
+        have = g.drop_duplicates([units, *cols]).groupby(units).size()
+        bad = sorted(have.index[have < need].tolist())
+        if bad:
+            key = key if isinstance(key, tuple) else (key,)
+            dropped[", ".join(map(str, key)) or "all"] = bad
+            keep[g.index[g[units].isin(bad)]] = False
+    return frame[keep], dropped
+
+
 def solver_rate_tables(frame: pd.DataFrame, responses: Sequence[str], *, between: str, levels: Sequence[Any],
                        by: str = "expert", units: str | None = "truth_seed", solvers: dict[str, str] | None = None,
                        n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -200,20 +225,28 @@ def solver_rate_tables(frame: pd.DataFrame, responses: Sequence[str], *, between
     For each ``response + suffix`` column (``solvers``: ``_best`` the lowest-objective fit, ``""`` the default
     solver, ``_alt`` the second solver) and positive finite rows: :func:`moestat.fit_rate` by ``[by, between]``
     (table and window table) and :func:`moestat.compare_rates` of ``levels[0]`` against ``levels[1]`` paired
-    within ``by``, with ``units`` as the resampling unit.  Every row carries ``y``, ``response`` and ``solver``.
-    Returns ``(rates, windows, comparisons)``.
+    within ``by``, with ``units`` as the resampling unit.  Every row carries ``y``, ``response`` and ``solver``;
+    units whose response is missing at some n (or, for the comparison, at one level) are left out of that fit by
+    :func:`complete_units` and listed in ``dropped_units``.  Returns ``(rates, windows, comparisons)``.
     """
     rates, windows, comparisons = [], [], []
     for suffix, solver in (solvers or SOLVERS).items():
         for r in responses:
             y = r + suffix
             sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
+            dropped = ""
+            if units is not None:
+                sub, gone = complete_units(sub, units, by=[by, between])
+                dropped = "; ".join(f"{k}: {v}" for k, v in gone.items())
             res = fit_rate(sub, y, by=[by, between], units=units, n_boot=n_boot, seed=seed)
-            rates.append(res.table.assign(y=y, response=r, solver=solver))
+            rates.append(res.table.assign(y=y, response=r, solver=solver, dropped_units=dropped))
             windows.append(res.windows.assign(y=y, response=r, solver=solver))
+            if units is not None:  # a paired comparison needs each unit at both levels
+                sub, gone_pair = complete_units(sub, units, by=[by], across=between)
+                dropped = "; ".join(f"{k}: {v}" for k, v in {**gone, **gone_pair}.items())
             cmp = compare_rates(sub, y, between=between, by=by, paired=True, units=units, levels=list(levels),
                                 n_boot=n_boot, seed=seed)
-            comparisons.append(cmp.assign(y=y, response=r, solver=solver))
+            comparisons.append(cmp.assign(y=y, response=r, solver=solver, dropped_units=dropped))
     return (pd.concat(rates, ignore_index=True), pd.concat(windows, ignore_index=True),
             pd.concat(comparisons, ignore_index=True))
 

@@ -121,3 +121,17 @@ def test_solver_rate_tables_cover_every_solver_and_response():
     assert set(rates["solver"]) == {"lowest objective", "newton", "lm"} and len(rates) == 3 * 2
     assert set(cmp["solver"]) == set(rates["solver"]) and len(cmp) == 3 and (cmp["level_a"] == "sigmoid").all()
     assert set(windows["y"]) == {"y", "y_alt", "y_best"} and rates["exponent"].between(0.3, 0.7).all()
+
+
+def test_complete_units_drops_units_missing_a_cell_and_reports_them():
+    from moestat.diagnostics import complete_units
+
+    rows = [{"gate": g, "truth_seed": s, "n": n, "y": 1.0} for g in ("sigmoid", "softmax") for s in range(6)
+            for n in (100, 1000, 10000)]
+    f = pd.DataFrame(rows)
+    f = f[~((f.gate == "sigmoid") & (f.truth_seed == 4) & (f.n == 1000))]  # one missing cell
+    kept, dropped = complete_units(f, "truth_seed", by=["gate"])
+    assert dropped == {"sigmoid": [4]} and len(kept) == len(f) - 2
+    assert set(kept[kept.gate == "softmax"].truth_seed) == set(range(6))
+    paired, gone = complete_units(kept, "truth_seed", across="gate")  # seed 4 now lacks one gate level
+    assert gone == {"all": [4]} and 4 not in set(paired.truth_seed)

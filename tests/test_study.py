@@ -360,3 +360,17 @@ def test_process_pool_workers_share_the_cores(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_vignette_study_timing_survives_a_failure_after_the_study(tmp_path):
+    """run_study_timed saves the measured time as soon as the study finishes; a re-render that loads every cell
+    (e.g. after a later step of the vignette failed) reports that time, not the seconds spent loading."""
+    from moestat._vignette import run_study_timed
+
+    study = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[40, 400], reps=2, metrics=[slope_error],
+                  seed=3, threads=1)
+    _, first = run_study_timed(study, tmp_path, progress=False, workers=1)
+    assert first["cells_computed"] == len(study.cells)
+    assert json.loads((tmp_path / "study" / "timing.json").read_text()) == first
+    _, again = run_study_timed(study, tmp_path, progress=False, workers=1)
+    assert again == first
