@@ -47,7 +47,7 @@ from .rates import RateWarning, compare_rates, fit_rate
 
 INVARIANCE_COLUMNS = ["response", "pairs", "both_converged", "agree", "median_abs_log_ratio", "objective_delta_median",
                       "objective_delta_max", "flat_disagree", "exponent", "ci_low", "ci_high", "exponent_alt",
-                      "ci_low_alt", "ci_high_alt", "exponent_shift", "verdict"]
+                      "ci_low_alt", "ci_high_alt", "exponent_shift", "verdict", "dropped_units"]
 
 
 def _group_iter(frame: pd.DataFrame, by: list[str]):
@@ -93,7 +93,9 @@ def optimizer_invariance(frame: pd.DataFrame, responses: str | Sequence[str], *,
         and ``exponent_alt, ci_low_alt, ci_high_alt`` (power-law fits on each column),
         ``exponent_shift`` (alt minus primary) and ``verdict``, the first that applies:
         ``"optimiser-dependent rate"`` (:math:`|\text{shift}| > \text{max\_shift}`),
-        ``"rate invariant, fits differ"`` (``agree < min_agree``), else ``"invariant"``.
+        ``"rate invariant, fits differ"`` (``agree < min_agree``), else ``"invariant"``; ``dropped_units``: with
+        ``units``, the units left out of both exponents because one solver's response is missing (zero or not
+        finite) at some n (:func:`complete_units`).
     """
     responses = [responses] if isinstance(responses, str) else list(responses)
     by = [] if by is None else ([by] if isinstance(by, str) else list(by))
@@ -131,8 +133,10 @@ def optimizer_invariance(frame: pd.DataFrame, responses: str | Sequence[str], *,
                        objective_delta_median=float(np.median(delta)) if ok.any() else np.nan,
                        objective_delta_max=float(delta[np.argmax(np.abs(delta))]) if ok.any() else np.nan,
                        flat_disagree=float(np.mean((np.abs(delta) < 1) & ~agree)) if ok.any() else np.nan)
+            paired, gone = (g[ok], {}) if units is None else complete_units(g[ok], units)
+            row["dropped_units"] = ", ".join(map(str, gone.get("all", [])))
             for col, tag in ((y, ""), (y + suffix, "_alt")):
-                est = _exponent(g[ok], col, x=x, units=units, **rate_kwargs)
+                est = _exponent(paired, col, x=x, units=units, **rate_kwargs)
                 row.update({f"exponent{tag}": est[0], f"ci_low{tag}": est[1], f"ci_high{tag}": est[2]})
             row["exponent_shift"] = row["exponent_alt"] - row["exponent"]
             if np.isfinite(row["exponent_shift"]) and abs(row["exponent_shift"]) > max_shift:
