@@ -96,15 +96,3 @@ def test_fit_box_parsing():
     assert _cells._fit_box(ctx) == {"gate_bias": (-2.0, 2.0), "expert_weight": (-1.0, 3.0)}
     est.settings["box"] = "none"
     assert _cells._fit_box(ctx) is None
-
-
-def test_gelu_vignette_study_has_a_regime2_truth_with_gbar_budget():
-    import moestat._vignette_index as vindex
-
-    mod = vindex.load(vindex.find("gelu-clean-test"))
-    for size in ("quick", "small"):
-        study = mod.make_study(size)
-        regimes = sorted({t["regime"] for t in study.truth})
-        assert regimes == [1, 2]
-        opts = study.metric_options["loss"]
-        assert opts == {k: mod.SIZES[size][k] for k in ("gbar_n_mc", "gbar_restarts", "gbar_max_iter")}

@@ -21,16 +21,25 @@ def test_vignette_imports_without_computing(name):
     assert mod.NAME == name and mod.TITLE and callable(mod.run)
     study = mod.make_study("quick")
     assert len(study.cells) > 0
-    if name in ("sigmoid-vs-softmax", "sigmoid-regimes"):
+    if name in ("sigmoid-vs-softmax", "sigmoid-regimes", "gelu-clean-test"):
         # the decisive design: >= 50 observations per parameter (P = 32 for d = 3, k = 4), >= 1 decade quick and
         # 2 decades full, >= 5 truths quick (the unit bootstrap's minimum) and 10 full, starts beyond the truth
         full = mod.make_study("full")
         assert min(study.n) >= 50 * 32 and max(study.n) / min(study.n) >= 10 and max(full.n) / min(full.n) >= 100
         assert len(mod.SIZES["quick"]["seeds"]) >= 5 and len(mod.SIZES["full"]["seeds"]) >= 10
         assert {"kmeans", "random"} <= set(mod.STARTS)
-    else:
-        assert study.reps >= 2
-        assert all(n > 594 for n in study.n)  # more observations than the k = 9 model's parameters
+
+
+def test_gelu_clean_test_pairs_the_gate_variances_of_each_truth():
+    mod = vindex.load(vindex.find("gelu-clean-test"))
+    study = mod.make_study("quick")
+    by_var: dict = {}
+    for t in study.truths:
+        assert t["expert"] == "gelu" and t["truth_gate"] == "sigmoid" and t["regime"] == 2
+        by_var.setdefault(t["gate_var"], {})[t["seed"]] = t["stream"]
+    assert sorted(by_var) == sorted(mod.GATE_VARS.values()) and mod.GATE_VARS[mod.REFERENCE] == 1.0
+    streams = list(by_var.values())
+    assert all(s == streams[0] for s in streams)  # same inputs and noise for every gate variance of a seed
 
 
 def test_sigmoid_regimes_pairs_the_two_regimes_of_each_truth():
@@ -91,3 +100,22 @@ def test_sigmoid_regimes_tiny_run(tmp_path):
     # (or dead atoms), never a gelu basin limit of atom 0
     reg1 = frame[frame["truth_regime"] == 1]["representation"].astype(str)
     assert not reg1.str.fullmatch("gbar 0").any()
+
+
+@pytest.mark.slow  # about two minutes on an idle 2-core machine (60 small cells, the identifiability table, figures)
+def test_gelu_clean_test_tiny_run(tmp_path):
+    mod = vindex.load(vindex.find("gelu-clean-test"))
+    kw = dict(size="quick", n=[1600, 2500, 4000], seeds=[0, 1, 2, 3, 4], max_iter=30, starts=["near_truth", "kmeans"],
+              progress=False, workers=1, basin=False)
+    frame = mod.run(tmp_path, **kw)
+    for f in ["identifiability.csv", "results.csv", "rates.csv", "windows.csv", "comparison.csv", "invariance.csv",
+              "design.csv", "rates.png", "invariance.png", "provenance.json"]:
+        assert (tmp_path / f).is_file(), f
+    assert len(frame) == 4 * 5 * 3 and set(frame["gate"]) == {"sigmoid"}
+    rates = pd.read_csv(tmp_path / "rates.csv")
+    best = rates[rates["solver"] == "lowest objective"]
+    assert sorted(set(best["gate_var"])) == sorted(mod.GATE_VARS) and best["verdict"].notna().all()
+    cmp = pd.read_csv(tmp_path / "comparison.csv")
+    assert set(cmp["level_b"]) == {1.0} and set(cmp["gate_var"]) == set(mod.GATE_VARS) - {mod.REFERENCE}
+    ident = pd.read_csv(tmp_path / "identifiability.csv")
+    assert set(ident["expert"]) == {"relu", "linear", "gelu"}

@@ -14,32 +14,38 @@
 # with zero gate slope: the Euler identity $h = a^\top\partial_a h + b\,\partial_b h$ makes
 # the order-0 function a combination of first-order ones (Definition 1 fails) and
 # $\partial_{\beta_0} F = (1-\sigma(\beta_0))(a^\top\partial_a F + b\,\partial_b F)$ (Definition 2 fails).
-# gelu, $z\Phi(z)$, is not homogeneous: the conditions can hold, and Theorem 2's rates can be tested
-# where the theorem actually applies.
+# gelu, $z\Phi(z)$, is not homogeneous: the conditions can hold, and the theorems' rates can be tested
+# where they actually apply.
 #
 # 1. **Identifiability diagnostics** — `ms.check_identifiability` builds the derivative family of
 #    Definition 1 (strong: classes S1 at zero-slope atoms and S2 elsewhere) and Definition 2 (weak)
 #    with autograd at the regime-1 truth, and reports its relative singular values. The families
 #    have $O(d^2)$ functions per over-specified atom, so the check uses d = 4 (same distribution,
 #    Table 3 structure).
-# 2. **Rates for gelu experts in regime 1** — D1 (Theorem 2: $(\log n/n)^{1/2}$) and the
-#    over-specified ($n^{-1/4}$) vs exact-specified ($n^{-1/2}$) parameter errors, with the LSE
-#    (L-BFGS, k = 9, atom 7 duplicated, box $|\theta| \le 10$).
-# 3. **Gate-variance sensitivity** — the paper's gate variance $\nu_g = 0.01/d$ makes every gate
-#    nearly constant (logit sd ≈ 0.06 on $U[-1,1]^{32}$). The same study at
-#    $\nu_g \in \{0.01/d, 0.1/d, 1/d\}$ shows how far the observed exponents depend on it.
-# 4. **Regime 2 with gelu experts** — atom 1 (non-zero gate slope) duplicated, at the paper's
-#    $\nu_g = 0.01/d$. Theorem 5's loss is $D_3(\hat G, \bar G)$ against the population minimiser
-#    $\bar G \in \arg\min_{G \in \mathcal G_k \setminus \mathcal G_{k^*}} \|f_G - f_{G^*}\|_{L^2(\mu)}$; for gelu
-#    there is no exact split family (docs/representations.md), so the study's ``loss`` metric estimates the set
-#    $\bar{\mathcal G}$ once with `ms.estimate_gbar` (noise-free L-BFGS fits on a Monte-Carlo sample,
-#    inside the fit's box) and takes $\inf_{\bar G} D_3$ over its near-minimisers.
+# 2. **Gate-variance sensitivity of the sigmoid-gated rates** — the paper draws gate parameters with
+#    variance $\nu_g = 0.01/d$, which makes every gate nearly constant on $U[-1,1]^d$; then the
+#    weight split of an atom (two copies, gate intercepts shifted so the weights add up) is nearly an
+#    exact representation of the true regression function, and a fit can sit in that basin. This
+#    study measures the sigmoid-gated gelu rates on the design of the sigmoid-vs-softmax vignette
+#    (`ms.presets.gate_comparison`, d = 3, k* = 3, regime 2 with atom 0 duplicated, k = 4, ten truth
+#    draws, n from 1600 to 160000, the default `fit_lse` from three starts, a Levenberg-Marquardt check
+#    from the winning start, the lowest objective reported) at $\nu_g \in \{0.01/d, 0.1/d, 1/d\}$ and
+#    at that vignette's $\nu_g = 1 = 3/d$ (the reference). The functionals are the representation
+#    errors of docs/representations.md — `over_param`, `exact_param` against the nearest exact
+#    representation or near-exact weight-split basin limit, and `l2` — with truth as the resampling
+#    unit of every interval; each smaller $\nu_g$ is compared with the reference, paired over truth
+#    seeds (a seed gives the same inputs and noise at every $\nu_g$, and the same standard-normal draw
+#    with the gates scaled by $\sqrt{\nu_g}$ unless the acceptance rules reject it: at the reference,
+#    seeds 1, 3 and 6 use a later draw).
+#    The design check measures the weight-split basin's $L^2$ gap at the paper's $\nu_g = 0.01/d$.
 #
-# Run: `moestat vignette run gelu-clean-test --out out/gelu-clean-test` (`--quick` for the reduced size).
+# Run: `moestat vignette run gelu-clean-test --out out/gelu-clean-test` (`--quick`: five truths, one decade).
 
 # %%
 from __future__ import annotations
 
+import concurrent.futures as cf
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -47,31 +53,28 @@ import numpy as np
 import pandas as pd
 
 import moestat as ms
+from moestat._vignette import run_study_timed
+from moestat.diagnostics import solver_rate_tables
 from moestat.provenance import write_provenance
 
 NAME = "gelu-clean-test"
-TITLE = "gelu experts: identifiability diagnostics, regime-1 and regime-2 rates, gate-variance sensitivity"
+TITLE = "gelu experts: identifiability diagnostics and the gate-variance sensitivity of sigmoid-gated rates"
 
-D = 32
-GATE_VARS = {"0.01/d": 0.01 / D, "0.1/d": 0.1 / D, "1/d": 1.0 / D}
-# gbar_*: the estimate_gbar budget of the regime-2 loss (noise-free Monte-Carlo size, starts, L-BFGS
-# iterations).  20000 points x 4 starts x 1000 iterations takes ~30 s at d = 32, k = 9 on one CPU core and
-# reaches a held-out distance ~5e-5 (3000 iterations: ~1.3e-5 in ~100 s, and still falling); quick uses a
-# smaller budget only to stay inside the CI smoke-test time.
+D = 3
+REFERENCE = "3/d"
+GATE_VARS = {"0.01/d": 0.01 / D, "0.1/d": 0.1 / D, "1/d": 1.0 / D, REFERENCE: 3.0 / D}
 SIZES: dict[str, dict[str, Any]] = {
-    "full": {"n": [1000, 3162, 10000, 31623, 100000], "reps": 20, "max_iter": 1000,
-             "gbar_n_mc": 100_000, "gbar_restarts": 8, "gbar_max_iter": 3000},
-    "medium": {"n": [1000, 2000, 4000, 8000], "reps": 4, "max_iter": 150,
-               "gbar_n_mc": 20_000, "gbar_restarts": 4, "gbar_max_iter": 1000},
-    # the size rendered in docs/vignettes on the shared 2-core machine
-    "small": {"n": [1000, 2000, 4000], "reps": 3, "max_iter": 100,
-              "gbar_n_mc": 20_000, "gbar_restarts": 4, "gbar_max_iter": 1000},
-    "quick": {"n": [1000, 1400, 2000], "reps": 2, "max_iter": 60,
-              "gbar_n_mc": 4000, "gbar_restarts": 2, "gbar_max_iter": 100},
+    # the rendered study: two decades, ten truths, four gate variances
+    "full": {"n": [1600, 5060, 16000, 50600, 160000], "seeds": list(range(10))},
+    # one decade, five truths (the fewest the unit bootstrap accepts)
+    "quick": {"n": [1600, 2850, 5060, 9000, 16000], "seeds": [0, 1, 2, 3, 4]},
 }
-SEED = 11
-TRUTH_SEED = 0
+SEED = 2026
+TRUTH_SEED = 0  # the identifiability check's truth
 BOX = 10.0
+STARTS = ["near_truth", "kmeans", "random"]
+RESPONSES = ["over_param", "exact_param", "l2"]
+UNITS = "truth_seed"
 
 
 def identifiability_table(d: int = 4, m: int = 4000, seed: int = 0) -> pd.DataFrame:
@@ -95,87 +98,138 @@ def identifiability_table(d: int = 4, m: int = 4000, seed: int = 0) -> pd.DataFr
 
 
 def make_study(size: str = "full", **override: Any) -> ms.Study:
-    """gelu experts, LSE with k = 9: regime 1 over the gate variances of ``GATE_VARS``, regime 2 at 0.01/d."""
-    cfg = {**SIZES[size], **override}  # override: n, reps, max_iter, gbar_*
-    r1 = [{"label": f"gelu-r1-gate_var={label}", "preset": "sigmoid_vs_softmax", "regime": 1,
-           "expert": "gelu", "truth_gate": "sigmoid", "gate_var": value, "seed": TRUTH_SEED,
-           "stream": "gelu"} for label, value in GATE_VARS.items()]
-    r2 = [{"label": "gelu-r2-gate_var=0.01/d", "preset": "sigmoid_vs_softmax", "regime": 2, "expert": "gelu",
-           "truth_gate": "sigmoid", "gate_var": GATE_VARS["0.01/d"], "seed": TRUTH_SEED, "stream": "gelu-r2"}]
-    gbar = {key: cfg[key] for key in ("gbar_n_mc", "gbar_restarts", "gbar_max_iter")}
+    """The study at a size of ``SIZES``; ``override`` replaces n, seeds, max_iter or starts."""
+    cfg = {"max_iter": 400, "starts": STARTS, **SIZES[size], **override}
     return ms.Study(
         name=f"{NAME}-{size}",
-        truth=r1 + r2,
+        truth={"preset": "gate_comparison", "d": D, "expert": "gelu", "truth_gate": "sigmoid", "regime": 2,
+               "stream": "gelu-{seed}", "grid": {"gate_var": list(GATE_VARS.values()), "seed": cfg["seeds"]}},
         fit={"label": "lse", "estimator": "lse", "k": "truth+1",
-             "options": {"init": "near_truth", "optimizer": "lbfgs", "max_iter": cfg["max_iter"], "box": BOX}},
-        n=cfg["n"], reps=cfg["reps"], metrics=["loss", "l2", "parameter_errors"], metric_options={"loss": gbar},
-        seed=SEED,
-        description="gelu experts, regime 1 (Table 3 structure), gate variance 0.01/d, 0.1/d, 1/d; regime 2 "
-                    "(Table 4 structure) at 0.01/d with D3 against an estimated G-bar",
+             "options": {"init": list(cfg["starts"]), "box": BOX, "max_iter": cfg["max_iter"],
+                         "invariance": {"optimizer": "lm", "max_iter": cfg["max_iter"] + 100, "starts": "best"}}},
+        n=cfg["n"], reps=1, metrics=["representation", "l2"], seed=SEED, threads=1,
+        description="sigmoid-gated gelu experts, regime 2, gate variance 0.01/d, 0.1/d, 1/d and 3/d: "
+                    "gate_comparison truths, k = k* + 1",
     )
 
 
+# %% [markdown]
+# ## Rates, comparisons and checks
+# Every exponent is `ms.fit_rate(..., units="truth_seed")` with its curvature test, window table and
+# verdict. Each smaller gate variance is compared with the reference by
+# `ms.compare_rates(..., between="truth_gate_var", paired=True)`, `difference` = exponent at the smaller
+# $\nu_g$ − exponent at $\nu_g = 3/d$.
+
+
 # %%
-GROUP = ["truth_regime", "truth_gate_var"]
-
-
-def rate_table(frame: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    cols = ["loss", "l2", "err_over_gate_weight", "err_over_expert", "err_over_weight_sum", "err_exact_expert",
-            "err_exact_gate_weight"]
-    for y in [c for c in cols if c in frame.columns]:
-        sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-        if sub.empty or sub.groupby(GROUP)["n"].nunique().min() < 3:
-            continue
-        t = ms.fit_rate(sub, y=y, by=GROUP, n_boot=1000, seed=0).table
-        t.insert(0, "y", y)
-        rows.append(t)
-    out = pd.concat(rows, ignore_index=True)
-    out.insert(2, "gate_var_label", out["truth_gate_var"].map({v: k for k, v in GATE_VARS.items()}))
+def label_gate_vars(table: pd.DataFrame) -> pd.DataFrame:
+    """Add ``gate_var`` (the label of ``truth_gate_var``, e.g. ``"0.01/d"``) after ``truth_gate_var``."""
+    names = {round(v, 12): k for k, v in GATE_VARS.items()}
+    out = table.copy()
+    out.insert(out.columns.get_loc("truth_gate_var") + 1, "gate_var",
+               out["truth_gate_var"].round(12).map(names))
     return out
 
 
-def plot(frame: pd.DataFrame, path: Path) -> None:
-    import matplotlib
+def rate_tables(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(rates with verdicts and the theory's rate, windows, paired comparisons with the reference gate variance)."""
+    ref = GATE_VARS[REFERENCE]
+    rates, windows, comparisons = [], [], []
+    for i, (label, value) in enumerate((k, v) for k, v in GATE_VARS.items() if k != REFERENCE):
+        pair = frame[np.isclose(frame["truth_gate_var"], value) | np.isclose(frame["truth_gate_var"], ref)]
+        r, w, c = solver_rate_tables(pair, RESPONSES, between="truth_gate_var", levels=[value, ref], units=UNITS)
+        mine = np.isclose(r["truth_gate_var"], value) | (i == 0)  # the reference's rows once
+        rates.append(r[mine])
+        windows.append(w[np.isclose(w["truth_gate_var"], value) | (i == 0)])
+        comparisons.append(c.assign(gate_var=label))
+    out = label_gate_vars(pd.concat(rates, ignore_index=True))
+    out["theory"] = [ms.predicted_rate("sigmoid", "gelu", r, regime=2) for r in out["response"]]
+    return out, label_gate_vars(pd.concat(windows, ignore_index=True)), pd.concat(comparisons, ignore_index=True)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    ys = [("loss", "loss (D1 regime 1, D3 vs estimated G-bar regime 2)"),
-          ("err_over_expert", "over-specified expert error"),
-          ("err_exact_expert", "exact-specified expert error")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (y, label) in zip(axes, ys, strict=True):
-        sub = frame[np.isfinite(frame[y]) & (frame[y] > 0)]
-        if not sub.empty and sub.groupby(GROUP)["n"].nunique().min() >= 3:
-            gv = sub["truth_gate_var"].map({v: k for k, v in GATE_VARS.items()})
-            sub = sub.assign(truth=("r" + sub["truth_regime"].astype(str) + " " + gv))
-            ms.fit_rate(sub, y=y, by=["truth"], n_boot=200, seed=0, warn=False).plot(ax=ax)
-        ax.set(title=label)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _design_one(seed: int, gate_var: float, n: list[int]) -> pd.DataFrame:
+    truth = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=D, seed=seed, gate_var=gate_var)
+    rows = ms.design_check([truth], n, min_truths=1, basin=True)
+    return rows[rows["check"] == "basin_gap"]
+
+
+def design_table(size_cfg: dict[str, Any], workers: int | None = None) -> pd.DataFrame:
+    """``ms.design_check`` on all truths, with the basin gaps (about a minute per truth, in ``workers``
+    processes) of the truths at the paper's gate variance 0.01/d."""
+    truths = [ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=D, seed=s, gate_var=v)
+              for v in GATE_VARS.values() for s in size_cfg["seeds"]]
+    design = ms.design_check(truths, size_cfg["n"], min_truths=10, basin=False)
+    args = [(s, GATE_VARS["0.01/d"], list(size_cfg["n"])) for s in size_cfg["seeds"]]
+    with cf.ProcessPoolExecutor(max_workers=workers or 2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        basins = list(pool.map(_design_one, *zip(*args, strict=True)))
+    basin = pd.concat(basins, ignore_index=True)
+    basin["scope"] = basin["scope"] + ", gate_var 0.01/d"
+    return pd.concat([design, basin], ignore_index=True)
+
+
+# %% [markdown]
+# ## Figures
+# `rates.png`: one panel per functional, each truth's profile (thin) and the median over truths
+# (thick) per gate variance, with the fitted exponent and its verdict in the legend (lowest-objective
+# fits). `invariance.png`: the Newton fit's errors against the Levenberg-Marquardt fit's on the same data.
+
+
+# %%
+COLORS = {"0.01/d": "tab:red", "0.1/d": "tab:orange", "1/d": "tab:purple", REFERENCE: "tab:blue"}
+
+
+def plot_rates(frame: pd.DataFrame, rates: pd.DataFrame, path: Path, label: str) -> None:
+    best = rates[rates["solver"] == "lowest objective"]
+    ms.rates.plots.plot_unit_profiles(label_gate_vars(frame), best, RESPONSES, hue="gate_var", units=UNITS,
+                                      colors=COLORS, hue_label="gate variance {}", label=label, path=path)
+
+
+def plot_invariance(frame: pd.DataFrame, path: Path, label: str) -> None:
+    ms.rates.plots.plot_invariance(label_gate_vars(frame), RESPONSES, hue="gate_var", colors=COLORS,
+                                   hue_label="gate variance {}", label=label, path=path)
 
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, **override: Any) -> pd.DataFrame:
-    """Write identifiability.csv, results.csv, rates.csv, rates.png and provenance.json into ``out``."""
+        progress: bool = True, workers: int | None = None, basin: bool | None = None,
+        **override: Any) -> pd.DataFrame:
+    """Write identifiability.csv, results.csv, rates.csv, windows.csv, comparison.csv, invariance.csv, design.csv,
+    rates.png, invariance.png and provenance.json into ``out``.
+
+    ``size`` picks an entry of ``SIZES`` (default ``"quick"`` or ``"full"``); ``override`` replaces ``n``,
+    ``seeds``, ``max_iter`` or ``starts``.  ``workers`` (default: the CPU count) runs cells in worker processes.
+    ``basin`` runs the basin-gap part of the design check (default: at the full size only).
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     size = size or ("quick" if quick else "full")
+    cfg = {**SIZES[size], **override}
     ident_path = out / "identifiability.csv"
     if not (resume and ident_path.is_file()):
         identifiability_table().to_csv(ident_path, index=False)
     study = make_study(size, **override)
-    frame = study.run(out / "study", resume=resume, progress=progress)
+    frame, timing = run_study_timed(study, out, resume=resume, progress=progress, workers=workers)
+    frame = ms.lowest_objective(frame, RESPONSES, names=("newton", "lm"))
     frame.to_csv(out / "results.csv", index=False)
-    rate_table(frame).to_csv(out / "rates.csv", index=False)
-    plot(frame, out / "rates.png")
-    write_provenance(out, {"vignette": NAME, "size": size, "sizes": {**SIZES[size], **override},
-                           "study": study.to_dict(), "seed": SEED, "truth_seed": TRUTH_SEED, "box": BOX,
-                           "gate_vars": GATE_VARS, "identifiability": {"d": 4, "m": 4000, "seed": 0},
-                           "rows": len(frame)})
+    rates, windows, comparison = rate_tables(frame)
+    rates.to_csv(out / "rates.csv", index=False)
+    windows.to_csv(out / "windows.csv", index=False)
+    comparison.to_csv(out / "comparison.csv", index=False)
+    inv = ms.optimizer_invariance(label_gate_vars(frame), RESPONSES, by=["gate_var"], units=UNITS, n_boot=1000,
+                                  seed=0)
+    inv.to_csv(out / "invariance.csv", index=False)
+    with_basin = size == "full" if basin is None else basin
+    design = (design_table(cfg, workers) if with_basin else
+              ms.design_check([ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=D, seed=s, gate_var=v)
+                               for v in GATE_VARS.values() for s in cfg["seeds"]], cfg["n"], min_truths=10,
+                              basin=False))
+    design.to_csv(out / "design.csv", index=False)
+    label = size if size != "full" else "full size"
+    plot_rates(frame, rates, out / "rates.png", label)
+    plot_invariance(frame, out / "invariance.png", label)
+    write_provenance(out, {"vignette": NAME, "size": size, "sizes": cfg, "study": study.to_dict(), "seed": SEED,
+                           "d": D, "box": BOX, "gate_vars": GATE_VARS, "timing": timing, "rows": len(frame),
+                           "identifiability": {"d": 4, "m": 4000, "seed": 0, "truth_seed": TRUTH_SEED}})
     return frame
 
 
