@@ -36,6 +36,7 @@ from ..model import MoE
 from ..params import Params
 from . import _optim
 from ._objective import LSProblem, MeanKernel, kernel_mode
+from .base import FitResult, check_reps
 from .init import from_params, kmeans_init, near_truth, random_init
 
 OPTIMIZERS = ("auto", "newton", "lbfgs", "adam", "sgd", "lm")
@@ -51,8 +52,8 @@ _SADDLE_TOL = 1e-8  # smallest Hessian eigenvalue below -tol * largest |eigenval
 
 
 @dataclass
-class LSEFit:
-    """Result of :func:`fit_lse` for R replicates.
+class LSEFit(FitResult):
+    """Result of :func:`fit_lse` for R replicates (a :class:`~moestat.fit.base.FitResult`).
 
     Attributes
     ----------
@@ -119,6 +120,44 @@ class LSEFit:
     @property
     def n_reps(self) -> int:
         return int(self.objective.shape[0])
+
+    def glance(self) -> pd.DataFrame:
+        """One row per replicate: objective, converged, status, n_iter, grad_norm, cond, hessian_min_eig,
+        hit_bound, the best restart and its start, wall_time and every setting."""
+        best = self.restarts[self.restarts["best"]].reset_index(drop=True)
+        frame = pd.DataFrame({
+            "rep": np.arange(self.n_reps), "objective": self.objective, "converged": self.converged,
+            "status": self.status, "n_iter": self.n_iter, "grad_norm": self.grad_norm, "cond": self.cond,
+            "hessian_min_eig": (np.full(self.n_reps, np.nan) if self.hessian_min_eig is None
+                                else self.hessian_min_eig),
+            "hit_bound": self.hit_bound, "best_restart": best["restart"].to_numpy(),
+            "best_start": best["start"].to_numpy(), "wall_time": self.wall_time,
+        })
+        for key, value in self.config_columns().items():
+            frame[key] = value
+        return frame
+
+    def select(self, rep: int | Sequence[int] | np.ndarray) -> LSEFit:
+        """The fit of replicate(s) ``rep`` (batched; restarts, starting values and history follow)."""
+        idx = check_reps(rep, self.n_reps)
+        S = len(self.restarts) // self.n_reps
+        rows = (idx[:, None] * S + np.arange(S)[None]).ravel()
+        renumber = {int(old): new for new, old in enumerate(idx)}
+        restarts = self.restarts.iloc[rows].reset_index(drop=True)
+        restarts["rep"] = restarts["rep"].map(renumber)
+        history = None
+        if self.history is not None:
+            history = self.history[self.history["rep"].isin(idx)].copy()
+            history["rep"] = history["rep"].map(renumber)
+            history = history.sort_values(["rep", "restart", "iter"], ignore_index=True)
+        return LSEFit(
+            params=self.params.select(idx), objective=self.objective[idx], converged=self.converged[idx],
+            status=self.status[idx], n_iter=self.n_iter[idx], grad_norm=self.grad_norm[idx], cond=self.cond[idx],
+            hit_bound=self.hit_bound[idx], restarts=restarts, restart_params=self.restart_params.select(rows),
+            history=history, settings=dict(self.settings), wall_time=self.wall_time,
+            hessian_min_eig=None if self.hessian_min_eig is None else np.asarray(self.hessian_min_eig)[idx],
+            start_params=None if self.start_params is None else self.start_params.select(rows),
+        )
 
     def config_columns(self) -> dict[str, Any]:
         """The settings as scalar columns (lists are joined with commas)."""

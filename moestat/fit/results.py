@@ -23,6 +23,7 @@ flexmix's ``ICL`` uses).
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
 from ._layout import BlockParams, ParamLayout
+from .base import FitResult, check_reps
 
 COV_KINDS = ("oim", "sandwich", "opg")
 SMALL_WEIGHT = 0.05
@@ -60,16 +62,20 @@ class WaldTest:
 
 @dataclass
 class Summary:
-    """A printable summary: header facts, coefficient table, component table."""
+    """A printable summary of one replicate of a fit: header facts, coefficient table, component table.
+
+    One type for every fit (:meth:`moestat.fit.base.FitResult.summary`), shown as text (``str``), HTML
+    (Jupyter, :meth:`as_html`) or LaTeX (:meth:`as_latex`)."""
 
     header: dict
     coef: pd.DataFrame
     components: pd.DataFrame
     notes: list = field(default_factory=list)
+    title: str = "Gaussian mixture of experts: maximum likelihood"
 
     def as_text(self) -> str:
         w = 88
-        lines = ["=" * w, "Gaussian mixture of experts: maximum likelihood".center(w), "=" * w]
+        lines = ["=" * w, self.title.center(w), "=" * w]
         items = list(self.header.items())
         half = (len(items) + 1) // 2
         for left, right in zip(items[:half], items[half:] + [("", "")] * (2 * half - len(items)), strict=True):
@@ -79,11 +85,50 @@ class Summary:
         lines.append("-" * w)
         with pd.option_context("display.float_format", "{:.4f}".format, "display.width", w):
             lines.append(self.coef.to_string())
-            lines.append("-" * w)
-            lines.append(self.components.to_string())
+            if len(self.components):
+                lines.append("-" * w)
+                lines.append(self.components.to_string())
         lines.append("=" * w)
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def as_html(self) -> str:
+        """The summary as an HTML fragment (header table, coefficient table, component table, notes)."""
+        import html
+
+        head = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in self.header.items())
+        parts = [f"<h4>{html.escape(self.title)}</h4>", f"<table>{head}</table>",
+                 self.coef.to_html(float_format="{:.4f}".format)]
+        if len(self.components):
+            parts.append(self.components.to_html(float_format="{:.4f}".format))
+        parts += [f"<p>Note: {html.escape(n)}</p>" for n in self.notes]
+        return "\n".join(parts)
+
+    _repr_html_ = as_html
+
+    def as_latex(self) -> str:
+        """The summary as LaTeX ``tabular`` environments (no package beyond base LaTeX)."""
+        special = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
+                   "{": r"\{", "}": r"\}"}
+
+        def esc(x: Any) -> str:
+            text = f"{x:.4f}" if isinstance(x, (float, np.floating)) else str(x)
+            return re.sub(r"[\\_%&#${}]", lambda m: special[m.group()], text)  # one pass: no double escapes
+
+        def table(frame: pd.DataFrame) -> str:
+            flat = frame.reset_index()
+            rows = [" & ".join(esc(c) for c in flat.columns) + r" \\ \hline"]
+            rows += [" & ".join(esc(v) for v in r) + r" \\" for r in flat.itertuples(index=False)]
+            return "\\begin{tabular}{" + "l" * flat.shape[1] + "}\n" + "\n".join(rows) + "\n\\end{tabular}"
+
+        head = pd.DataFrame({"value": [str(v) for v in self.header.values()]},
+                            index=pd.Index([str(k) for k in self.header], name="item"))
+        parts = [f"% {esc(self.title)}", table(head), table(self.coef)]
+        if len(self.components):
+            parts.append(table(self.components))
+        parts += [f"% Note: {esc(n)}" for n in self.notes]
+        return "\n\n".join(parts)
 
     def __str__(self) -> str:
         return self.as_text()
@@ -92,8 +137,8 @@ class Summary:
         return self.as_text()
 
 
-class MLEFit:
-    """A fitted Gaussian MoE (one or R replicates) with inference methods.
+class MLEFit(FitResult):
+    """A fitted Gaussian MoE (one or R replicates) with inference methods (a :class:`~moestat.fit.base.FitResult`).
 
     Created by :func:`moestat.fit_mle`; not meant to be built by hand.  Arrays over replicates have a
     leading axis of length R; for a fit to a single data set (``X`` of shape (n, d)) that axis is
@@ -183,6 +228,34 @@ class MLEFit:
     @property
     def converged(self) -> Any:
         return self._out(self._converged)
+
+    @property
+    def objective(self) -> Any:
+        """The minimised objective: the negative log-likelihood per observation, :math:`-\\ell/n`."""
+        return self._out(-self._loglik / self.nobs)
+
+    @property
+    def wall_time(self) -> float:
+        """Seconds spent fitting (``settings["wall_time"]``; NaN if not recorded)."""
+        return float(self.settings.get("wall_time", float("nan")))
+
+    def select(self, rep: int | Sequence[int] | np.ndarray) -> MLEFit:
+        """The fit of replicate(s) ``rep``, batched (the replicate axis is kept even for one replicate)."""
+        idx = check_reps(rep, self.n_reps)
+        it = torch.as_tensor(idx, device=self._X.device)
+        out = MLEFit.__new__(MLEFit)
+        out.__dict__.update(self.__dict__)
+        out._X, out._y = self._X[it], self._y[it]
+        out._blocks = self._blocks.map(lambda a: a[it])
+        out._theta = self._theta[it]
+        for name in ("_loglik", "_converged", "_n_iter", "_restart_loglik", "_best", "_floor"):
+            setattr(out, name, getattr(self, name)[idx])
+        if self.history is not None:
+            out.history = self.history[:, None] if self.single else self.history[:, idx]
+        out.single = False
+        out._hess = out._scores = None
+        out._warned_singular = False
+        return out
 
     @property
     def n_iter(self) -> Any:
@@ -477,7 +550,8 @@ class MLEFit:
         return to_numpy(lw.exp())
 
     def to_frame(self, kind: str = "oim", alpha: float = 0.05) -> pd.DataFrame:
-        """Tidy coefficient frame: one row per (rep, term) with estimate, SE, z, p-value, CI and the settings."""
+        """Tidy coefficient frame: one row per (rep, term) with ``block``, ``atom`` (also as ``expert``, its former
+        name), ``coef``, estimate, SE, z, p-value, CI and the settings."""
         th = to_numpy(self._theta)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SingularInformationWarning)
@@ -491,7 +565,8 @@ class MLEFit:
             stat = th / se
         frame = pd.DataFrame({
             "rep": np.repeat(np.arange(R), P), "term": np.tile(self.param_names, R),
-            "block": np.tile([b for b, _, _ in info], R), "expert": np.tile([a for _, a, _ in info], R),
+            "block": np.tile([b for b, _, _ in info], R), "atom": np.tile([a for _, a, _ in info], R),
+            "expert": np.tile([a for _, a, _ in info], R),
             "coef": np.tile([c for _, _, c in info], R), "estimate": th.ravel(), "std_error": se.ravel(),
             "statistic": stat.ravel(), "p_value": (2 * stats.norm.sf(np.abs(stat))).ravel(),
             "conf_low": (th - z * se).ravel(), "conf_high": (th + z * se).ravel(),

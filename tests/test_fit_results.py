@@ -1,0 +1,85 @@
+"""The shared result interface (moestat.fit.base.FitResult) on the least-squares and likelihood fits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import moestat as ms
+from moestat.fit.base import TIDY_COLUMNS, FitResult
+
+
+@pytest.fixture(scope="module")
+def data():
+    spec, truth = ms.presets.gate_comparison("gelu", seed=1)
+    return spec, truth, ms.simulate(spec, truth, n=300, reps=3, seed=2)
+
+
+@pytest.fixture(scope="module")
+def lse(data):
+    spec, truth, d = data
+    return ms.fit_lse(spec, d.X, d.y, init=["near_truth", "kmeans"], truth=truth, seed=0, history=True)
+
+
+@pytest.fixture(scope="module")
+def mle():
+    spec = ms.MoE(gate="softmax", expert="linear", k=2, d=1, noise_sd=0.3)
+    truth = ms.Params(np.array([0.0, 0.0]), np.array([[2.0], [0.0]]), np.array([[1.0], [-1.0]]),
+                      np.array([0.5, -0.5]), np.array([0.3, 0.3]))
+    d = ms.simulate(spec, truth, n=400, reps=3, seed=4)
+    return ms.fit_mle(spec, d.X, d.y, restarts=2, seed=0)
+
+
+def test_every_fit_is_a_fit_result(lse, mle):
+    for fit in (lse, mle):
+        assert isinstance(fit, FitResult) and fit.n_reps == 3
+
+
+def test_glance_has_one_row_per_replicate(lse, mle):
+    g = lse.glance()
+    assert list(g["rep"]) == [0, 1, 2]
+    np.testing.assert_array_equal(g["objective"], lse.objective)
+    assert {"converged", "n_iter", "status", "best_start", "optimizer"} <= set(g.columns)
+    gm = mle.glance()
+    np.testing.assert_allclose(gm["loglik"], mle.loglik)
+    np.testing.assert_allclose(mle.objective, -mle.loglik / mle.nobs)
+
+
+def test_tidy_lists_every_coefficient_with_its_estimate(lse, mle):
+    t = lse.tidy()
+    assert list(t.columns[: len(TIDY_COLUMNS)]) == TIDY_COLUMNS
+    p = lse.params
+    gate = t[(t.block == "gate") & (t.coef == "x2")].sort_values(["rep", "atom"])["estimate"].to_numpy()
+    np.testing.assert_array_equal(gate, np.asarray(p.gate_weight)[:, :, 1].ravel())
+    ebias = t[(t.block == "expert") & (t.coef == "const")].sort_values(["rep", "atom"])["estimate"].to_numpy()
+    np.testing.assert_array_equal(ebias, np.asarray(p.expert_bias).ravel())
+    tm = mle.tidy()
+    assert set(TIDY_COLUMNS) <= set(tm.columns) and {"std_error", "conf_low", "conf_high"} <= set(tm.columns)
+    assert (tm["atom"] == tm["expert"]).all()
+
+
+def test_select_keeps_the_replicates_it_names(lse, mle):
+    sub = lse.select([2, 0])
+    assert isinstance(sub, type(lse)) and sub.n_reps == 2
+    np.testing.assert_array_equal(sub.objective, lse.objective[[2, 0]])
+    assert sub.params.allclose(lse.params.select([2, 0]))
+    assert list(sub.restarts["rep"]) == [0, 0, 1, 1]
+    np.testing.assert_array_equal(sub.restarts["objective"], lse.restarts["objective"].to_numpy()[[4, 5, 0, 1]])
+    assert set(sub.history["rep"]) == {0, 1} and sub.start_params.n_reps == 4
+    pd.testing.assert_frame_equal(sub.glance().drop(columns="rep").reset_index(drop=True),
+                                  lse.glance().iloc[[2, 0]].drop(columns="rep").reset_index(drop=True))
+    one = mle.select(1)
+    assert one.n_reps == 1 and not one.single
+    np.testing.assert_allclose(one.loglik, mle.loglik[[1]])
+    # standard errors recomputed on the selected replicate's data equal the batched fit's
+    np.testing.assert_allclose(one.bse(), mle.bse()[[1]], rtol=1e-10)
+    with pytest.raises(ValueError, match="rep must be in"):
+        lse.select(3)
+
+
+def test_one_summary_type_renders_as_text_html_and_latex(lse, mle):
+    for summ in (lse.summary(1), mle.summary(1)):
+        text, html, tex = summ.as_text(), summ.as_html(), summ.as_latex()
+        assert "const" in text and "<table" in html and "\\begin{tabular}" in tex
+    assert "LSEFit: replicate 1" in lse.summary(1).as_text()
