@@ -41,7 +41,8 @@ class SingularInformationWarning(MoestatWarning):
 
 
 class UnderdeterminedWarning(MoestatWarning):
-    """Fewer observations than free parameters (``underdetermined="warn"``): the MLE is not identified."""
+    """Fewer observations than free parameters (``underdetermined="warn"`` of fit_lse and fit_mle): the estimator is
+    not identified."""
 
 
 class RateWarning(MoestatWarning):

@@ -31,7 +31,7 @@ import torch
 
 from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, seeded_generators, to_numpy, to_tensor
 from .._validation import check_choice, check_finite, check_int
-from ..exceptions import ConvergenceWarning
+from ..exceptions import ConvergenceWarning, UnderdeterminedWarning
 from ..model import MoE
 from ..params import Params
 from . import _optim
@@ -373,7 +373,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
             box: float | Mapping[str, Any] | None = None, epochs: int = 10, lr: float | None = None,
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
-            compile: bool | str = False, block_bytes: int | str | None = "auto", threads: int | None = 1) -> LSEFit:
+            compile: bool | str = False, block_bytes: int | str | None = "auto", threads: int | None = 1,
+            underdetermined: str = "raise") -> LSEFit:
     r"""Least-squares estimator of a MoE regression for R replicates at once.
 
     Parameters
@@ -454,6 +455,10 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         torch intra-op threads on CPU during the solve (default 1, restored afterwards): blocks of
         small batched problems gain little from threads and lose 10-25x when other processes share the
         cores.  ``None`` keeps torch's setting.  Use study workers (processes) for parallelism.
+    underdetermined : {"raise", "warn"}
+        What to do when n is smaller than the number of mean parameters: raise ``ValueError`` (default) or
+        emit :class:`moestat.UnderdeterminedWarning` and fit anyway — the same policy as
+        :func:`moestat.fit_mle`.
 
     Returns
     -------
@@ -506,6 +511,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     max_iter = _DEFAULT_MAX_ITER[optimizer] if max_iter is None else check_int("max_iter", max_iter)
     tol, gtol = _check_real("tol", tol), _check_real("gtol", gtol)
     compile_mode = kernel_mode(compile)  # checked before any work starts
+    check_choice("underdetermined", underdetermined, ("raise", "warn"))
     lr = _DEFAULT_LR.get(optimizer) if lr is None else _check_real("lr", lr, positive=True)
     epochs, batch_size = check_int("epochs", epochs), check_int("batch_size", batch_size)
     default_scale = {"near_truth": 0.05, "random": 1.0}.get(init_name, 0.0)
@@ -517,9 +523,14 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     dt = resolve_dtype(dtype, dev)
     Xn, yn = to_numpy(X).astype(np.float64), to_numpy(y).astype(np.float64)
     R, n, d = Xn.shape
-    if n <= spec.n_params():
-        warnings.warn(f"n={n} observations per replicate do not exceed the {spec.n_params()} mean parameters; "
-                      "the least-squares solution is not unique.", UserWarning, stacklevel=2)
+    P = spec.n_params()
+    if n < P and underdetermined == "warn":
+        warnings.warn(f"n={n} observations are fewer than the {P} mean parameters: the least-squares estimator is "
+                      "not identified (the fit is one minimiser among many).", UnderdeterminedWarning, stacklevel=2)
+    elif n < P:
+        raise ValueError(f"n={n} observations are fewer than the {P} mean parameters of a {spec.k}-expert "
+                         f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the least-squares estimator is not identified. "
+                         "Use fewer experts or more data, or pass underdetermined='warn' to fit anyway.")
     lower, upper, box_record = _box_bounds(box, spec, dt, dev)
 
     # starting values (numpy, R*S rows)
