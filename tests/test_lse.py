@@ -789,3 +789,19 @@ def test_mixed_starts_record_their_kind_and_do_not_depend_on_batching():
         ms.fit_lse(spec.with_k(4), data.X, data.y, init=["kmeans", "near_truth"])
     with pytest.raises(ValueError, match="init"):
         ms.fit_lse(spec.with_k(4), data.X, data.y, init=["kmeans", "bogus"])
+
+
+def test_underdetermined_policy_matches_fit_mle():
+    """Fewer observations than mean parameters: raise by default, fit with an UnderdeterminedWarning on request."""
+    from moestat.exceptions import UnderdeterminedWarning
+
+    spec = ms.MoE(gate="softmax", expert="linear", k=3, d=2)  # 18 mean parameters
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(-1, 1, (12, 2)), rng.normal(size=12)
+    with pytest.raises(ValueError, match=r"underdetermined='warn'"):
+        ms.fit_lse(spec, X, y, seed=0)
+    with pytest.warns(UnderdeterminedWarning, match="not identified"):
+        fit = ms.fit_lse(spec, X, y, seed=0, underdetermined="warn", max_iter=20)
+    assert np.isfinite(fit.objective).all()
+    with pytest.raises(ValueError, match="underdetermined"):
+        ms.fit_lse(spec, X, y, underdetermined="ignore")
