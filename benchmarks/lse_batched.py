@@ -110,7 +110,8 @@ def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list
 def batched_vs_loop(spec, truth, n: int, R: int, max_iter: int, compile_: bool) -> dict:
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
-    kw = {"truth": truth, "duplicate": [0], "seed": 2, "max_iter": max_iter, "condition": False,
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn",
+          "max_iter": max_iter, "condition": False,
           "compile": compile_}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -133,7 +134,8 @@ def batched_vs_loop(spec, truth, n: int, R: int, max_iter: int, compile_: bool) 
 def optimiser_table(spec, truth, n: int, R: int, lbfgs_iter: int, adam_iter: int, compile_: bool) -> list[dict]:
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
-    kw = {"truth": truth, "duplicate": [0], "seed": 2, "condition": False, "compile": compile_}
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn",
+          "condition": False, "compile": compile_}
     runs = [("lbfgs", {"max_iter": lbfgs_iter}), ("adam", {"max_iter": adam_iter, "lr": 1e-3}),
             ("sgd", {"epochs": 10, "lr": 0.1, "batch_size": 32})]
     rows = []
@@ -156,7 +158,8 @@ def scaling_table(spec, truth, n: int, R: int, iters: int, devices: list[str]) -
     same arithmetic; a warm-up fit per device pays kernel selection and allocator growth first."""
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
-    kw = {"truth": truth, "duplicate": [0], "seed": 2, "max_iter": iters, "tol": 0.0, "gtol": 0.0,
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn",
+          "max_iter": iters, "tol": 0.0, "gtol": 0.0,
           "condition": False, "dtype": "float64"}
     rows, cpu_time = [], None
     for device in devices:
