@@ -83,3 +83,22 @@ def test_one_summary_type_renders_as_text_html_and_latex(lse, mle):
         text, html, tex = summ.as_text(), summ.as_html(), summ.as_latex()
         assert "const" in text and "<table" in html and "\\begin{tabular}" in tex
     assert "LSEFit: replicate 1" in lse.summary(1).as_text()
+
+
+def test_gated_fits_share_the_interface():
+    """The gated-network estimators (fixed iteration budgets) return FitResults: objective of the selected
+    restart, converged False, n_iter the budget, glance/tidy/select like the other fits."""
+    data = ms.simulate_gated_nn(n=2000, reps=3, seed=5)
+    fit = ms.fit_l2_gated(data.X, data.y, 2, restarts=3, iters=40, seed=0)
+    assert isinstance(fit, FitResult) and fit.n_reps == 3
+    np.testing.assert_array_equal(fit.objective, fit.restart_objective[np.arange(3), fit.best_restart])
+    assert not fit.converged.any() and (fit.n_iter == 40).all()
+    g = fit.glance()
+    assert list(g["rep"]) == [0, 1, 2] and (g["method"] == "l2").all()
+    t = fit.tidy()
+    np.testing.assert_array_equal(t[(t.block == "expert") & (t.coef == "x1")].sort_values(["rep", "atom"])["estimate"],
+                                  fit.regressors[:, :, 0].ravel())
+    sub = fit.select([1])
+    np.testing.assert_array_equal(sub.objective, fit.objective[[1]])
+    np.testing.assert_array_equal(sub.regressors, fit.regressors[[1]])
+    assert set(sub.history["rep"]) <= {0}

@@ -23,6 +23,7 @@ from ..metrics.gated import _gate_metrics, _regressor_metrics
 from ..model import normal_log_density
 from ..params import Params
 from ..simulators.gated_nn import GatedNNTruth
+from .base import FitResult, check_reps
 
 
 # ----------------------------------------------------------------------------- data and starts
@@ -242,8 +243,10 @@ class History:
 
 
 @dataclass
-class GatedFit:
-    """Result of a gated-network estimator (:func:`fit_tensor`, :func:`fit_em_gated`, :func:`fit_l2_gated`).
+class GatedFit(FitResult):
+    """Result of a gated-network estimator (:func:`fit_tensor`, :func:`fit_em_gated`, :func:`fit_l2_gated`), a
+    :class:`~moestat.fit.base.FitResult`.  The estimators run fixed iteration budgets (the papers' protocols):
+    ``converged`` is False, as for the SGD protocol of :func:`moestat.fit_lse`, and ``n_iter`` is the budget.
 
     Attributes
     ----------
@@ -255,9 +258,9 @@ class GatedFit:
         Estimated gate vectors, last row 0.
     restart_regressors, restart_gate_weight : ndarray, shape (R, S, k, d)
         Every restart's estimate.
-    objective : ndarray, shape (R, S)
+    restart_objective : ndarray, shape (R, S)
         The selection criterion per restart (final :math:`L_{\\log}`, negative log-likelihood or
-        squared error; lower is better).
+        squared error; lower is better); ``objective`` (R,) is the selected restart's.
     best_restart : ndarray of int, shape (R,)
     history : DataFrame
         Tidy trace: ``rep, restart, stage, iter, metric, value`` (errors against ``truth`` when given).
@@ -272,11 +275,62 @@ class GatedFit:
     gate_weight: np.ndarray
     restart_regressors: np.ndarray
     restart_gate_weight: np.ndarray
-    objective: np.ndarray
+    restart_objective: np.ndarray
     best_restart: np.ndarray
     history: pd.DataFrame
     config: dict[str, Any]
     extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def objective(self) -> np.ndarray:
+        """(R,) the selection criterion of the selected restart."""
+        return self.restart_objective[np.arange(self.restart_objective.shape[0]), self.best_restart]
+
+    @property
+    def converged(self) -> np.ndarray:
+        """(R,) False: fixed-budget estimators have no convergence test."""
+        return np.zeros(self.restart_objective.shape[0], dtype=bool)
+
+    @property
+    def n_iter(self) -> np.ndarray:
+        """(R,) the iteration budget (L4 plus gate iterations for the tensor method)."""
+        c = self.config
+        budget = int(c.get("l4_iters", 0)) + int(c.get("gate_iters", 0)) or int(c.get("iters", 0))
+        return np.full(self.restart_objective.shape[0], budget)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Every configuration knob (``config``)."""
+        return self.config
+
+    @property
+    def wall_time(self) -> float:
+        return float(self.config.get("wall_time", float("nan")))
+
+    def glance(self) -> pd.DataFrame:
+        """One row per replicate: method, objective, best restart, restarts and the scalar settings."""
+        R = self.restart_objective.shape[0]
+        frame = pd.DataFrame({"rep": np.arange(R), "method": self.method, "objective": self.objective,
+                              "converged": self.converged, "n_iter": self.n_iter, "best_restart": self.best_restart,
+                              "n_starts": self.restart_objective.shape[1]})
+        for key, val in self.config.items():
+            if (isinstance(val, (int, float, str, bool)) or val is None) and key not in frame:
+                frame[key] = val
+        return frame
+
+    def select(self, rep) -> GatedFit:
+        """The fit of replicate(s) ``rep`` (batched; restarts and history follow)."""
+        R = self.restart_objective.shape[0]
+        idx = check_reps(rep, R)
+        renumber = {int(old): new for new, old in enumerate(idx)}
+        hist = self.history[self.history["rep"].isin(idx)].copy() if len(self.history) else self.history.copy()
+        if len(hist):
+            hist["rep"] = hist["rep"].map(renumber)
+        extras = {k: (v[idx] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == R else v)
+                  for k, v in self.extras.items()}
+        return GatedFit(self.method, self.regressors[idx], self.gate_weight[idx], self.restart_regressors[idx],
+                        self.restart_gate_weight[idx], self.restart_objective[idx], self.best_restart[idx],
+                        hist.reset_index(drop=True), dict(self.config), extras)
 
     @property
     def params(self) -> Params:
@@ -304,7 +358,7 @@ class GatedFit:
         R = self.regressors.shape[0]
         rows = pd.concat([
             pd.DataFrame({"rep": np.arange(R), "metric": "objective",
-                          "value": self.objective[np.arange(R), self.best_restart]}),
+                          "value": self.objective}),
             pd.DataFrame({"rep": np.arange(R), "metric": "best_restart", "value": self.best_restart.astype(float)}),
         ], ignore_index=True)
         rows.insert(0, "method", self.method)

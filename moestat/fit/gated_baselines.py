@@ -74,7 +74,7 @@ def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | Non
     Returns
     -------
     GatedFit
-        ``method="l2"``; ``objective`` is the final mean squared error.
+        ``method="l2"``; ``restart_objective`` (``objective`` for the selected restart) is the final mean squared error.
     """
     Xt, yt, _, dev = prepare_data(X, y, k, device, dtype)
     R, _n, d = Xt.shape
@@ -144,7 +144,8 @@ def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.0
     Returns
     -------
     GatedFit
-        ``method="em"``; ``objective`` is the final negative log-likelihood :math:`L_{\log}`.
+        ``method="em"``; ``restart_objective`` (``objective`` for the selected restart) is the final negative
+        log-likelihood :math:`L_{\log}`.
     """
     Xt, yt, _, dev = prepare_data(X, y, k, device, dtype)
     R, n, d = Xt.shape
