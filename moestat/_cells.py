@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .metrics.representations import split_family
 from .model import MoE
 from .params import Params
 from .simulators import presets as _presets
@@ -310,47 +311,6 @@ def summarise_parameter_errors(frame: pd.DataFrame, reps: int) -> dict[str, np.n
     for (kind, block), sub in f.groupby(["specified", "block"], sort=True):
         out[f"err_{kind}_{block}"] = sub.groupby("rep")["error"].max().reindex(range(reps)).to_numpy(float)
     return out
-
-
-def split_family(truth: Params, duplicate: Sequence[int], ts: Sequence[float] | np.ndarray) -> Params:
-    r"""Exact over-specified representations of a sigmoid MoE with positively homogeneous experts.
-
-    For :math:`\varphi` positively 1-homogeneous (linear, relu), duplicating true atom :math:`j` with its
-    gate unchanged and its expert split,
-
-    .. math:: \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,[\varphi(t z) + \varphi((1-t) z)]
-              = \sigma(\beta^*_{1j}{}^\top x + \beta^*_{0j})\,\varphi(z),\qquad z = a^{*\top}_j x + b^*_j,
-
-    for every :math:`t \in [0, 1]`, so :math:`f_{\bar G_t} = f_{G^*}` with :math:`k^* + 1` atoms
-    (docs/representations.md).
-    The regime-2 limit :math:`\bar G` of nguyen2024 Thm 5 is therefore not unique; this returns the family
-    :math:`\{\bar G_t\}` on the grid ``ts`` as batched Params (S, k* + 1, ...), the set over which
-    :func:`moestat.voronoi_loss` (``kind="D3"``, ``gbar=``) takes the infimum.  For linear experts every
-    additive split :math:`\eta_a + \eta_b = \eta^*` is exact, so the infimum over this sub-family is an
-    upper bound of :math:`\inf_{\bar G} D_3`.
-    """
-    dup = [int(j) for j in duplicate]
-    if len(dup) != 1:
-        raise ValueError(f"split_family handles one duplicated atom (k = k* + 1); got duplicate={dup}.")
-    p = truth.numpy()
-    if p.is_batched:
-        raise ValueError("split_family needs unbatched true Params.")
-    j = dup[0]
-    if not 0 <= j < p.k:
-        raise ValueError(f"duplicate atom {j} is out of range for k*={p.k}.")
-    t = np.asarray(ts, dtype=float)
-    S = len(t)
-    order = [*range(p.k), j]
-
-    def tile(a: np.ndarray) -> np.ndarray:
-        return np.repeat(a[order][None], S, axis=0)
-
-    ew, eb = tile(p.expert_weight), tile(p.expert_bias)
-    ew[:, j] *= t[:, None]
-    eb[:, j] *= t
-    ew[:, -1] *= (1 - t)[:, None]
-    eb[:, -1] *= 1 - t
-    return Params(tile(p.gate_bias), tile(p.gate_weight), ew, eb)
 
 
 def _duplicates(ctx: MetricContext) -> list[int]:

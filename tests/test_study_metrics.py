@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import moestat as ms
-from moestat._cells import split_family
 from moestat.exceptions import ConvergenceWarning
+from moestat.metrics import split_family
 
 
 @settings(max_examples=20, deadline=None)

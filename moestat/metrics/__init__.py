@@ -10,6 +10,7 @@ from .representations import (
     mu_sample,
     representation_errors,
     sample_representations,
+    split_family,
 )
 from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
@@ -31,6 +32,7 @@ __all__ = [
     "permutation_invariant_error",
     "representation_errors",
     "sample_representations",
+    "split_family",
     "sup_expert_error",
     "voronoi_cells",
     "voronoi_loss",
