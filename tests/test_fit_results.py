@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import moestat as ms
 from moestat.fit.base import TIDY_COLUMNS, FitResult
@@ -102,3 +103,29 @@ def test_gated_fits_share_the_interface():
     np.testing.assert_array_equal(sub.objective, fit.objective[[1]])
     np.testing.assert_array_equal(sub.regressors, fit.regressors[[1]])
     assert set(sub.history["rep"]) <= {0}
+
+
+def test_deep_fits_share_the_interface():
+    """The cluster MoE and the patch MoE return FitResults: weights as params, a tidy weight table, one glance row
+    per replicate (lane), select keeping its replicates' weights and history."""
+    from moestat.deep import fit_cluster_moe, fit_pmoe
+
+    tr, _ = ms.simulate_clusters(setting=3, n=200, reps=3, seed=7).split(100)
+    cm = fit_cluster_moe(tr, T=5, seed=1, device="cpu")
+    assert isinstance(cm, FitResult) and cm.n_reps == 3 and not cm.converged.any() and (cm.n_iter == 5).all()
+    assert np.isfinite(cm.objective).all()
+    t = cm.tidy()
+    assert list(t.columns) == TIDY_COLUMNS
+    W = t[t.block == "W"]
+    assert len(W) == cm.W.numel() and np.isclose(W["estimate"].sum(), float(cm.W.sum()))
+    one = cm.select(2)
+    assert torch.equal(one.W, cm.W[2:3]) and one.glance()["objective"].iloc[0] == cm.objective[2]
+    data = ms.simulate_patches(60, reps=2, seed=7, n_patches=5, d=6)
+    pm = fit_pmoe(data, m=4, epochs=2, batch_size=20, seed=3)
+    assert isinstance(pm, FitResult) and pm.n_reps == len(pm.lanes)
+    g = pm.glance()
+    assert list(g["rep"]) == list(range(pm.n_reps)) and {"data_rep", "n_train", "objective"} <= set(g.columns)
+    last = pm.select([pm.n_reps - 1])
+    assert last.n_reps == 1 and int(last.lanes["rep"].iloc[0]) == int(pm.lanes["rep"].iloc[-1])
+    np.testing.assert_array_equal(last.objective, pm.objective[[-1]])
+    assert set(pm.tidy()["block"]) == set(pm.params)

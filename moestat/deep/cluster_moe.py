@@ -56,6 +56,7 @@ import torch.nn.functional as Fnn
 from .._torch import resolve_device, resolve_dtype, seeded_generators, to_numpy
 from .._validation import check_choice, check_int
 from ..experts import get_expert
+from ..fit.base import FitResult, check_reps, select_history, weights_tidy
 from ..simulators.clusters import ClusterData
 from ..simulators.regression import SeedLike, replicate_seeds
 from . import metrics as mt
@@ -227,8 +228,10 @@ def load_entropy(counts: Any) -> np.ndarray:
 
 
 @dataclass
-class ClusterMoEFit:
-    """A fitted batch of top-1 MoEs (or single CNNs, ``kind="single"``).
+class ClusterMoEFit(FitResult):
+    """A fitted batch of top-1 MoEs (or single CNNs, ``kind="single"``), a :class:`~moestat.fit.base.FitResult`:
+    ``params`` are the weights (dict), ``objective`` the final training loss, ``n_iter`` the budget ``T``
+    (normalised gradient descent runs a fixed budget, so ``converged`` is False).
 
     Attributes
     ----------
@@ -267,6 +270,63 @@ class ClusterMoEFit:
     @property
     def n_reps(self) -> int:
         return int(self.W.shape[0])
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The weights as numpy arrays with a leading replicate axis: ``W`` and ``Theta`` (MoE) or ``W``, ``a``
+        and ``b`` (single CNN)."""
+        named = {"W": self.W, "Theta": self.Theta, "a": self.a, "b": self.b}
+        return {k: to_numpy(v) for k, v in named.items() if v is not None}
+
+    @property
+    def objective(self) -> np.ndarray:
+        """(R,) the training loss at the last recorded iteration (NaN if none was recorded)."""
+        h = self.history
+        out = np.full(self.n_reps, np.nan)
+        if len(h):
+            loss = h[(h["split"] == "train") & (h["metric"] == "loss")]
+            last = loss[loss["iteration"] == loss["iteration"].max()]
+            out[last["rep"].to_numpy(int)] = last["value"].to_numpy(float)
+        return out
+
+    @property
+    def converged(self) -> np.ndarray:
+        return np.zeros(self.n_reps, dtype=bool)
+
+    @property
+    def n_iter(self) -> np.ndarray:
+        return np.full(self.n_reps, int(self.config.get("T", 0)))
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.config
+
+    @property
+    def wall_time(self) -> float:
+        return float(self.wall_time_s)
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per replicate × weight block × expert × coordinate (``coef`` = ``"i,j"``)."""
+        return weights_tidy(self.params, {"W": 1, "Theta": 2, "a": None, "b": None})
+
+    def glance(self) -> pd.DataFrame:
+        """One row per replicate: kind, activation, final training loss, budget and the scalar settings."""
+        frame = pd.DataFrame({"rep": np.arange(self.n_reps), "kind": self.kind, "activation": self.activation,
+                              "objective": self.objective, "converged": self.converged, "n_iter": self.n_iter,
+                              "wall_time": self.wall_time})
+        for key, value in self.config.items():
+            if key not in frame:
+                frame[key] = value if not isinstance(value, (list, tuple, dict)) else str(value)
+        return frame
+
+    def select(self, rep) -> ClusterMoEFit:
+        """The fit of replicate(s) ``rep`` (batched; history and alignment follow)."""
+        idx = check_reps(rep, self.n_reps)
+        it = torch.as_tensor(idx, device=self.W.device)
+        pick = (lambda t: None if t is None else t[it])  # noqa: E731
+        return ClusterMoEFit(self.kind, self.activation, self.W[it], pick(self.Theta), pick(self.a), dict(self.config),
+                             select_history(self.history, idx), select_history(self.alignment, idx),
+                             [self.seeds[i] for i in idx], self.wall_time_s, pick(self.b))
 
     def predict(self, data: ClusterData, *, noise: float = 0.0, seed: SeedLike = None) -> dict[str, np.ndarray]:
         """Scores ``F`` (R, n) and, for an MoE, the chosen ``expert`` (R, n) (noiseless routing by default)."""

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from .._torch import resolve_device, resolve_dtype, to_numpy
 from .._validation import check_choice, check_int
+from ..fit.base import FitResult, check_reps, select_history, weights_tidy
 
 SeedArg = int | np.random.SeedSequence | Sequence[np.random.SeedSequence] | None
 
@@ -263,8 +264,10 @@ def _weighted_logistic(f: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor) -> t
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
-class PatchFit:
-    """A batch of trained pMoE or CNN models (one per lane = replicate x training size).
+class PatchFit(FitResult):
+    """A batch of trained pMoE or CNN models (one per lane = replicate x training size), a
+    :class:`~moestat.fit.base.FitResult` over lanes: ``objective`` is a lane's training loss at its last
+    evaluation, ``n_iter`` the epoch budget (minibatch SGD runs a fixed budget, so ``converged`` is False).
 
     Attributes
     ----------
@@ -286,6 +289,62 @@ class PatchFit:
     lanes: pd.DataFrame
     config: dict[str, Any]
     history: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def n_reps(self) -> int:
+        """Number of lanes (the fit's replicate axis)."""
+        return len(self.lanes)
+
+    @property
+    def objective(self) -> np.ndarray:
+        """(L,) the training loss at each lane's last evaluation (NaN if none was recorded)."""
+        out = np.full(self.n_reps, np.nan)
+        h = self.history
+        if len(h) and "train_loss" in h:
+            last = h.sort_values("epoch").groupby("lane").tail(1)
+            out[last["lane"].to_numpy(int)] = last["train_loss"].to_numpy(float)
+        return out
+
+    @property
+    def converged(self) -> np.ndarray:
+        return np.zeros(self.n_reps, dtype=bool)
+
+    @property
+    def n_iter(self) -> np.ndarray:
+        return np.full(self.n_reps, int(self.config.get("epochs", 0)))
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.config
+
+    @property
+    def wall_time(self) -> float:
+        return float(self.config.get("wall_time", float("nan")))
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per lane × weight block × expert × coordinate (``coef`` = ``"i,j"``)."""
+        axes = {"router": 1, "W": 1, "a": 1} if self.model == "pmoe" else {"W": 1, "a": 1}
+        return weights_tidy(self.params, axes)
+
+    def glance(self) -> pd.DataFrame:
+        """One row per lane: data replicate, training size, final training loss, budget and scalar settings."""
+        frame = self.lanes[["lane", "rep", "n_train"]].reset_index(drop=True).rename(columns={"rep": "data_rep"})
+        frame.insert(0, "rep", np.arange(self.n_reps))
+        frame["model"] = self.name
+        frame["objective"], frame["converged"], frame["n_iter"] = self.objective, self.converged, self.n_iter
+        for key, value in self.config.items():
+            if key not in frame:
+                frame[key] = value if not isinstance(value, (list, tuple, dict)) else str(value)
+        return frame
+
+    def select(self, rep) -> PatchFit:
+        """The fit of lane(s) ``rep`` (renumbered 0, 1, ...; each keeps its data replicate and training size)."""
+        idx = check_reps(rep, self.n_reps)
+        first = next(iter(self.params.values()))
+        it = torch.as_tensor(idx, device=first.device)
+        lanes = self.lanes.iloc[idx].reset_index(drop=True).assign(lane=np.arange(len(idx)))
+        return PatchFit(self.model, {k: v[it] for k, v in self.params.items()}, lanes, dict(self.config),
+                        select_history(self.history, idx, column="lane"))
 
     @property
     def name(self) -> str:

@@ -102,3 +102,39 @@ class FitResult(abc.ABC):
         coef = coef[coef["rep"] == r].drop(columns="rep").set_index(["block", "atom", "coef"])
         header = {str(k): (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items() if k != "rep"}
         return Summary(header, coef, pd.DataFrame(), [], title=f"{type(self).__name__}: replicate {int(r)}")
+
+
+def weights_tidy(weights: dict[str, Any], atom_axis: dict[str, int | None]) -> pd.DataFrame:
+    """:data:`TIDY_COLUMNS` frame of stacked network weights (deep fits): ``weights[name]`` has a leading replicate
+    (or lane) axis; ``atom_axis[name]`` is the axis that indexes experts (``None``: no expert axis, atom -1); every
+    other index is flattened into ``coef`` (``"i,j"``)."""
+    parts = []
+    for name, w in weights.items():
+        if w is None:
+            continue
+        a = np.asarray(w.detach().cpu() if hasattr(w, "detach") else w, dtype=float)
+        ax = atom_axis.get(name)
+        if ax is not None:
+            a = np.moveaxis(a, ax, 1)
+        R = a.shape[0]
+        lead = 2 if ax is not None else 1
+        K = a.shape[1] if ax is not None else 1
+        rest = a.shape[lead:]
+        flat = a.reshape(R, K, -1)
+        coefs = [",".join(map(str, ix)) for ix in np.ndindex(*rest)] if rest else ["0"]
+        parts.append(pd.DataFrame({
+            "rep": np.repeat(np.arange(R), K * len(coefs)), "block": name,
+            "atom": np.tile(np.repeat(np.arange(K) if ax is not None else [-1], len(coefs)), R),
+            "coef": np.tile(coefs, R * K), "estimate": flat.ravel(),
+        }))
+    return pd.concat(parts, ignore_index=True)[TIDY_COLUMNS]
+
+
+def select_history(history: pd.DataFrame, idx: np.ndarray, column: str = "rep") -> pd.DataFrame:
+    """Rows of a long history frame for replicates ``idx``, renumbered 0, 1, ... in the order of ``idx``."""
+    if history is None or not len(history) or column not in history:
+        return history
+    renumber = {int(old): new for new, old in enumerate(idx)}
+    out = history[history[column].isin(idx)].copy()
+    out[column] = out[column].map(renumber)
+    return out.reset_index(drop=True)
