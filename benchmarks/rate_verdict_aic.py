@@ -26,7 +26,7 @@ def main(studies: int = 120) -> None:
         for s in range(studies):
             df = rates.simulate_rate_frame(alpha, ns, 1, model=model, sigma=0.3, seed=s, units=10, unit_sd=0.5,
                                            unit_slope_sd=0.05, cell_sd=0.1)
-            t = ms.fit_rate(df, "y", units="unit", n_boot=300, seed=s).table.iloc[0]
+            t = ms.fit_rate(df, "y", units="unit", n_resamples=300, seed=s).table.iloc[0]
             rows.append((t["delta_aic"], t["curvature_p"], bool(t["window_consistent"])))
         d, p, w = (np.array(c) for c in zip(*rows, strict=True))
         print(f"{label:14s} delta_aic>2 {np.mean(d > 2):.3f}  delta_aic>6 {np.mean(d > 6):.3f}  "

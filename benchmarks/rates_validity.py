@@ -69,7 +69,7 @@ def coverage_table(studies: int, only: list[int] | None = None) -> pd.DataFrame:
         if only is not None and i not in only:
             continue
         t0 = time.perf_counter()
-        row = ms.calibrate_design(alpha, ns, reps, model=model, studies=studies, n_boot=999, seed=2024, **kw)
+        row = ms.calibrate_design(alpha, ns, reps, model=model, studies=studies, n_resamples=999, seed=2024, **kw)
         row["seconds"] = time.perf_counter() - t0
         row["estimator"] = kw.get("estimator", "ols")
         out.append(row)
@@ -85,7 +85,7 @@ def compare_table(studies: int) -> pd.DataFrame:
         a = rates.simulate_rate_frame(aa, ns, reps, studies=studies, seed=seed).assign(gate="sigmoid")
         b = rates.simulate_rate_frame(ab, ns, reps, studies=studies, seed=seed + 1).assign(gate="softmax")
         frame = pd.concat([a, b], ignore_index=True)
-        res = pd.concat([ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999, method=m)
+        res = pd.concat([ms.compare_rates(frame, "y", between="gate", by="study", n_resamples=999, method=m)
                          for m in ("auto", "both")], ignore_index=True)
         for method, sub in res.groupby("method", sort=False):
             rate = float((sub["p_value"] < 0.05).mean())
@@ -128,7 +128,7 @@ def scenario_table(studies: int) -> pd.DataFrame:
             if "units" not in sim:
                 fit = {k: v for k, v in fit.items() if k != "resample_units"}
             t0 = time.perf_counter()
-            row = ms.calibrate_design(0.5, ns, reps, studies=studies, n_boot=999, seed=2025, **sim, **fit)
+            row = ms.calibrate_design(0.5, ns, reps, studies=studies, n_resamples=999, seed=2025, **sim, **fit)
             row.insert(0, "scenario", label)
             row.insert(1, "fit", fit_label)
             row["seconds"] = time.perf_counter() - t0
@@ -136,7 +136,7 @@ def scenario_table(studies: int) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def speed(n_boot: int = 999, repeats: int = 5) -> pd.DataFrame:
+def speed(n_resamples: int = 999, repeats: int = 5) -> pd.DataFrame:
     """Vectorised bootstrap of fit_rate against a statsmodels OLS refit per bootstrap draw (same resampling).
 
     Each timing is the minimum over ``repeats`` runs (the machine is shared; the minimum is the least
@@ -146,11 +146,11 @@ def speed(n_boot: int = 999, repeats: int = 5) -> pd.DataFrame:
     exog = sm.add_constant(np.log(np.repeat(G9, 20)))
 
     def vectorised() -> None:
-        ms.fit_rate(frame, "y", method="cluster_bootstrap", n_boot=n_boot, seed=0)
+        ms.fit_rate(frame, "y", method="cluster_bootstrap", n_resamples=n_resamples, seed=0)
 
     def loop() -> None:
         rng = np.random.default_rng(0)
-        for _ in range(n_boot):
+        for _ in range(n_resamples):
             ydraw = np.concatenate([v[rng.integers(0, len(v), len(v))] for v in groups])
             sm.OLS(np.log(ydraw), exog).fit()
 
@@ -163,7 +163,7 @@ def speed(n_boot: int = 999, repeats: int = 5) -> pd.DataFrame:
         return min(times)
 
     fast, slow = best(vectorised), best(loop)
-    return pd.DataFrame([{"n_boot": n_boot, "rows": len(frame), "repeats": repeats, "vectorised_s": fast,
+    return pd.DataFrame([{"n_resamples": n_resamples, "rows": len(frame), "repeats": repeats, "vectorised_s": fast,
                           "statsmodels_loop_s": slow, "speedup": slow / fast}])
 
 
@@ -190,7 +190,7 @@ def sample_complexity_check(studies: int = 150) -> pd.DataFrame:
         frame = pd.concat([pd.DataFrame({"study": s, "l": big_l, "n": big_n, "rep": rep,
                                          "acc": curve(big_n, big_l) + noise * rng.standard_normal(big_n.size)})
                            for s in range(studies)], ignore_index=True)
-        sc = ms.sample_complexity(frame, "acc", 0.9, by=["study", "l"], n_boot=999)
+        sc = ms.sample_complexity(frame, "acc", 0.9, by=["study", "l"], n_resamples=999)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fit = sc.scaling("l")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,3 +47,22 @@ def check_finite(name: str, x: Any) -> None:
         raise ValueError(
             f"{name} contains NaN or infinite values; remove or impute those entries before fitting."
         )
+
+
+def renamed_arguments(**renames: str):
+    """Decorator: accept the former keyword names ``old=new`` of a public function's arguments, with a
+    :class:`FutureWarning` naming the new name (so code written against an older moestat keeps running)."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in renames.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__name__}() got both {new}= and its former name {old}=; "
+                                        f"pass {new}= only.")
+                    warnings.warn(f"{fn.__name__}({old}=...) is now {fn.__name__}({new}=...); the name {old!r} "
+                                  "will be removed.", FutureWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return wrapper
+    return deco

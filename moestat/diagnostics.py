@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._validation import check_int
+from ._validation import check_int, renamed_arguments
 from .model import MoE
 from .params import Params
 from .rates import RateWarning, compare_rates, fit_rate
@@ -221,9 +221,10 @@ def complete_units(frame: pd.DataFrame, units: str, *, by: Sequence[str] = (), a
     return frame[keep], dropped
 
 
+@renamed_arguments(n_boot="n_resamples")
 def solver_rate_tables(frame: pd.DataFrame, responses: Sequence[str], *, between: str, levels: Sequence[Any],
                        by: str = "expert", units: str | None = "truth_seed", solvers: dict[str, str] | None = None,
-                       n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                       n_resamples: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Rates, windows and a paired comparison of ``between`` for every response under every solver.
 
     For each ``response + suffix`` column (``solvers``: ``_best`` the lowest-objective fit, ``""`` the default
@@ -242,14 +243,14 @@ def solver_rate_tables(frame: pd.DataFrame, responses: Sequence[str], *, between
             if units is not None:
                 sub, gone = complete_units(sub, units, by=[by, between])
                 dropped = "; ".join(f"{k}: {v}" for k, v in gone.items())
-            res = fit_rate(sub, y, by=[by, between], units=units, n_boot=n_boot, seed=seed)
+            res = fit_rate(sub, y, by=[by, between], units=units, n_resamples=n_resamples, seed=seed)
             rates.append(res.table.assign(y=y, response=r, solver=solver, dropped_units=dropped))
             windows.append(res.windows.assign(y=y, response=r, solver=solver))
             if units is not None:  # a paired comparison needs each unit at both levels
                 sub, gone_pair = complete_units(sub, units, by=[by], across=between)
                 dropped = "; ".join(f"{k}: {v}" for k, v in {**gone, **gone_pair}.items())
             cmp = compare_rates(sub, y, between=between, by=by, paired=True, units=units, levels=list(levels),
-                                n_boot=n_boot, seed=seed)
+                                n_resamples=n_resamples, seed=seed)
             comparisons.append(cmp.assign(y=y, response=r, solver=solver, dropped_units=dropped))
     return (pd.concat(rates, ignore_index=True), pd.concat(windows, ignore_index=True),
             pd.concat(comparisons, ignore_index=True))

@@ -30,7 +30,7 @@ import torch
 from scipy import stats
 
 from ._torch import to_numpy
-from ._validation import check_choice, check_int
+from ._validation import check_choice, check_int, renamed_arguments
 from .fit.mle import _check_data, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
 from .gates import log_mixture_weights
@@ -202,7 +202,8 @@ def _blocks_from_params(p: Params):
     return BlockParams.from_params(p.to_torch("cpu", torch.float64))
 
 
-def bootstrap(fit: MLEFit, X, y, B: int = 200, *, kind: str = "parametric", restarts: int = 2, seed=None,
+@renamed_arguments(B="n_resamples")
+def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "parametric", restarts: int = 2, seed=None,
               **fit_kwargs) -> BootstrapResult:
     r"""Bootstrap distribution of :math:`\hat\theta` with label alignment (module docstring).
 
@@ -211,8 +212,8 @@ def bootstrap(fit: MLEFit, X, y, B: int = 200, *, kind: str = "parametric", rest
     fit : MLEFit
         A fit to one data set (``X`` of shape (n, d)).
     X, y : the data the fit was computed on.
-    B : int
-        Number of bootstrap replicates (all refitted in one batched call).
+    n_resamples : int
+        Number of bootstrap replicates B (all refitted in one batched call; formerly ``B=``).
     kind : {"parametric", "nonparametric"}
     restarts : int
         Random starts per refit, in addition to the warm start at :math:`\hat\theta`.
@@ -230,7 +231,7 @@ def bootstrap(fit: MLEFit, X, y, B: int = 200, *, kind: str = "parametric", rest
     if not fit.single:
         raise ValueError("bootstrap needs a fit to a single data set; select one replicate's data and refit.")
     check_choice("kind", kind, ("parametric", "nonparametric"))
-    B = check_int("B", B, minimum=2)
+    B = check_int("n_resamples", n_resamples, minimum=2)
     spec = fit.spec
     Xn, yn, single = _check_data(spec, X, y)
     if not single or Xn.shape[1] != fit.nobs:
@@ -271,7 +272,7 @@ def bootstrap(fit: MLEFit, X, y, B: int = 200, *, kind: str = "parametric", rest
         warnings.warn(f"{int(failed.sum())} of {B} bootstrap refits failed (non-converged, non-finite or degenerate "
                       "resample); they are excluded from the bootstrap summaries and not redrawn.",
                       MLEConvergenceWarning, stacklevel=2)
-    config = {"B": B, "restarts": restarts, "seed_entropy": ss.entropy, **opts}
+    config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy, **opts}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
 
 
@@ -320,7 +321,8 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
     return f0, f1
 
 
-def test_n_experts(X, y, k0: int, k1: int, B: int = 99, *, gate: str = "softmax", expert: str = "linear",
+@renamed_arguments(B="n_resamples")
+def test_n_experts(X, y, k0: int, k1: int, n_resamples: int = 99, *, gate: str = "softmax", expert: str = "linear",
                    method: str = "em", restarts: int = 3, seed=None, **fit_kwargs) -> LRTResult:
     r"""Parametric bootstrap LRT of :math:`H_0: k = k_0` against :math:`k = k_1` (module docstring).
 
@@ -330,8 +332,8 @@ def test_n_experts(X, y, k0: int, k1: int, B: int = 99, *, gate: str = "softmax"
         One data set, or R data sets tested at once (all R x B refits are batched).
     k0, k1 : int
         Numbers of experts, ``k0 < k1``.
-    B : int
-        Bootstrap replicates per data set.
+    n_resamples : int
+        Bootstrap replicates B per data set (formerly ``B=``).
     gate, expert, method, restarts, **fit_kwargs
         Model and fitting options (:func:`moestat.fit_mle`).  Defaults here are ``tol=1e-6`` and
         ``max_iter=1000``: the statistic needs the maximised log-likelihoods, not precise parameters, and
@@ -349,7 +351,7 @@ def test_n_experts(X, y, k0: int, k1: int, B: int = 99, *, gate: str = "softmax"
     k0, k1 = check_int("k0", k0), check_int("k1", k1)
     if k1 <= k0:
         raise ValueError(f"k1 must exceed k0, got k0={k0}, k1={k1}.")
-    B = check_int("B", B, minimum=2)
+    B = check_int("n_resamples", n_resamples, minimum=2)
     Xa = np.asarray(X, dtype=float)
     d = Xa.shape[-1] if Xa.ndim >= 2 else 1
     spec0 = MoE(gate=gate, expert=expert, k=k0, d=d)
@@ -382,7 +384,8 @@ def test_n_experts(X, y, k0: int, k1: int, B: int = 99, *, gate: str = "softmax"
     def out(a):
         return a[0].item() if single else a
 
-    config = {"B": B, "gate": gate, "expert": expert, "restarts": restarts, "seed_entropy": ss.entropy, "n": n,
+    config = {"n_resamples": B, "gate": gate, "expert": expert, "restarts": restarts, "seed_entropy": ss.entropy,
+              "n": n,
               **{key: v for key, v in opts.items() if np.isscalar(v)}}
     return LRTResult(out(lr), out(pval), null[0] if single else null, out(n_failed), k0, k1, f0, f1, config,
                      out(not_conv))

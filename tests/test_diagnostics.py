@@ -24,7 +24,7 @@ def test_identical_solvers_are_invariant_and_delta_is_the_scaled_objective_gap()
     f = _frame()
     f["y_alt"] = f["y"]
     f["objective_alt"] = f["objective"] + 0.01 * 2.5 / f["n"]  # n (F_alt - F) / nu = 2.5 exactly
-    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_boot=200).iloc[0]
+    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_resamples=200).iloc[0]
     assert out["verdict"] == "invariant" and out["agree"] == 1 and out["exponent_shift"] == pytest.approx(0, abs=1e-12)
     assert out["objective_delta_median"] == pytest.approx(2.5) and out["objective_delta_max"] == pytest.approx(2.5)
     assert out["flat_disagree"] == 0 and out["pairs"] == len(f) and out["both_converged"] == 1
@@ -34,7 +34,7 @@ def test_a_solver_that_changes_the_slope_is_flagged():
     f = _frame()
     f["y_alt"] = f["y"] * (f["n"] / 1000) ** 0.3  # the alt solver's errors fall at n^-0.2 instead of n^-0.5
     f["objective_alt"] = f["objective"]
-    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_boot=200).iloc[0]
+    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_resamples=200).iloc[0]
     assert out["verdict"] == "optimiser-dependent rate"
     assert out["exponent_shift"] == pytest.approx(-0.3, abs=1e-9)  # exact: the log ratio is linear in log n
     # equal objectives with responses that differ: the data do not determine the response
@@ -46,14 +46,14 @@ def test_scattered_fits_with_the_same_slope():
     rng = np.random.default_rng(1)
     f["y_alt"] = f["y"] * np.exp(rng.choice([-1.0, 1.0], len(f)))  # every row off by a factor e, no trend in n
     f["objective_alt"] = f["objective"]
-    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_boot=200, max_shift=1.0).iloc[0]
+    out = ms.optimizer_invariance(f, "y", units="truth_seed", n_resamples=200, max_shift=1.0).iloc[0]
     assert out["agree"] == 0 and out["verdict"] == "rate invariant, fits differ"
 
 
 def test_invariance_by_groups_and_errors():
     f = pd.concat([_frame().assign(gate=g) for g in ("sigmoid", "softmax")], ignore_index=True)
     f["y_alt"], f["objective_alt"] = f["y"], f["objective"]
-    out = ms.optimizer_invariance(f, ["y"], by="gate", units="truth_seed", n_boot=100)
+    out = ms.optimizer_invariance(f, ["y"], by="gate", units="truth_seed", n_resamples=100)
     assert list(out["gate"]) == ["sigmoid", "softmax"] and (out["verdict"] == "invariant").all()
     with pytest.raises(ValueError, match="invariance='lm'"):
         ms.optimizer_invariance(f.drop(columns="y_alt"), "y")
@@ -117,7 +117,7 @@ def test_solver_rate_tables_cover_every_solver_and_response():
                                                                       for suf in ("", "_alt", "_best")}}
             for g in ("sigmoid", "softmax") for s in range(5) for n in (1000, 3000, 10000, 30000, 100000)]
     rates, windows, cmp = ms.diagnostics.solver_rate_tables(pd.DataFrame(rows), ["y"], between="gate",
-                                                            levels=["sigmoid", "softmax"], n_boot=200)
+                                                            levels=["sigmoid", "softmax"], n_resamples=200)
     assert set(rates["solver"]) == {"lowest objective", "newton", "lm"} and len(rates) == 3 * 2
     assert set(cmp["solver"]) == set(rates["solver"]) and len(cmp) == 3 and (cmp["level_a"] == "sigmoid").all()
     assert set(windows["y"]) == {"y", "y_alt", "y_best"} and rates["exponent"].between(0.3, 0.7).all()

@@ -26,7 +26,7 @@ def fit2(data2):
 
 
 def test_parametric_bootstrap_se_agrees_with_observed_information(fit2, data2):
-    bs = ms.bootstrap(fit2, *data2, B=40, seed=2)
+    bs = ms.bootstrap(fit2, *data2, n_resamples=40, seed=2)
     assert bs.n_failed == 0 and bs.draws.shape == (40, 8)
     ratio = bs.se() / fit2.bse()
     # B=40 gives the bootstrap SE a relative sd of about 1/sqrt(2*39) ~ 11%; 35% is a > 3 sd band
@@ -42,7 +42,7 @@ def test_parametric_bootstrap_se_agrees_with_observed_information(fit2, data2):
 
 def test_bootstrap_aligns_labels_of_a_relabelled_fit(fit2, data2):
     swapped = fit2.relabel([1, 0])
-    bs = ms.bootstrap(swapped, *data2, B=20, seed=3, kind="nonparametric")
+    bs = ms.bootstrap(swapped, *data2, n_resamples=20, seed=3, kind="nonparametric")
     centre = np.abs(np.median(bs.ok, 0) - swapped.theta) / swapped.bse()
     assert centre.max() < 1.0
 
@@ -50,7 +50,7 @@ def test_bootstrap_aligns_labels_of_a_relabelled_fit(fit2, data2):
 def test_bootstrap_reports_failures_instead_of_redrawing(fit2, data2):
     # max_iter=1 cannot converge: every refit fails and is reported, none is silently replaced
     with pytest.warns(UserWarning, match="bootstrap refits failed"):
-        bs = ms.bootstrap(fit2, *data2, B=5, seed=4, max_iter=1, restarts=1)
+        bs = ms.bootstrap(fit2, *data2, n_resamples=5, seed=4, max_iter=1, restarts=1)
     assert bs.n_failed == 5 and np.isnan(bs.draws).all()
 
 
@@ -58,11 +58,11 @@ def test_bootstrap_rejects_batched_fit():
     d = ms.simulate(SPEC2, TRUTH2, n=100, reps=2, seed=5, model="mixture")
     fit = ms.fit_mle(SPEC2, d.X, d.y, seed=6, restarts=2)
     with pytest.raises(ValueError, match="single data set"):
-        ms.bootstrap(fit, d.X[0], d.y[0], B=5)
+        ms.bootstrap(fit, d.X[0], d.y[0], n_resamples=5)
 
 
 def test_lrt_rejects_one_expert_for_two_expert_data(data2):
-    lrt = ms.test_n_experts(*data2, k0=1, k1=2, B=9, seed=7, restarts=2)
+    lrt = ms.test_n_experts(*data2, k0=1, k1=2, n_resamples=9, seed=7, restarts=2)
     assert lrt.statistic > 50
     assert lrt.p_value == pytest.approx(1 / 10)  # the smallest attainable p-value with B=9
     frame = lrt.to_frame()
@@ -71,7 +71,7 @@ def test_lrt_rejects_one_expert_for_two_expert_data(data2):
 
 def test_lrt_batched_on_null_data_gives_valid_pvalues():
     d = ms.simulate(SPEC1, TRUTH1, n=100, reps=2, seed=8, model="mixture")
-    lrt = ms.test_n_experts(d.X, d.y, k0=1, k1=2, B=9, seed=9, restarts=1)
+    lrt = ms.test_n_experts(d.X, d.y, k0=1, k1=2, n_resamples=9, seed=9, restarts=1)
     # the split start nests the k0 fit, so the statistic is (up to optimiser tolerance) non-negative
     assert (lrt.statistic > -1e-4).all() and (lrt.null_distribution > -1e-4).all()
     assert lrt.p_value.shape == (2,) and ((lrt.p_value >= 0.1) & (lrt.p_value <= 1)).all()
@@ -142,7 +142,7 @@ def test_standard_errors_and_wald_coverage_full():
 @pytest.mark.slow
 def test_bootstrap_lrt_size_full():
     d = ms.simulate(SPEC1, TRUTH1, n=200, reps=600, seed=40, model="mixture")
-    lrt = ms.test_n_experts(d.X, d.y, k0=1, k1=2, B=19, seed=41, restarts=1)
+    lrt = ms.test_n_experts(d.X, d.y, k0=1, k1=2, n_resamples=19, seed=41, restarts=1)
     size = (lrt.p_value <= 0.05).mean()
     # issue criterion: size within 5% +- 2%.  With B=19, p <= 0.05 means the observed LR beats all 19 null
     # draws, an exact 5% test under exchangeability; R=600 null data sets give the size a binomial sd of

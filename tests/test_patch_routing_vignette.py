@@ -27,7 +27,7 @@ def test_import_computes_nothing_and_defines_the_contract(tmp_path, monkeypatch)
 
 def _small_config(mod):
     cfg = mod.config(quick=True)
-    cfg.update(max_epochs=10, n_test=200, n_boot=200)
+    cfg.update(max_epochs=10, n_test=200, n_resamples=200)
     for block in cfg["blocks"]:
         block["grid"] = [8, 16, 32, 64, 128]
         block["runs"] = 2
@@ -123,7 +123,7 @@ def test_sweep_slopes_recover_a_known_power_law():
             acc = 0.5 if k == 1 else 1 - 0.05 * k**0.2 + eps
             rows.append({"sweep": "k", "k": k, "l": 6, "run": run, "n_train": 64, "accuracy": acc,
                          "routing_maxgate": 0.5 if k == 1 else 1.0, "l_star": 6})
-    out = mod.sweep_slopes(pd.DataFrame(rows), n_boot=300).set_index("sweep")
+    out = mod.sweep_slopes(pd.DataFrame(rows), n_resamples=300).set_index("sweep")
     assert out.loc["l", "slope"] == pytest.approx(0.5, abs=1e-9) and out.loc["l", "range_min"] == 6
     assert out.loc["k", "slope"] == pytest.approx(0.2, abs=1e-9) and out.loc["k", "range_min"] == 4
     assert out.loc["l", "ci_low"] <= 0.5 <= out.loc["l", "ci_high"]

@@ -206,8 +206,8 @@ def test_random_effects_errors_and_fallbacks():
     with pytest.raises(ValueError, match="knapp_hartung"):
         ms.fit_rate(df, "y", knapp_hartung="truncated")
     # auto picks the replicate bootstrap for options only it has
-    assert ms.fit_rate(df, "y", interval="percentile", n_boot=200).config["method"] == "cluster_bootstrap"
-    assert ms.fit_rate(df, "y", resample="rep", n_boot=200).config["method"] == "cluster_bootstrap"
+    assert ms.fit_rate(df, "y", interval="percentile", n_resamples=200).config["method"] == "cluster_bootstrap"
+    assert ms.fit_rate(df, "y", resample="rep", n_resamples=200).config["method"] == "cluster_bootstrap"
     # identical replicates at one n: no within variance there, so the fit falls back and says why
     tied = df.copy()
     tied.loc[tied["n"] == G9[0], "y"] = 0.1
@@ -219,7 +219,7 @@ def test_random_effects_errors_and_fallbacks():
 def test_aggregated_random_effects_fits_run_and_cover_their_point():
     df = rates.simulate_rate_frame(0.5, G9, 8, seed=16)
     for agg in ("mean", "median", "logmean"):
-        row = ms.fit_rate(df, "y", agg=agg, n_boot=300).table.iloc[0]
+        row = ms.fit_rate(df, "y", agg=agg, n_resamples=300).table.iloc[0]
         assert row["ci_low"] < row["exponent"] < row["ci_high"] and row["exponent"] == pytest.approx(0.5, abs=0.15)
 
 
@@ -231,7 +231,7 @@ COVERAGE_SCENARIOS = {
     "iid-9x10": (G9, 10, {}),
     "shock-9x10": (G9, 10, {"cell_sd": 0.2}),
     "nested-9x10": (G9, 10, {"rep_sd": 0.5}),
-    "units-9x2x10": (G9, 2, {"units": 10, "unit_slope_sd": 0.1, "cell_sd": 0.1, "n_boot": 999}),
+    "units-9x2x10": (G9, 2, {"units": 10, "unit_slope_sd": 0.1, "cell_sd": 0.1, "n_resamples": 999}),
 }
 
 
@@ -270,7 +270,7 @@ def test_nested_replicates_give_narrow_intervals():
     nested = ms.calibrate_design(0.5, G9, 10, studies=200, rep_sd=0.5, seed=41).iloc[0]
     iid = ms.calibrate_design(0.5, G9, 10, studies=200, seed=41).iloc[0]
     boot = ms.calibrate_design(0.5, G9, 10, studies=200, rep_sd=0.5, seed=41, method="cluster_bootstrap",
-                               n_boot=499).iloc[0]
+                               n_resamples=499).iloc[0]
     assert nested["mean_se"] == pytest.approx(iid["mean_se"], rel=0.15)
     assert boot["mean_se"] > 1.3 * nested["mean_se"] and boot["coverage"] > 0.99
 
@@ -280,7 +280,7 @@ def test_nested_replicates_give_narrow_intervals():
 
 def test_unit_bootstrap_is_the_mean_of_unit_slopes_and_its_errors():
     df = rates.simulate_rate_frame(0.5, G5, 3, units=8, unit_slope_sd=0.1, seed=17)
-    res = ms.fit_rate(df, "y", units="unit", n_boot=4000, seed=1)
+    res = ms.fit_rate(df, "y", units="unit", n_resamples=4000, seed=1)
     row = res.details.iloc[0]
     per_unit = [-np.polyfit(np.log(G5), g.groupby("n")["y"].apply(lambda v: np.log(v).mean()), 1)[0]
                 for _, g in df.groupby("unit")]

@@ -44,7 +44,7 @@ def one(frame: pd.DataFrame, gate: str = "sigmoid", expert: str = "relu") -> pd.
 @pytest.mark.parametrize("model", list(rates.RATE_MODELS))
 def test_replicate_level_exponent_is_polyfit_slope(frame, model):
     sub = one(frame)
-    res = ms.fit_rate(sub, "D1", model=model, n_boot=200)
+    res = ms.fit_rate(sub, "D1", model=model, n_resamples=200)
     u = rates.regressor(model, sub["n"].to_numpy())
     slope, intercept = np.polyfit(u, np.log(sub["D1"]), 1)
     row = res.table.iloc[0]
@@ -64,7 +64,7 @@ def test_regressor_transforms():
                                            ("logmean", lambda v: np.log(v).mean())])
 def test_aggregated_fit_is_the_papers_line(frame, agg, stat):
     sub = one(frame)
-    res = ms.fit_rate(sub, "D1", agg=agg, n_boot=200)
+    res = ms.fit_rate(sub, "D1", agg=agg, n_resamples=200)
     pts = sub.groupby("n")["D1"].apply(stat)
     slope, intercept = np.polyfit(np.log(pts.index.to_numpy(float)), pts.to_numpy(), 1)
     assert res.table["exponent"].iloc[0] == pytest.approx(-slope, rel=1e-10)
@@ -74,7 +74,7 @@ def test_aggregated_fit_is_the_papers_line(frame, agg, stat):
 def test_r2_and_aic_are_statsmodels_ols(frame):
     sub = one(frame)
     ols = sm.OLS(np.log(sub["D1"].to_numpy()), sm.add_constant(np.log(sub["n"].to_numpy()))).fit()
-    row = ms.fit_rate(sub, "D1", n_boot=200).table.iloc[0]
+    row = ms.fit_rate(sub, "D1", n_resamples=200).table.iloc[0]
     assert row["r2"] == pytest.approx(ols.rsquared)
     assert row["aic"] == pytest.approx(ols.aic)
 
@@ -94,7 +94,7 @@ def test_bootstrap_se_matches_the_analytic_rescaled_variance(frame):
     sum_n c_n^2 s_n^2 / R_n in expectation.  Tolerance: with B = 20000 draws the bootstrap SD has relative MC
     error about 1/sqrt(2B) = 0.5%; we allow 3%."""
     sub = one(frame)
-    res = ms.fit_rate(sub, "D1", method="cluster_bootstrap", n_boot=20000, seed=3)
+    res = ms.fit_rate(sub, "D1", method="cluster_bootstrap", n_resamples=20000, seed=3)
     g = sub.groupby("n")["D1"]
     r = g.size().to_numpy(float)
     s2 = g.apply(lambda v: np.log(v).var(ddof=1)).to_numpy()
@@ -130,19 +130,19 @@ def test_robust_method_is_statsmodels_cluster_and_hc3(frame):
 
 
 def test_resample_rep_uses_whole_replicates(frame):
-    res = ms.fit_rate(one(frame), "D1", resample="rep", n_boot=500)
+    res = ms.fit_rate(one(frame), "D1", resample="rep", n_resamples=500)
     assert res.details["df"].iloc[0] == 7
     assert np.isfinite(res.table["se"].iloc[0])
     ragged = one(frame)[lambda f: ~((f["rep"] == 7) & (f["n"] == NS[0]))]
     with pytest.raises(ValueError, match="same replicate ids"):
-        ms.fit_rate(ragged, "D1", resample="rep", n_boot=200)
+        ms.fit_rate(ragged, "D1", resample="rep", n_resamples=200)
 
 
 # ------------------------------------------------------------------------------------------- API
 
 
 def test_table_columns_and_by_groups(frame):
-    res = ms.fit_rate(frame, y="D1", by=["gate", "expert"], n_boot=300)
+    res = ms.fit_rate(frame, y="D1", by=["gate", "expert"], n_resamples=300)
     assert list(res.table.columns) == ["gate", "expert", *_core.TABLE_COLUMNS]
     assert len(res.table) == 4
     assert set(res.table["n_values"]) == {len(NS)} and set(res.table["replicates"]) == {8}
@@ -156,23 +156,23 @@ def test_table_columns_and_by_groups(frame):
     assert "random_effects" in text and "Knapp-Hartung" in text and "sigmoid" in text
     assert repr(res).startswith("RateResult(y='D1'")
     wide = res.to_frame(config=True)
-    assert wide["method"].eq("random_effects").all() and wide["n_boot"].eq(300).all()
+    assert wide["method"].eq("random_effects").all() and wide["n_resamples"].eq(300).all()
     assert res.config["method_requested"] == "auto"
     assert "df" in res.to_frame(details=True).columns
-    assert res.config["n_boot"] == 300 and res.config["by"] == ["gate", "expert"]
+    assert res.config["n_resamples"] == 300 and res.config["by"] == ["gate", "expert"]
 
 
 def test_model_list_and_all(frame):
-    res = ms.fit_rate(one(frame), "D1", model="all", n_boot=200)
+    res = ms.fit_rate(one(frame), "D1", model="all", n_resamples=200)
     assert list(res.table["model"]) == ["power", "power_log", "inverse_log"]
     assert (res.details["delta_aic"] >= 0).all() and (res.details["delta_aic"] == 0).sum() == 1
 
 
 def test_same_seed_same_result_and_frame_without_rep(frame):
-    a = ms.fit_rate(one(frame), "D1", n_boot=300, seed=5).table
-    b = ms.fit_rate(one(frame), "D1", n_boot=300, seed=5).table
+    a = ms.fit_rate(one(frame), "D1", n_resamples=300, seed=5).table
+    b = ms.fit_rate(one(frame), "D1", n_resamples=300, seed=5).table
     pd.testing.assert_frame_equal(a, b)
-    c = ms.fit_rate(one(frame).drop(columns="rep"), "D1", n_boot=300, seed=5).table
+    c = ms.fit_rate(one(frame).drop(columns="rep"), "D1", n_resamples=300, seed=5).table
     assert c["exponent"].iloc[0] == pytest.approx(a["exponent"].iloc[0])
 
 
@@ -182,20 +182,20 @@ def test_invariances(scale, seed):
     """Multiplying y by a constant moves only the intercept; shuffling rows and relabelling replicates
     change nothing (the bootstrap sorts by n and rep before drawing)."""
     base = rates.simulate_rate_frame(0.4, NS, 4, seed=seed)
-    ref = ms.fit_rate(base, "y", n_boot=200, seed=1).table.iloc[0]
+    ref = ms.fit_rate(base, "y", n_resamples=200, seed=1).table.iloc[0]
     scaled = base.assign(y=base["y"] * scale)
-    row = ms.fit_rate(scaled, "y", n_boot=200, seed=1).table.iloc[0]
+    row = ms.fit_rate(scaled, "y", n_resamples=200, seed=1).table.iloc[0]
     assert row["exponent"] == pytest.approx(ref["exponent"], rel=1e-9, abs=1e-12)
     assert row["se"] == pytest.approx(ref["se"], rel=1e-9)
     assert row["intercept"] == pytest.approx(ref["intercept"] + np.log(scale), rel=1e-9, abs=1e-9)
     shuffled = base.sample(frac=1.0, random_state=seed)
-    row = ms.fit_rate(shuffled, "y", n_boot=200, seed=1).table.iloc[0]
+    row = ms.fit_rate(shuffled, "y", n_resamples=200, seed=1).table.iloc[0]
     assert row["exponent"] == pytest.approx(ref["exponent"], rel=1e-12)
     assert row["se"] == pytest.approx(ref["se"], rel=1e-12)
 
 
 def test_test_exponent_agrees_with_the_interval(frame):
-    res = ms.fit_rate(frame, "D1", by=["gate", "expert"], n_boot=500)
+    res = ms.fit_rate(frame, "D1", by=["gate", "expert"], n_resamples=500)
     for value in (0.25, 0.5, 0.3):
         t = ms.test_exponent(res, value)
         inside = (t["ci_low"] <= value) & (value <= t["ci_high"])
@@ -209,9 +209,9 @@ def test_test_exponent_agrees_with_the_interval(frame):
 
 
 def test_compare_rates_interaction_equals_separate_fits(frame):
-    out = ms.compare_rates(frame, y="D1", between="gate", by=["expert"], method="both", n_boot=500)
+    out = ms.compare_rates(frame, y="D1", between="gate", by=["expert"], method="both", n_resamples=500)
     assert set(out["method"]) == {"interaction", "bootstrap"}
-    sep = ms.fit_rate(frame, "D1", by=["gate", "expert"], n_boot=200).table.set_index(["gate", "expert"])
+    sep = ms.fit_rate(frame, "D1", by=["gate", "expert"], n_resamples=200).table.set_index(["gate", "expert"])
     for _, row in out.iterrows():
         ea = sep.loc[(row["level_a"], row["expert"]), "exponent"]
         eb = sep.loc[(row["level_b"], row["expert"]), "exponent"]
@@ -233,23 +233,23 @@ def test_compare_models_weights_sum_to_one(frame):
 
 def test_window_sensitivity_full_window_matches_fit(frame):
     sub = one(frame)
-    ws = ms.window_sensitivity(sub, "D1", n_boot=300)
+    ws = ms.window_sensitivity(sub, "D1", n_resamples=300)
     full = ws.table[ws.table["side"] == "full"]
     assert len(full) == 1
-    assert full["exponent"].iloc[0] == pytest.approx(ms.fit_rate(sub, "D1", n_boot=300).table["exponent"].iloc[0])
+    assert full["exponent"].iloc[0] == pytest.approx(ms.fit_rate(sub, "D1", n_resamples=300).table["exponent"].iloc[0])
     # NS spans 2 decades in 6 steps of 1/3 decade; the default min_span=1 keeps windows spanning >= 1 decade:
     # dropping k = 1..3 smallest (k = 4 leaves 3 values over 0.67 decades), and k largest likewise
     m = len(NS)
     assert (ws.table["side"] == "smallest").sum() == 3 == (ws.table["side"] == "largest").sum()
     assert ws.table["span"].min() == pytest.approx(1.0, abs=1e-3) and ws.table["n_values"].min() == 4
     # min_span=0 restores every window down to 3 n values (k = 1..m-3 per side)
-    ws0 = ms.window_sensitivity(sub, "D1", n_boot=300, min_span=0.0)
+    ws0 = ms.window_sensitivity(sub, "D1", n_resamples=300, min_span=0.0)
     assert (ws0.table["side"] == "smallest").sum() == m - 3 == (ws0.table["side"] == "largest").sum()
     assert ws0.table["n_values"].min() == 3
     summary = ws.summary()
     assert summary["consistent"].iloc[0]  # a true power law: every window's CI shares a point
     assert summary["full"].iloc[0] == pytest.approx(full["exponent"].iloc[0])
-    ws2 = ms.window_sensitivity(frame, "D1", by=["gate", "expert"], drop="smallest", n_boot=200)
+    ws2 = ms.window_sensitivity(frame, "D1", by=["gate", "expert"], drop="smallest", n_resamples=200)
     assert set(ws2.table["side"]) == {"full", "smallest"}
     assert ws2.table.groupby(["gate", "expert"]).size().eq(m - 3).all()
 
@@ -265,7 +265,7 @@ def test_window_sensitivity_exposes_curvature():
     n = np.repeat(ns, 10)
     y = (n ** -1.0 + 1e-3 * n ** -0.1) * np.exp(0.1 * rng.standard_normal(n.size))
     df = pd.DataFrame({"n": n, "rep": np.tile(np.arange(10), len(ns)), "y": y})
-    boot = ms.window_sensitivity(df, "y", drop="smallest", method="cluster_bootstrap", n_boot=300)
+    boot = ms.window_sensitivity(df, "y", drop="smallest", method="cluster_bootstrap", n_resamples=300)
     ws = boot.table
     first, last = ws.iloc[0], ws.iloc[-1]
     assert first["exponent"] > last["exponent"] + 0.2
@@ -288,7 +288,7 @@ def test_window_sensitivity_exposes_curvature():
 def test_warnings_for_narrow_range_and_few_values():
     df = rates.simulate_rate_frame(0.5, [1000, 2000, 4000, 8000], 4)
     with pytest.warns(RateWarning, match="decade"), pytest.warns(RateWarning, match="distinct n values"):
-        res = ms.fit_rate(df, "y", n_boot=200)
+        res = ms.fit_rate(df, "y", n_resamples=200)
     assert "decade" in res.details["warnings"].iloc[0]
 
 
@@ -297,7 +297,7 @@ def test_percentile_interval_flags_biased_log_mean():
     interval of the papers' fit can then exclude its own point estimate (B.8); we only check that the
     fit runs and that any such case is reported in the warnings column."""
     df = rates.simulate_rate_frame(0.5, NS, 6, sigma=2.0, seed=8)
-    res = ms.fit_rate(df, "y", agg="mean", interval="percentile", n_boot=400, warn=False)
+    res = ms.fit_rate(df, "y", agg="mean", interval="percentile", n_resamples=400, warn=False)
     row = res.table.iloc[0]
     outside = not row["ci_low"] <= row["exponent"] <= row["ci_high"]
     assert outside == ("percentile interval" in res.details["warnings"].iloc[0])
@@ -315,7 +315,7 @@ def test_error_messages(frame):
         ms.fit_rate(sub.assign(D1=np.where(sub["rep"] == 0, np.nan, sub["D1"])), "D1")
     with_nan = sub.assign(D1=np.where((sub["rep"] == 0) & (sub["n"] == NS[0]), np.nan, sub["D1"]))
     with pytest.warns(RateWarning, match="dropped 1 row"):
-        res = ms.fit_rate(with_nan, "D1", na="drop", n_boot=200)
+        res = ms.fit_rate(with_nan, "D1", na="drop", n_resamples=200)
     assert res.config["dropped_na"] == 1 and res.details["rows"].iloc[0] == len(sub) - 1
     with pytest.raises(ValueError, match="at least 3"):
         ms.fit_rate(sub[sub["n"].isin(NS[:2])], "D1")
@@ -334,8 +334,8 @@ def test_error_messages(frame):
         ms.fit_rate(sub, "D1", model="cubic")
     with pytest.raises(ValueError, match="ci must be"):
         ms.fit_rate(sub, "D1", ci=95)
-    with pytest.raises(ValueError, match="n_boot"):
-        ms.fit_rate(sub, "D1", n_boot=10)
+    with pytest.raises(ValueError, match="n_resamples"):
+        ms.fit_rate(sub, "D1", n_resamples=10)
     with pytest.raises(ValueError, match="agg"):
         ms.fit_rate(sub, "D1", agg="max")
     with pytest.raises(TypeError, match="DataFrame"):
@@ -345,7 +345,7 @@ def test_error_messages(frame):
     with pytest.raises(ValueError, match="single level"):
         ms.compare_rates(sub, "D1", between="gate")
     with pytest.raises(ValueError, match="value must be"):
-        ms.test_exponent(ms.fit_rate(sub, "D1", n_boot=200), float("nan"))
+        ms.test_exponent(ms.fit_rate(sub, "D1", n_resamples=200), float("nan"))
 
 
 # ------------------------------------------------------------------------------------------- sample complexity
@@ -368,29 +368,29 @@ def _acc_frame(ls=(2, 4, 8, 16), reps=8, noise=0.02, seed=0, slope=2.0):
 def test_sample_complexity_interpolates_exactly_without_noise():
     df = pd.DataFrame({"n": np.repeat([100.0, 200, 400, 800], 2), "rep": [0, 1] * 4,
                        "acc": np.repeat([0.5, 0.6, 0.8, 0.9], 2)})
-    sc = ms.sample_complexity(df, "acc", 0.7, n_boot=200)
+    sc = ms.sample_complexity(df, "acc", 0.7, n_resamples=200)
     # halfway between 0.6 (n=200) and 0.8 (n=400) on the log-n scale
     assert sc.table["n_star"].iloc[0] == pytest.approx(np.sqrt(200 * 400))
     assert sc.table["censored"].iloc[0] == "none"
     assert sc.table["ci_low"].iloc[0] == pytest.approx(np.sqrt(200 * 400))  # no replicate spread
-    right = ms.sample_complexity(df, "acc", 0.95, n_boot=200).table.iloc[0]
+    right = ms.sample_complexity(df, "acc", 0.95, n_resamples=200).table.iloc[0]
     assert right["censored"] == "right" and np.isinf(right["n_star"]) and np.isinf(right["ci_high"])
-    left = ms.sample_complexity(df, "acc", 0.4, n_boot=200).table.iloc[0]
+    left = ms.sample_complexity(df, "acc", 0.4, n_resamples=200).table.iloc[0]
     assert left["censored"] == "left" and left["n_star"] == 100
-    below = ms.sample_complexity(df.assign(err=1 - df["acc"]), "err", 0.3, direction="below", n_boot=200)
+    below = ms.sample_complexity(df.assign(err=1 - df["acc"]), "err", 0.3, direction="below", n_resamples=200)
     assert below.table["n_star"].iloc[0] == pytest.approx(np.sqrt(200 * 400))
 
 
 def test_sample_complexity_fraction_rule():
     df = pd.DataFrame({"n": np.repeat([10.0, 20, 40], 4), "rep": [0, 1, 2, 3] * 3,
                        "acc": [0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 1]})
-    sc = ms.sample_complexity(df, "acc", 1.0, rule="fraction", q=0.5, n_boot=200).table.iloc[0]
+    sc = ms.sample_complexity(df, "acc", 1.0, rule="fraction", q=0.5, n_resamples=200).table.iloc[0]
     # success fraction 0.25 at n=10, 0.75 at n=20: q=0.5 reached halfway on log n
     assert sc["n_star"] == pytest.approx(np.sqrt(10 * 20))
 
 
 def test_scaling_exponent_recovers_slope():
-    sc = ms.sample_complexity(_acc_frame(slope=2.0), "acc", 0.9, by="l", n_boot=500)
+    sc = ms.sample_complexity(_acc_frame(slope=2.0), "acc", 0.9, by="l", n_resamples=500)
     assert (sc.table["censored"] == "none").all()
     fit = sc.scaling("l").iloc[0]
     # noise-free n* has slope exactly 2; interpolation on a factor-2 grid biases it by < 0.1
@@ -404,7 +404,7 @@ def test_scaling_exponent_recovers_slope():
 
 def test_scaling_exponent_with_censoring_tobit():
     df = _acc_frame(ls=(4, 16, 64, 256, 2048), slope=1.0)  # n* = 8 log(5) l exceeds the grid for l = 2048
-    sc = ms.sample_complexity(df, "acc", 0.9, by="l", n_boot=300)
+    sc = ms.sample_complexity(df, "acc", 0.9, by="l", n_resamples=300)
     assert sc.table["censored"].iloc[-1] == "right"
     with pytest.warns(RateWarning):
         dropped = sc.scaling("l").iloc[0]
@@ -454,7 +454,7 @@ def test_predicted_rate_looks_up_gate_expert_response_and_regime():
 def test_plots_render(frame, tmp_path):
     import matplotlib.pyplot as plt
 
-    res = ms.fit_rate(frame, "D1", by=["gate", "expert"], model=["power", "inverse_log"], n_boot=200)
+    res = ms.fit_rate(frame, "D1", by=["gate", "expert"], model=["power", "inverse_log"], n_resamples=200)
     ax = res.plot()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     row = res.table.iloc[0]
@@ -462,10 +462,10 @@ def test_plots_render(frame, tmp_path):
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
     ax.figure.savefig(tmp_path / "rate.png")
     for agg in ("mean", "median"):
-        ms.fit_rate(one(frame), "D1", agg=agg, n_boot=200).plot(spread="range")
-    ws = ms.window_sensitivity(one(frame), "D1", n_boot=200)
+        ms.fit_rate(one(frame), "D1", agg=agg, n_resamples=200).plot(spread="range")
+    ws = ms.window_sensitivity(one(frame), "D1", n_resamples=200)
     ws.plot().figure.savefig(tmp_path / "window.png")
-    sc = ms.sample_complexity(_acc_frame(), "acc", 0.9, by="l", n_boot=200)
+    sc = ms.sample_complexity(_acc_frame(), "acc", 0.9, by="l", n_resamples=200)
     sc.plot(design="l").figure.savefig(tmp_path / "nstar.png")
     assert (tmp_path / "nstar.png").stat().st_size > 0
     plt.close("all")
@@ -481,8 +481,8 @@ def test_sample_complexity_equivariance(c, target, seed):
     rows = [{"n": n, "rep": r, "acc": 1 - 0.5 * np.exp(-n / 100) + 0.01 * rng.standard_normal()}
             for n in ns for r in range(4)]
     df = pd.DataFrame(rows)
-    a = ms.sample_complexity(df, "acc", target, n_boot=100).table.iloc[0]
-    b = ms.sample_complexity(df.assign(n=df["n"] * c), "acc", target, n_boot=100).table.iloc[0]
+    a = ms.sample_complexity(df, "acc", target, n_resamples=100).table.iloc[0]
+    b = ms.sample_complexity(df.assign(n=df["n"] * c), "acc", target, n_resamples=100).table.iloc[0]
     assert a["censored"] == b["censored"]
     if a["censored"] == "none":
         assert b["n_star"] == pytest.approx(c * a["n_star"], rel=1e-9)
@@ -512,8 +512,8 @@ def test_huber_resists_outlying_replicates():
     df = rates.simulate_rate_frame(0.5, NS, 20, sigma=0.3, seed=3)
     rng = np.random.default_rng(0)
     df.loc[rng.random(len(df)) < 0.05, "y"] *= 100
-    ols = ms.fit_rate(df, "y", n_boot=300).table.iloc[0]
-    hub = ms.fit_rate(df, "y", estimator="huber", n_boot=300)
+    ols = ms.fit_rate(df, "y", n_resamples=300).table.iloc[0]
+    hub = ms.fit_rate(df, "y", estimator="huber", n_resamples=300)
     row = hub.table.iloc[0]
     assert abs(row["exponent"] - 0.5) < 0.5 * abs(ols["exponent"] - 0.5)
     assert row["ci_low"] < row["exponent"] < row["ci_high"]
@@ -535,7 +535,7 @@ def test_unit_profile_and_invariance_plots(tmp_path):
              "y": 3 * n ** -0.5 * np.exp(rng.normal(0, 0.2)), "y_alt": 3 * n ** -0.5 * np.exp(rng.normal(0, 0.2))}
             for e in ("gelu", "relu") for g in ("sigmoid", "softmax") for s in range(5) for n in ns]
     frame = pd.DataFrame(rows).assign(y_best=lambda f: f["y"])
-    rates_table = ms.fit_rate(frame, "y_best", by=["expert", "gate"], units="truth_seed", n_boot=200, seed=0).table
+    rates_table = ms.fit_rate(frame, "y_best", by=["expert", "gate"], units="truth_seed", n_resamples=200, seed=0).table
     fig = plot_unit_profiles(frame, rates_table.assign(y="y_best"), ["y"], hue="gate", hue_label="gate {}",
                              colors={"sigmoid": "tab:blue"}, label="test")
     assert len(fig.axes) == 2 and fig.axes[0].get_title() == "gelu: y (test)"
@@ -551,3 +551,17 @@ def test_unit_profile_and_invariance_plots(tmp_path):
                                                                    "softmax, relu"]
     assert ax.get_xscale() == "log" and len(ax.collections) == 4
     plt.close(fig)
+
+
+def test_former_argument_names_still_work_with_a_future_warning():
+    """n_boot= (rates) and B= (bootstrap, LRT) became n_resamples=: the old names give the same result with a
+    FutureWarning naming the new one; passing both is an error."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"n": np.repeat([100, 200, 400, 800, 1600], 8), "rep": np.tile(np.arange(8), 5)})
+    frame["y"] = frame["n"] ** -0.5 * np.exp(rng.normal(0, 0.1, len(frame)))
+    new = ms.fit_rate(frame, "y", n_resamples=200, seed=1, warn=False).table
+    with pytest.warns(FutureWarning, match=r"n_resamples="):
+        old = ms.fit_rate(frame, "y", n_boot=200, seed=1, warn=False).table
+    pd.testing.assert_frame_equal(new, old)
+    with pytest.raises(TypeError, match="former name"):
+        ms.fit_rate(frame, "y", n_boot=200, n_resamples=200)

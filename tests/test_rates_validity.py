@@ -47,7 +47,7 @@ def test_coverage_reduced(design):
     the binomial MC SE of a 95% coverage is sqrt(.95 * .05 / 250) = 0.0138; we accept
     0.95 +- 3 SE = [0.909, 0.991] (a true 95% procedure fails this with probability 0.3%)."""
     alpha, model, ns, reps, kw = design
-    row = ms.calibrate_design(alpha, ns, reps, model=model, studies=250, n_boot=999, seed=11, **kw).iloc[0]
+    row = ms.calibrate_design(alpha, ns, reps, model=model, studies=250, n_resamples=999, seed=11, **kw).iloc[0]
     _check(row, (0.95 - 3 * 0.0138, 0.95 + 3 * 0.0138))
 
 
@@ -58,7 +58,7 @@ def test_coverage_full(design):
     """1,000 studies per design (several alphas, grids, replicate counts, both interval methods, Gamma and
     heteroskedastic noise): the issue's band 93-97% (about +-2.9 binomial MC SE of 0.0069 around 95%)."""
     alpha, model, ns, reps, kw = design
-    row = ms.calibrate_design(alpha, ns, reps, model=model, studies=1000, n_boot=999, seed=2024, **kw).iloc[0]
+    row = ms.calibrate_design(alpha, ns, reps, model=model, studies=1000, n_resamples=999, seed=2024, **kw).iloc[0]
     _check(row, (0.93, 0.97))
 
 
@@ -85,7 +85,7 @@ def _two_groups(alpha_a: float, alpha_b: float, ns: np.ndarray, reps: int, studi
 
 
 def _rejection(frame: pd.DataFrame) -> pd.Series:
-    out = ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999)
+    out = ms.compare_rates(frame, "y", between="gate", by="study", n_resamples=999)
     return out.groupby("method")["p_value"].apply(lambda p: float((p < 0.05).mean()))
 
 
@@ -131,8 +131,8 @@ def test_paired_bootstrap_size_and_width():
     empirical SD of the differences over 200 studies (relative MC error of an SD from 200 draws is 5%; we
     allow 15%).  Size: 5% +- 3 MC SE (0.0154) as above."""
     frame = _paired_studies(0.5, 0.5, 0.8, 200, seed=31)
-    out = ms.compare_rates(frame, "y", between="gate", by="study", method="both", n_boot=999, paired=True)
-    unpaired = ms.compare_rates(frame, "y", between="gate", by="study", n_boot=999, method="bootstrap")
+    out = ms.compare_rates(frame, "y", between="gate", by="study", method="both", n_resamples=999, paired=True)
+    unpaired = ms.compare_rates(frame, "y", between="gate", by="study", n_resamples=999, method="bootstrap")
     paired = out[out["method"] == "paired_bootstrap"]
     assert paired["se"].mean() < 0.6 * unpaired["se"].mean()
     assert paired["se"].mean() == pytest.approx(paired["difference"].std(), rel=0.15)
@@ -148,7 +148,7 @@ def test_paired_bootstrap_size_and_width():
 def test_huber_coverage_reduced():
     """Huber fit with the bootstrap on clean log-normal data, 120 studies: MC SE of a 95% coverage is
     0.02; accept 0.95 +- 3 SE.  (1,000 studies: benchmarks/rates_validity.py, recorded in docs.)"""
-    row = ms.calibrate_design(0.5, TWO_DECADES_5, 5, studies=120, n_boot=499, seed=13, estimator="huber").iloc[0]
+    row = ms.calibrate_design(0.5, TWO_DECADES_5, 5, studies=120, n_resamples=499, seed=13, estimator="huber").iloc[0]
     _check(row, (0.95 - 0.06, 1.0))
 
 
@@ -170,7 +170,7 @@ def test_sample_complexity_coverage_reduced():
     frame = pd.DataFrame({"study": np.repeat(np.arange(studies), len(ns) * reps), "n": n,
                           "rep": np.tile(np.tile(np.arange(reps), len(ns)), studies),
                           "acc": curve(n) + 0.02 * rng.standard_normal(n.size)})
-    tab = ms.sample_complexity(frame, "acc", 0.9, by="study", n_boot=999).table
+    tab = ms.sample_complexity(frame, "acc", 0.9, by="study", n_resamples=999).table
     coverage = float(((tab["ci_low"] <= truth) & (truth <= tab["ci_high"])).mean())
     assert 0.904 <= coverage <= 0.996, coverage
     assert abs(np.log(tab["n_star"]).mean() - np.log(truth)) < 4 * np.log(tab["n_star"]).std() / np.sqrt(studies)

@@ -33,7 +33,7 @@ def test_vignette_runs_and_resumes(vignette, tmp_path, monkeypatch):
     assert prov["rate_fit"]["function"] == "moestat.fit_rate"
     rates = pd.read_csv(tmp_path / "rates.csv")   # ms.fit_rate details + its knobs + H0 alpha = 1/2 + AIC columns
     assert {"method", "metric", "model", "exponent", "se", "ci_low", "ci_high", "df", "cov_type", "n_values",
-            "replicates", "curvature_p", "config_method", "interval", "n_boot", "resample", "seed",
+            "replicates", "curvature_p", "config_method", "interval", "n_resamples", "resample", "seed",
             "h0_exponent", "h0_p_value", "aic_best_model", "aic_weight_power"} <= set(rates.columns)
     assert set(rates["config_method"]) == {"cluster_bootstrap"} and set(rates["cov_type"]) == {"bootstrap"}
     assert set(rates["resample"]) == {"within_n"}

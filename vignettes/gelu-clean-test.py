@@ -204,7 +204,7 @@ def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str 
     rates.to_csv(out / "rates.csv", index=False)
     windows.to_csv(out / "windows.csv", index=False)
     comparison.to_csv(out / "comparison.csv", index=False)
-    inv = ms.optimizer_invariance(label_gate_vars(frame), RESPONSES, by=["gate_var"], units=UNITS, n_boot=1000,
+    inv = ms.optimizer_invariance(label_gate_vars(frame), RESPONSES, by=["gate_var"], units=UNITS, n_resamples=1000,
                                   seed=0)
     inv.to_csv(out / "invariance.csv", index=False)
     with_basin = size == "full" if basin is None else basin

@@ -59,7 +59,7 @@ def config(quick: bool = False) -> dict:
         grid = [8, 16, 32, 64, 128, 256, 512]
         return {
             "seed": 2023, "quick": True, "m": 40, "lr": 0.2, "batch_size": 20, "max_epochs": 30,
-            "router_epochs": 100, "n_test": 500, "d": 64, "n_boot": 500,
+            "router_epochs": 100, "n_test": 500, "d": 64, "n_resamples": 500,
             "blocks": [
                 {"variant": "synthetic", "n_patches": 16, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
                 {"variant": "synthetic", "n_patches": 4, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
@@ -74,7 +74,7 @@ def config(quick: bool = False) -> dict:
     grid = [8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024]
     return {
         "seed": 2023, "quick": False, "m": 40, "lr": 0.2, "batch_size": 20, "max_epochs": 150,
-        "router_epochs": 100, "n_test": 1000, "d": 64, "n_boot": 2000,
+        "router_epochs": 100, "n_test": 1000, "d": 64, "n_resamples": 2000,
         "blocks": [
             {"variant": "synthetic", "n_patches": 16, "models": ["pmoe", "pmoe-joint", "cnn"], "runs": 8,
              "grid": grid},
@@ -173,7 +173,7 @@ def analyse(results: pd.DataFrame, cfg: dict) -> pd.DataFrame:
         if sub.empty:
             continue
         for target in targets:
-            kw = {"x": "n_train", "rep": "run", "n_boot": cfg["n_boot"]}
+            kw = {"x": "n_train", "rep": "run", "n_resamples": cfg["n_resamples"]}
             sc = sample_complexity(sub, "accuracy", target, by=["n_patches", "model", "l"], seed=cfg["seed"], **kw)
             tab = sc.table.assign(kind="n_star", variant=variant)
             rows.append(tab)
@@ -426,7 +426,7 @@ def summarise_sweeps(sweeps: pd.DataFrame) -> pd.DataFrame:
 SWEEP_THEORY = {"k": 0.25, "l": 0.375}  # Thm 4.5 at fixed N: error bound ~ k^(1/4) l^(3/8) (chowdhury2023 §4.3)
 
 
-def sweep_slopes(sweeps: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def sweep_slopes(sweeps: pd.DataFrame, *, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
     r"""OLS slope of log(mean test error) on log(knob) per (knob, N), over the theorem's range.
 
     The range is :math:`l \ge l^*` for the l sweep and, for the k sweep, the k whose mean
@@ -455,7 +455,7 @@ def sweep_slopes(sweeps: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> 
         xc = x - x.mean()
         slope = float(np.log(err.mean().to_numpy()) @ xc / (xc @ xc))
         E = err.to_numpy()
-        draws = E[rng.integers(0, len(E), size=(n_boot, len(E)))].mean(1)   # (n_boot, values)
+        draws = E[rng.integers(0, len(E), size=(n_resamples, len(E)))].mean(1)   # (n_resamples, values)
         good = (draws > 0).all(1)
         bs = np.log(draws[good]) @ xc / (xc @ xc)
         lo, hi = np.quantile(bs, [0.025, 0.975]) if good.sum() >= 100 else (np.nan, np.nan)

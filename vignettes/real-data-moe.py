@@ -92,7 +92,7 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     if not (resume and path.exists()):
         coef = fit.to_frame("oim")[["term", "estimate", "std_error", "statistic", "p_value", "conf_low", "conf_high"]]
         coef["se_sandwich"] = fit.bse("sandwich")
-        bs = ms.bootstrap(fit, X, y, B=cfg["B_boot"], seed=s_boot)
+        bs = ms.bootstrap(fit, X, y, n_resamples=cfg["B_boot"], seed=s_boot)
         coef["se_bootstrap"] = bs.se()
         coef["boot_failed"] = bs.n_failed
         coef.to_csv(path, index=False)
@@ -105,8 +105,10 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     if resume and path.exists():
         lrt = pd.read_csv(path)
     else:
-        r1 = ms.test_n_experts(X, y, k0=1, k1=2, B=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt1, **fit_opts)
-        r2 = ms.test_n_experts(X, y, k0=2, k1=3, B=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt2, **fit_opts)
+        r1 = ms.test_n_experts(X, y, k0=1, k1=2, n_resamples=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt1,
+                               **fit_opts)
+        r2 = ms.test_n_experts(X, y, k0=2, k1=3, n_resamples=cfg["B_lrt"], restarts=cfg["restarts"], seed=s_lrt2,
+                               **fit_opts)
         lrt = pd.concat([r1.to_frame(), r2.to_frame()], ignore_index=True)
         lrt.to_csv(path, index=False)
 

@@ -148,7 +148,8 @@ def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str 
     rates.to_csv(out / "rates.csv", index=False)
     windows.to_csv(out / "windows.csv", index=False)
     comparison.to_csv(out / "comparison.csv", index=False)
-    inv = ms.optimizer_invariance(frame, RESPONSES, by=["expert", "truth_regime"], units=UNITS, n_boot=1000, seed=0)
+    inv = ms.optimizer_invariance(frame, RESPONSES, by=["expert", "truth_regime"], units=UNITS, n_resamples=1000,
+                                  seed=0)
     inv.to_csv(out / "invariance.csv", index=False)
     design_table(cfg).to_csv(out / "design.csv", index=False)
     label = size if size != "full" else "full size"

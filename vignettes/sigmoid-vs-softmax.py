@@ -174,7 +174,7 @@ def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str 
     rates.to_csv(out / "rates.csv", index=False)
     windows.to_csv(out / "windows.csv", index=False)
     comparison.to_csv(out / "comparison.csv", index=False)
-    inv = ms.optimizer_invariance(frame, RESPONSES, by=["expert", "gate"], units=UNITS, n_boot=1000, seed=0)
+    inv = ms.optimizer_invariance(frame, RESPONSES, by=["expert", "gate"], units=UNITS, n_resamples=1000, seed=0)
     inv.to_csv(out / "invariance.csv", index=False)
     design_table(cfg, basin=size != "quick" if basin is None else basin).to_csv(out / "design.csv", index=False)
     start_table(frame).to_csv(out / "starts.csv", index=False)

@@ -97,10 +97,11 @@ def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
     return value
 
 
-def _check_nboot(n_boot: Any) -> int:
-    if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral) or n_boot < 100:
-        raise ValueError(f"n_boot must be an integer >= 100 (2000 or more for 95% intervals), got {n_boot!r}.")
-    return int(n_boot)
+def _check_nboot(n_resamples: Any) -> int:
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, numbers.Integral) or n_resamples < 100:
+        raise ValueError("n_resamples must be an integer >= 100 (2000 or more for 95% intervals), "
+                         f"got {n_resamples!r}.")
+    return int(n_resamples)
 
 
 def regressor(model: str, n: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ import pandas as pd
 import statsmodels.api as sm
 from scipy import stats
 
+from .._validation import renamed_arguments
 from ..exceptions import RateWarning
 from ._core import (
     _as_list,
@@ -82,7 +83,7 @@ class SampleComplexityResult:
         ``"right"``: never reached, ``n_star = inf`` and ``n_max`` is a lower bound), ``p_reached`` (share
         of bootstrap draws reaching the target inside the grid), ``n_min, n_max, n_values, replicates``.
     draws : dict
-        ``group key -> (n_boot,)`` bootstrap draws of ``log n*`` (``+-inf`` for censored draws).
+        ``group key -> (n_resamples,)`` bootstrap draws of ``log n*`` (``+-inf`` for censored draws).
     config : dict
     """
 
@@ -104,9 +105,10 @@ class SampleComplexityResult:
         return plot_sample_complexity(self, ax=ax, **kwargs)
 
 
+@renamed_arguments(n_boot="n_resamples")
 def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str | Sequence[str] | None = None,
                       x: str = "n", *, rep: str | None = "rep", direction: str = "above", rule: str = "mean",
-                      q: float = 0.5, ci: float = 0.95, n_boot: int = 2000,
+                      q: float = 0.5, ci: float = 0.95, n_resamples: int = 2000,
                       seed: int | None = 0) -> SampleComplexityResult:
     """Smallest n at which ``metric`` reaches ``target``, with a bootstrap CI and censoring.
 
@@ -114,7 +116,7 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
     ``rule="fraction"`` it is the share of replicates whose metric reaches the target, and n* is where
     that share first reaches ``q`` (chowdhury2023 Fig. 5: ``q = 1`` for "all runs succeed").  n* is the
     first crossing on the sorted n grid, interpolated linearly in ``log n`` between the two grid points
-    that bracket it.  The CI resamples replicates within each n (``n_boot`` draws, curve deviations rescaled
+    that bracket it.  The CI resamples replicates within each n (``n_resamples`` draws, curve deviations rescaled
     by sqrt(R/(R-1)) as in :func:`fit_rate`) and takes order statistics of the draws of ``log n*``, widened
     about the estimate by ``t_nu / z`` with ``nu`` the replicate degrees of freedom of the two bracketing
     cells; draws that never reach the target count as ``+inf``, so ``ci_high = inf`` says the grid is too
@@ -143,7 +145,7 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
     _check_choice("direction", direction, ("above", "below"))
     _check_choice("rule", rule, ("mean", "fraction"))
     level = _check_level(ci)
-    n_boot = _check_nboot(n_boot)
+    n_resamples = _check_nboot(n_resamples)
     if isinstance(target, bool) or not isinstance(target, numbers.Real) or not np.isfinite(target):
         raise ValueError(f"target must be a finite number, got {target!r}.")
     if rule == "fraction" and not 0 < q <= 1:
@@ -169,13 +171,13 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
         rng = np.random.default_rng(ss)
         log_n = np.log(cells.ns)
         point = np.empty(len(cells.ns))
-        boot = np.empty((n_boot, len(cells.ns)))
+        boot = np.empty((n_resamples, len(cells.ns)))
         for i, v in enumerate(cells.values):
             s = sign * (v - target)
             if rule == "fraction":
                 s = (s >= 0).astype(np.float64)
             r = len(s)
-            resampled = s[rng.integers(0, r, size=(n_boot, r))].mean(axis=1)
+            resampled = s[rng.integers(0, r, size=(n_resamples, r))].mean(axis=1)
             point[i] = s.mean()
             boot[:, i] = rao_wu(point[i], resampled, r)
         thr = q if rule == "fraction" else 0.0
@@ -201,7 +203,7 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
                      "n_min": cells.ns.min(), "n_max": cells.ns.max(), "n_values": len(cells.ns),
                      "replicates": int(cells.counts.min())})
     config = {"metric": metric, "target": target, "by": by_cols, "x": x, "rep": rep, "direction": direction,
-              "rule": rule, "q": q, "ci": level, "n_boot": n_boot, "seed": seed}
+              "rule": rule, "q": q, "ci": level, "n_resamples": n_resamples, "seed": seed}
     return SampleComplexityResult(pd.DataFrame(rows), draws, config)
 
 

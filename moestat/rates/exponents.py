@@ -29,6 +29,7 @@ __all__ = [
     "window_sensitivity",
 ]
 
+from .._validation import renamed_arguments
 from ..exceptions import RateWarning
 from ._core import (
     _AGGS,
@@ -103,7 +104,7 @@ def _huber_fit(u: np.ndarray, y: np.ndarray, c: float = HUBER_C, max_iter: int =
     return b0, b1
 
 
-def _boot_rows(cells: _Cells, n_boot: int, rng: np.random.Generator, resample: str) -> np.ndarray:
+def _boot_rows(cells: _Cells, n_resamples: int, rng: np.random.Generator, resample: str) -> np.ndarray:
     """Bootstrap draws of every replicate's log y (B, N), rows in cell order, rescaled around the cell median.
 
     Used by the Huber fit, which needs rows rather than per-n statistics; the deviation from the cell
@@ -112,20 +113,20 @@ def _boot_rows(cells: _Cells, n_boot: int, rng: np.random.Generator, resample: s
     out = []
     if resample == "rep":
         g = len(cells.reps[0])
-        pick = rng.integers(0, g, size=(n_boot, g))
+        pick = rng.integers(0, g, size=(n_resamples, g))
     for i, v in enumerate(cells.values):
         logv = np.log(v)
         r = len(v)
         if resample == "rep":
             draw = logv[np.argsort(cells.reps[i])][pick]
         else:
-            draw = logv[rng.integers(0, r, size=(n_boot, r))]
+            draw = logv[rng.integers(0, r, size=(n_resamples, r))]
         centre = np.median(logv)
         out.append(rao_wu(centre, draw, r))
     return np.concatenate(out, axis=1)
 
 
-def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random.Generator,
+def _boot_cell_stats(cells: _Cells, agg: str | None, n_resamples: int, rng: np.random.Generator,
                      resample: str) -> np.ndarray:
     """Rescaled bootstrap draws z*_n (B, m) of the per-n statistics.
 
@@ -136,11 +137,11 @@ def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random
     """
     z0 = np.array([_cell_stat(v, agg) for v in cells.values])
     m = len(cells.ns)
-    out = np.empty((n_boot, m))
+    out = np.empty((n_resamples, m))
     if resample == "within_n":
         for i, v in enumerate(cells.values):
             r = len(v)
-            draw = v[rng.integers(0, r, size=(n_boot, r))]
+            draw = v[rng.integers(0, r, size=(n_resamples, r))]
             out[:, i] = rao_wu(z0[i], _cell_stat(draw, agg), r)
         return out
     ids = cells.reps[0]
@@ -149,7 +150,7 @@ def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random
             raise ValueError("resample='rep' needs the same replicate ids at every n (a nested design); "
                              f"n={cells.ns[i]:g} has a different set. Use resample='within_n'.")
     g = len(ids)
-    pick = rng.integers(0, g, size=(n_boot, g))
+    pick = rng.integers(0, g, size=(n_resamples, g))
     for i, v in enumerate(cells.values):
         order = np.argsort(cells.reps[i])
         draw = v[order][pick]
@@ -159,11 +160,11 @@ def _boot_cell_stats(cells: _Cells, agg: str | None, n_boot: int, rng: np.random
 
 
 
-def _unit_counts(n_boot: int, g: int, rng: np.random.Generator) -> np.ndarray:
+def _unit_counts(n_resamples: int, g: int, rng: np.random.Generator) -> np.ndarray:
     """(B, G) multiplicities of a bootstrap draw of G units with replacement (one row per draw)."""
-    pick = rng.integers(0, g, size=(n_boot, g))
-    flat = (pick + g * np.arange(n_boot)[:, None]).ravel()
-    return np.bincount(flat, minlength=n_boot * g).reshape(n_boot, g).astype(np.float64)
+    pick = rng.integers(0, g, size=(n_resamples, g))
+    flat = (pick + g * np.arange(n_resamples)[:, None]).ravel()
+    return np.bincount(flat, minlength=n_resamples * g).reshape(n_resamples, g).astype(np.float64)
 
 
 def _unit_matrix(cells: _Cells, agg: str | None, units: str, key_text: str) -> tuple[np.ndarray, np.ndarray]:
@@ -221,7 +222,7 @@ class _Engine:
     unit_ids: np.ndarray | None = None
 
 
-def _cell_variances(cells: _Cells, agg: str | None, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+def _cell_variances(cells: _Cells, agg: str | None, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
     """Per-replicate variance ``s_n^2`` of each cell's statistic, so that ``Var(z_n) ~ s_n^2 / R_n``.
 
     ``agg=None``/``logmean``: the sample variance of log y; ``mean``: the squared coefficient of variation of
@@ -232,10 +233,10 @@ def _cell_variances(cells: _Cells, agg: str | None, n_boot: int, rng: np.random.
         return np.array([np.log(v).var(ddof=1) for v in cells.values])
     if agg == "mean":
         return np.array([v.var(ddof=1) / v.mean() ** 2 for v in cells.values])
-    return counts * _boot_cell_stats(cells, "median", n_boot, rng, "within_n").var(axis=0, ddof=1)
+    return counts * _boot_cell_stats(cells, "median", n_resamples, rng, "within_n").var(axis=0, ddof=1)
 
 
-def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng: np.random.Generator,
+def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_resamples: int, rng: np.random.Generator,
                   resample: str, estimator: str, cluster_on: str | None, rep: str | None, units: str | None,
                   truncate: bool, key_text: str, msgs: list[str]) -> _Engine:
     counts = cells.counts
@@ -248,7 +249,7 @@ def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng
             why = (f"n = {cells.ns[counts < 2].tolist()} has a single replicate, so its within-cell variance cannot "
                    "be estimated")
         else:
-            s2 = _cell_variances(cells, agg, n_boot, rng)
+            s2 = _cell_variances(cells, agg, n_resamples, rng)
             if not (np.isfinite(s2).all() and (s2 > 0).all()):
                 why = f"the replicates at n = {cells.ns[~(s2 > 0)].tolist()} are identical (zero within-cell variance)"
         if why is not None:
@@ -262,7 +263,7 @@ def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng
         return _Engine("random_effects", cells, agg, z, np.ones(m), v=mod / counts, df_within=df_within,
                        truncate=truncate)
     if kind == "cluster_bootstrap":
-        zboot = _boot_cell_stats(cells, agg, n_boot, rng, resample)
+        zboot = _boot_cell_stats(cells, agg, n_resamples, rng, resample)
         eng = _Engine(kind, cells, agg, z, w, zboot=zboot)
         if resample == "within_n":
             eng.boot_dfs = counts - 1.0
@@ -270,7 +271,7 @@ def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng
             eng.boot_df = float(len(cells.reps[0]) - 1)
             eng.boot_dfs = np.full(m, eng.boot_df)
         if estimator == "huber":
-            eng.rows_boot = _boot_rows(cells, n_boot, rng, resample)
+            eng.rows_boot = _boot_rows(cells, n_resamples, rng, resample)
             eng.endog = np.log(np.concatenate(cells.values))
             eng.row_cell = np.repeat(np.arange(m), counts)
         return eng
@@ -278,7 +279,7 @@ def _build_engine(cells: _Cells, kind: str, agg: str | None, *, n_boot: int, rng
         uz, ids = _unit_matrix(cells, agg, units, key_text)
         g = len(ids)
         zbar = uz.mean(axis=0)
-        draws = _unit_counts(n_boot, g, rng) @ uz / g
+        draws = _unit_counts(n_resamples, g, rng) @ uz / g
         zboot = rao_wu(zbar, draws, g)  # units rescaled as replicates are
         return _Engine(kind, cells, agg, zbar, np.ones(m), zboot=zboot, boot_df=float(g - 1),
                        boot_dfs=np.full(m, g - 1.0), n_units=g, unit_z=uz, unit_ids=ids)
@@ -558,10 +559,10 @@ class RateResult:
         The rows used: ``by`` columns, ``x``, ``units`` and ``rep`` (if any) and ``y``.
     config : dict
         Every knob of the fit (y, x, by, rep, units, models, agg, ci, method (the method used; ``auto``
-        resolved), method_requested, interval, n_boot, seed, resample, cluster, estimator, knapp_hartung,
+        resolved), method_requested, interval, n_resamples, seed, resample, cluster, estimator, knapp_hartung,
         min_decades, alpha_curvature, max_ci_width, na, dropped_na).
     draws : dict
-        ``(group key, model) -> (n_boot,)`` bootstrap exponents (bootstrap methods only).
+        ``(group key, model) -> (n_resamples,)`` bootstrap exponents (bootstrap methods only).
     """
 
     table: pd.DataFrame
@@ -574,11 +575,11 @@ class RateResult:
 
     def to_frame(self, *, details: bool = False, config: bool = False) -> pd.DataFrame:
         """The tidy ``table`` (a copy); ``details=True`` gives ``details`` instead; ``config=True`` appends the
-        fit's knobs (``y, x, agg, ci, method, interval, n_boot, seed, resample, cluster, estimator, units``) as
+        fit's knobs (``y, x, agg, ci, method, interval, n_resamples, seed, resample, cluster, estimator, units``) as
         columns, for a ``rates.csv`` that records how it was made."""
         out = (self.details if details else self.table).copy()
         if config:
-            for k in ("y", "x", "agg", "ci", "method", "interval", "n_boot", "seed", "resample", "cluster",
+            for k in ("y", "x", "agg", "ci", "method", "interval", "n_resamples", "seed", "resample", "cluster",
                       "estimator", "units"):
                 out[k if k not in out.columns else f"config_{k}"] = self.config[k]
         return out
@@ -589,9 +590,9 @@ class RateResult:
         fitted_on = "replicate-level logs" if cfg["agg"] is None else f"per-n {cfg['agg']}"
         if cfg["estimator"] == "huber":
             fitted_on += ", Huber M-estimate"
-        how = {"cluster_bootstrap": f"{cfg['n_boot']} draws, resample={cfg['resample']}, interval={cfg['interval']}, "
-                                    f"seed={cfg['seed']}",
-               "unit_bootstrap": f"{cfg['n_boot']} draws of whole units of {cfg['units']!r}, t on G - 1 df, "
+        how = {"cluster_bootstrap": f"{cfg['n_resamples']} draws, resample={cfg['resample']}, "
+                                    f"interval={cfg['interval']}, seed={cfg['seed']}",
+               "unit_bootstrap": f"{cfg['n_resamples']} draws of whole units of {cfg['units']!r}, t on G - 1 df, "
                                  f"seed={cfg['seed']}",
                "random_effects": "per-n statistics, moderated within-cell variances, DerSimonian-Laird tau^2, "
                                  f"{cfg['knapp_hartung']} Knapp-Hartung t on m - 2 df",
@@ -671,9 +672,10 @@ def _resolve_method(method: str, units: str | None, estimator: str, resample: st
     return method
 
 
+@renamed_arguments(n_boot="n_resamples")
 def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
              model: str | Sequence[str] = "power", agg: str | None = None, ci: float = 0.95,
-             method: str = "auto", n_boot: int = 2000, seed: int | None = 0, *,
+             method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *,
              rep: str | None = "rep", units: str | None = None, interval: str = "t", resample: str | None = None,
              cluster: str | None = "auto", estimator: str = "ols", na: str = "raise", min_decades: float = 1.0,
              alpha_curvature: float = 0.05, max_ci_width: float = 0.3, knapp_hartung: str = "standard",
@@ -714,7 +716,7 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
 
     With ``units`` (a column whose values are independent units that each span the n grid, typically a
     truth-draw id) the default is the unit bootstrap: replicates inside a unit-and-n cell are averaged,
-    ``z_n`` is the mean over units, and whole units are resampled with all their rows (``n_boot`` draws,
+    ``z_n`` is the mean over units, and whole units are resampled with all their rows (``n_resamples`` draws,
     deviations rescaled by ``sqrt(G / (G - 1))``, t reference on ``G - 1`` df; at least 5 units).
 
     Parameters
@@ -742,7 +744,7 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
         rescaling; valid when replicates are independent within and across n (no shared shocks).
         ``robust``: statsmodels OLS with a cluster-robust covariance clustered on ``units`` (if given) or
         on ``rep`` (replicate-level fits with >= 10 ids, or ``cluster="rep"``), else HC3.
-    n_boot, seed : int
+    n_resamples, seed : int
         Bootstrap draws and seed (numpy ``SeedSequence``; one child stream per group).
     rep : str or None
         Replicate-id column (``None``: rows are replicates).
@@ -802,8 +804,8 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     of the ordinary least-squares fit to the log responses (replicate rows, or the per-n points for
     ``agg``), the basis of the model comparison.
     """
-    return _fit_rate(frame, y, x=x, by=by, model=model, agg=agg, ci=ci, method=method, n_boot=n_boot, seed=seed,
-                     rep=rep, units=units, interval=interval, resample=resample, cluster=cluster,
+    return _fit_rate(frame, y, x=x, by=by, model=model, agg=agg, ci=ci, method=method, n_resamples=n_resamples,
+                     seed=seed, rep=rep, units=units, interval=interval, resample=resample, cluster=cluster,
                      estimator=estimator, na=na, min_decades=min_decades, alpha_curvature=alpha_curvature,
                      max_ci_width=max_ci_width, knapp_hartung=knapp_hartung, warn=warn,
                      window=("both", MIN_N_VALUES, min_decades))
@@ -816,7 +818,7 @@ def _check_threshold(name: str, value: Any, low: float, high: float = np.inf) ->
 
 
 def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: str | None, ci: float, method: str,
-              n_boot: int, seed: int | None, rep: str | None, units: str | None, interval: str,
+              n_resamples: int, seed: int | None, rep: str | None, units: str | None, interval: str,
               resample: str | None, cluster: str | None, estimator: str, na: str, min_decades: float,
               alpha_curvature: float, max_ci_width: float, knapp_hartung: str, warn: bool,
               window: tuple[str, int, float]) -> RateResult:
@@ -851,7 +853,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
     kind = _resolve_method(method, units, estimator, resample, interval)
     resample = resample or "within_n"
     if kind != "robust":
-        n_boot = _check_nboot(n_boot)
+        n_resamples = _check_nboot(n_resamples)
     if rep is not None and rep not in frame.columns and rep == "rep":
         rep = None  # default rep column absent: rows are the replicates
     groups = _prepare(frame, y, x, by_cols, rep, models, units)
@@ -865,7 +867,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
             if resample == "rep" and len(cells.reps[0]) < 2:
                 raise ValueError(f"{_key_text(key, by_cols)} has one replicate id; resample='rep' needs >= 2.")
     drop, min_values, min_span = window
-    window_draws = min(n_boot, 400) if estimator == "huber" else None
+    window_draws = min(n_resamples, 400) if estimator == "huber" else None
     seqs = np.random.SeedSequence(seed).spawn(len(groups))
     rows, wrows, draws, var = [], [], {}, {}
     for (key, cells), ss in zip(groups.items(), seqs, strict=True):
@@ -883,7 +885,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
         if len(cells.ns) < RECOMMENDED_N_VALUES:
             msgs.append(f"{text}: only {len(cells.ns)} distinct {x} values; use >= "
                         f"{RECOMMENDED_N_VALUES} to check curvature and window sensitivity.")
-        eng = _build_engine(cells, kind, agg, n_boot=n_boot, rng=rng, resample=resample, estimator=estimator,
+        eng = _build_engine(cells, kind, agg, n_resamples=n_resamples, rng=rng, resample=resample, estimator=estimator,
                             cluster_on=cluster_on, rep=rep, units=units, truncate=knapp_hartung == "modified",
                             key_text=text, msgs=msgs)
         wins = _windows(cells.ns, drop, min_values, min_span)
@@ -921,7 +923,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
     boot = kind in ("cluster_bootstrap", "unit_bootstrap")
     config = {"y": y, "x": x, "by": by_cols, "rep": rep, "units": units, "models": models, "agg": agg, "ci": level,
               "method": kind, "method_requested": method, "interval": interval if boot else "t",
-              "n_boot": n_boot if kind != "robust" else None, "seed": seed,
+              "n_resamples": n_resamples if kind != "robust" else None, "seed": seed,
               "resample": resample if kind == "cluster_bootstrap" else None,
               "cluster": cluster if kind == "robust" else None, "estimator": estimator,
               "knapp_hartung": knapp_hartung, **thresholds, "na": na, "dropped_na": dropped_na,
@@ -994,9 +996,10 @@ def _compare_verdict(a: Any, b: Any, verdict_a: str, verdict_b: str, lo: float, 
     return f"{a if est > 0 else b} faster"
 
 
+@renamed_arguments(n_boot="n_resamples")
 def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | Sequence[str] | None = None,
                   x: str = "n", model: str = "power", agg: str | None = None, ci: float = 0.95,
-                  method: str = "auto", n_boot: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
+                  method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
                   units: str | None = None, levels: Sequence[Any] | None = None, cluster: str | None = "auto",
                   paired: bool = False, na: str = "raise", min_decades: float = 1.0, alpha_curvature: float = 0.05,
                   max_ci_width: float = 0.3, knapp_hartung: str = "standard") -> pd.DataFrame:
@@ -1075,9 +1078,9 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
     if rep is not None and rep not in frame.columns and rep == "rep":
         rep = None
     res = _fit_rate(frame, y, x=x, by=[*by_cols, between], model=model, agg=agg, ci=level, method=fit_method,
-                    n_boot=n_boot, seed=seed, rep=rep, units=units, interval="t", resample=None, cluster=cluster,
-                    estimator="ols", na="raise", min_decades=min_decades, alpha_curvature=alpha_curvature,
-                    max_ci_width=max_ci_width, knapp_hartung=knapp_hartung, warn=False,
+                    n_resamples=n_resamples, seed=seed, rep=rep, units=units, interval="t", resample=None,
+                    cluster=cluster, estimator="ols", na="raise", min_decades=min_decades,
+                    alpha_curvature=alpha_curvature, max_ci_width=max_ci_width, knapp_hartung=knapp_hartung, warn=False,
                     window=("both", MIN_N_VALUES, min_decades))
     keys = list(zip(*(res.details[c] for c in [*by_cols, between]), strict=True))
     expo = dict(zip(keys, res.details["exponent"].astype(float), strict=True))
@@ -1102,7 +1105,7 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
                 elif rm == "bootstrap":
                     if paired:
                         pseed = np.random.SeedSequence([0 if seed is None else seed, len(rows), 7])
-                        diff, terms, dfs = _paired_boot(sub, y, x, rep, between, a, b, model, agg, n_boot,
+                        diff, terms, dfs = _paired_boot(sub, y, x, rep, between, a, b, model, agg, n_resamples,
                                                         np.random.default_rng(pseed))
                     else:
                         diff = va["draws"] - vb["draws"]
@@ -1122,7 +1125,7 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
                 else:  # unit_bootstrap
                     if paired:
                         pseed = np.random.SeedSequence([0 if seed is None else seed, len(rows), 11])
-                        diff, df = _paired_units(va["engine"], vb["engine"], model, n_boot, units, a, b,
+                        diff, df = _paired_units(va["engine"], vb["engine"], model, n_resamples, units, a, b,
                                                  np.random.default_rng(pseed))
                     else:
                         diff = va["draws"] - vb["draws"]
@@ -1161,7 +1164,8 @@ def _paired_cells(sub: pd.DataFrame, y: str, x: str, rep: str | None, between: s
 
 
 def _paired_boot(sub: pd.DataFrame, y: str, x: str, rep: str | None, between: str, a: Any, b: Any, model: str,
-                 agg: str | None, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 agg: str | None, n_resamples: int, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bootstrap of alpha_a - alpha_b drawing the same replicate ids for both groups at each n."""
     ca, cb = _paired_cells(sub, y, x, rep, between, a, b)
     u = regressor(model, ca.ns)
@@ -1169,10 +1173,10 @@ def _paired_boot(sub: pd.DataFrame, y: str, x: str, rep: str | None, between: st
     wn = w / w.sum()
     du = u - (wn * u).sum()
     c = wn * du / (wn * du * du).sum()
-    contrib = np.empty((n_boot, len(ca.ns)))
+    contrib = np.empty((n_resamples, len(ca.ns)))
     for i, (va, vb) in enumerate(zip(ca.values, cb.values, strict=True)):
         r = len(va)
-        idx = rng.integers(0, r, size=(n_boot, r))
+        idx = rng.integers(0, r, size=(n_resamples, r))
         za0, zb0 = _cell_stat(va, agg), _cell_stat(vb, agg)
         za = rao_wu(za0, _cell_stat(va[idx], agg), r)
         zb = rao_wu(zb0, _cell_stat(vb[idx], agg), r)
@@ -1208,14 +1212,14 @@ def _paired_re(sub: pd.DataFrame, y: str, x: str, rep: str | None, between: str,
             "se": float(np.sqrt(meta.cov[1, 1])), "df": meta.df}
 
 
-def _paired_units(ea: _Engine, eb: _Engine, model: str, n_boot: int, units: str | None, a: Any, b: Any,
+def _paired_units(ea: _Engine, eb: _Engine, model: str, n_resamples: int, units: str | None, a: Any, b: Any,
                   rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Draws of alpha*_a - alpha*_b resampling the same units for both levels (t on G - 1 df)."""
     if not (np.array_equal(ea.cells.ns, eb.cells.ns) and np.array_equal(ea.unit_ids, eb.unit_ids)):
         raise ValueError(f"paired=True with units needs the same n values and the same {units!r} ids in levels "
                          f"{a!r} and {b!r}; use paired=False otherwise.")
     g = len(ea.unit_ids)
-    counts = _unit_counts(n_boot, g, rng)
+    counts = _unit_counts(n_resamples, g, rng)
     X = np.column_stack([np.ones(len(ea.cells.ns)), regressor(model, ea.cells.ns)])
     h = _wls_coefs(X, np.ones(len(ea.cells.ns)))
     dz = ea.unit_z - eb.unit_z
@@ -1338,9 +1342,10 @@ _WINDOW_FIT_KWARGS = {"units": None, "interval": "t", "resample": None, "cluster
                       "na": "raise", "knapp_hartung": "standard"}
 
 
+@renamed_arguments(n_boot="n_resamples")
 def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
                        model: str = "power", agg: str | None = None, ci: float = 0.95,
-                       method: str = "auto", n_boot: int = 1000, seed: int | None = 0, *,
+                       method: str = "auto", n_resamples: int = 1000, seed: int | None = 0, *,
                        rep: str | None = "rep", drop: str = "both", min_values: int = MIN_N_VALUES,
                        min_span: float = 1.0, **kwargs: Any) -> WindowSensitivity:
     """Exponent as the smallest (``drop="smallest"``) and/or largest (``"largest"``) n values are dropped.
@@ -1370,12 +1375,12 @@ def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequ
                         f"{sorted(_WINDOW_FIT_KWARGS)}.")
     fit_kw = {**_WINDOW_FIT_KWARGS, "min_decades": 1.0, "alpha_curvature": 0.05, "max_ci_width": 0.3, **kwargs}
     by_cols = _as_list("by", by)
-    res = _fit_rate(frame, y, x=x, by=by_cols, model=model, agg=agg, ci=ci, method=method, n_boot=n_boot, seed=seed,
-                    rep=rep, warn=False, window=(drop, int(min_values), span), **fit_kw)
+    res = _fit_rate(frame, y, x=x, by=by_cols, model=model, agg=agg, ci=ci, method=method, n_resamples=n_resamples,
+                    seed=seed, rep=rep, warn=False, window=(drop, int(min_values), span), **fit_kw)
     cols = [*by_cols, "side", "dropped", "x_min", "x_max", "n_values", "span", "model", "exponent", "se", "ci_low",
             "ci_high", "r2"]
     config = {"y": y, "x": x, "by": by_cols, "model": model, "agg": agg, "ci": ci, "method": res.config["method"],
-              "n_boot": n_boot, "seed": seed, "drop": drop, "min_values": int(min_values), "min_span": span}
+              "n_resamples": n_resamples, "seed": seed, "drop": drop, "min_values": int(min_values), "min_span": span}
     return WindowSensitivity(res.windows[cols].reset_index(drop=True), config)
 
 
@@ -1483,7 +1488,7 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
     DataFrame
         One row: the design (``alpha, model, n_values, n_min, n_max, reps, noise, sigma, cell_sd, rep_sd,
         units, unit_slope_sd, studies``), the fit settings (``method`` actually used, ``agg, interval, ci,
-        n_boot``) and the summaries above.
+        n_resamples``) and the summaries above.
     """
     frame = simulate_rate_frame(alpha, ns, reps, model=model, studies=studies, sigma=sigma, noise=noise, shape=shape,
                                 seed=seed, cell_sd=cell_sd, rep_sd=rep_sd, units=units, unit_sd=unit_sd,
@@ -1505,7 +1510,7 @@ def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: i
         "cell_sd": cell_sd, "rep_sd": rep_sd, "units": units if units is not None else 0,
         "unit_slope_sd": unit_slope_sd,
         "studies": s, "method": cfg["method"], "agg": cfg["agg"] or "none",
-        "interval": cfg["interval"], "ci": cfg["ci"], "n_boot": cfg["n_boot"],
+        "interval": cfg["interval"], "ci": cfg["ci"], "n_resamples": cfg["n_resamples"],
         "bias": float(tab["exponent"].mean() - alpha), "bias_mcse": emp / np.sqrt(s), "emp_se": emp,
         "mean_se": float(tab["se"].mean()), "coverage": cover, "coverage_mcse": float(np.sqrt(cover * (1 - cover) / s)),
         "mean_width": float((tab["ci_high"] - tab["ci_low"]).mean()),
