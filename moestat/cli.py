@@ -120,7 +120,8 @@ def _cmd_rates(args: argparse.Namespace) -> int:
     if missing:
         raise _UsageError(f"columns {missing} are not in the results (--y/--x/--by/--units); available: "
                           f"{sorted(frame.columns)}.")
-    kwargs = {"y": args.y, "x": args.x, "by": by or None, "model": args.model, "ci": args.ci, "units": args.units}
+    kwargs = {"y": args.y, "x": args.x, "by": by or None, "model": args.model,
+              "confidence_level": args.confidence_level, "units": args.units}
     if args.method:
         kwargs["method"] = args.method
     if args.seed is not None:
@@ -260,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     rates.add_argument("--units", metavar="COL", default=None,
                        help="column of independent units spanning the n grid (e.g. a truth-draw id); resampled "
                             "whole by the unit bootstrap")
-    rates.add_argument("--ci", type=float, default=0.95, help="confidence level (default 0.95)")
+    rates.add_argument("--confidence-level", "--ci", dest="confidence_level", type=float, default=0.95,
+                       help="confidence level of the intervals (default 0.95; --ci is its former name)")
     rates.add_argument("--seed", type=int, default=None, help="bootstrap seed")
     rates.add_argument("--out", metavar="PREFIX", default=None,
                        help="write PREFIX.csv, PREFIX_windows.csv and PREFIX.png (default DIR/rates_<y>)")

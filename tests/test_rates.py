@@ -332,8 +332,8 @@ def test_error_messages(frame):
         ms.fit_rate(frame, "D1", by="gate")
     with pytest.raises(ValueError, match="model='cubic'"):
         ms.fit_rate(sub, "D1", model="cubic")
-    with pytest.raises(ValueError, match="ci must be"):
-        ms.fit_rate(sub, "D1", ci=95)
+    with pytest.raises(ValueError, match="confidence_level must be"):
+        ms.fit_rate(sub, "D1", confidence_level=95)
     with pytest.raises(ValueError, match="n_resamples"):
         ms.fit_rate(sub, "D1", n_resamples=10)
     with pytest.raises(ValueError, match="agg"):
@@ -565,3 +565,13 @@ def test_former_argument_names_still_work_with_a_future_warning():
     pd.testing.assert_frame_equal(new, old)
     with pytest.raises(TypeError, match="former name"):
         ms.fit_rate(frame, "y", n_boot=200, n_resamples=200)
+
+
+def test_ci_is_now_confidence_level():
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame({"n": np.repeat([100, 200, 400, 800, 1600], 8), "rep": np.tile(np.arange(8), 5)})
+    frame["y"] = frame["n"] ** -0.5 * np.exp(rng.normal(0, 0.1, len(frame)))
+    new = ms.fit_rate(frame, "y", confidence_level=0.9, n_resamples=200, seed=1, warn=False).table
+    with pytest.warns(FutureWarning, match="confidence_level="):
+        old = ms.fit_rate(frame, "y", ci=0.9, n_resamples=200, seed=1, warn=False).table
+    pd.testing.assert_frame_equal(new, old)

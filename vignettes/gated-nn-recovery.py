@@ -184,7 +184,7 @@ def _vs_n(cfg: dict) -> pd.DataFrame:
 #: Rate fits: ``ms.fit_rate`` on the replicate-level errors, power model ``log error = c - alpha log n`` with
 #: its default cluster-bootstrap t interval (replicates resampled within each n; independent data sets per
 #: n); the other two models of ``moestat.rates`` enter only through ``ms.compare_models`` (AIC).
-RATE_FIT = dict(model="power", method="cluster_bootstrap", n_resamples=2000, seed=2020, ci=0.95)
+RATE_FIT = dict(model="power", method="cluster_bootstrap", n_resamples=2000, seed=2020, confidence_level=0.95)
 #: Theorem 4 (gate) and the heuristic parametric rate of the regressor angle: alpha = 1/2.
 RATE_H0 = 0.5
 

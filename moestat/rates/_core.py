@@ -87,7 +87,7 @@ def _check_models(model: str | Sequence[str]) -> list[str]:
 
 def _check_level(ci: Any) -> float:
     if isinstance(ci, bool) or not isinstance(ci, numbers.Real) or not 0 < ci < 1:
-        raise ValueError(f"ci must be a confidence level strictly between 0 and 1 (e.g. 0.95), got {ci!r}.")
+        raise ValueError(f"confidence_level must be strictly between 0 and 1 (e.g. 0.95), got {ci!r}.")
     return float(ci)
 
 

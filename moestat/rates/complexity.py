@@ -105,10 +105,10 @@ class SampleComplexityResult:
         return plot_sample_complexity(self, ax=ax, **kwargs)
 
 
-@renamed_arguments(n_boot="n_resamples")
+@renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str | Sequence[str] | None = None,
                       x: str = "n", *, rep: str | None = "rep", direction: str = "above", rule: str = "mean",
-                      q: float = 0.5, ci: float = 0.95, n_resamples: int = 2000,
+                      q: float = 0.5, confidence_level: float = 0.95, n_resamples: int = 2000,
                       seed: int | None = 0) -> SampleComplexityResult:
     """Smallest n at which ``metric`` reaches ``target``, with a bootstrap CI and censoring.
 
@@ -144,7 +144,7 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
     _check_columns(frame, {"metric": [metric], "x": [x], "by": by_cols})
     _check_choice("direction", direction, ("above", "below"))
     _check_choice("rule", rule, ("mean", "fraction"))
-    level = _check_level(ci)
+    level = _check_level(confidence_level)
     n_resamples = _check_nboot(n_resamples)
     if isinstance(target, bool) or not isinstance(target, numbers.Real) or not np.isfinite(target):
         raise ValueError(f"target must be a finite number, got {target!r}.")
@@ -207,7 +207,8 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
     return SampleComplexityResult(pd.DataFrame(rows), draws, config)
 
 
-def scaling_exponent(result: SampleComplexityResult, design: str, *, ci: float | None = None,
+@renamed_arguments(ci="confidence_level")
+def scaling_exponent(result: SampleComplexityResult, design: str, *, confidence_level: float | None = None,
                      censored: str = "drop") -> pd.DataFrame:
     """Scaling exponent ``b`` in ``log n* = a + b log(design)`` (e.g. design ``l`` or ``n/l``, chowdhury2023 §4.2).
 
@@ -233,7 +234,7 @@ def scaling_exponent(result: SampleComplexityResult, design: str, *, ci: float |
         raise ValueError(f"design={design!r} must be one of the by columns of the sample-complexity result "
                          f"({by_cols}); add it to by= when calling sample_complexity.")
     _check_choice("censored", censored, ("drop", "tobit"))
-    level = _check_level(result.config["ci"] if ci is None else ci)
+    level = _check_level(result.config["ci"] if confidence_level is None else confidence_level)
     rest = [c for c in by_cols if c != design]
     tab = result.table.copy()
     tab["_key"] = [tuple(r[c] for c in by_cols) for _, r in tab.iterrows()]

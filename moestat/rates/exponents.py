@@ -672,9 +672,9 @@ def _resolve_method(method: str, units: str | None, estimator: str, resample: st
     return method
 
 
-@renamed_arguments(n_boot="n_resamples")
+@renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
-             model: str | Sequence[str] = "power", agg: str | None = None, ci: float = 0.95,
+             model: str | Sequence[str] = "power", agg: str | None = None, confidence_level: float = 0.95,
              method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *,
              rep: str | None = "rep", units: str | None = None, interval: str = "t", resample: str | None = None,
              cluster: str | None = "auto", estimator: str = "ols", na: str = "raise", min_decades: float = 1.0,
@@ -734,8 +734,8 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
         otherwise one point per n: ``log mean y`` (the papers' way, reproduced for comparison; biased for
         skewed losses), ``log median y`` or ``mean log y``.  For random effects the within variance of
         ``log mean y`` is the delta-method ``CV^2 / R`` and that of ``log median y`` a within-cell bootstrap.
-    ci : float
-        Confidence level.
+    confidence_level : float
+        Confidence level of the intervals (formerly ``ci=``).
     method : {"auto", "random_effects", "unit_bootstrap", "cluster_bootstrap", "robust"}
         ``auto`` (default): ``unit_bootstrap`` with ``units``, ``cluster_bootstrap`` when
         ``estimator="huber"``, ``resample=`` or ``interval="percentile"`` is given (options of that method),
@@ -804,10 +804,10 @@ def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] 
     of the ordinary least-squares fit to the log responses (replicate rows, or the per-n points for
     ``agg``), the basis of the model comparison.
     """
-    return _fit_rate(frame, y, x=x, by=by, model=model, agg=agg, ci=ci, method=method, n_resamples=n_resamples,
-                     seed=seed, rep=rep, units=units, interval=interval, resample=resample, cluster=cluster,
-                     estimator=estimator, na=na, min_decades=min_decades, alpha_curvature=alpha_curvature,
-                     max_ci_width=max_ci_width, knapp_hartung=knapp_hartung, warn=warn,
+    return _fit_rate(frame, y, x=x, by=by, model=model, agg=agg, ci=confidence_level, method=method,
+                     n_resamples=n_resamples, seed=seed, rep=rep, units=units, interval=interval, resample=resample,
+                     cluster=cluster, estimator=estimator, na=na, min_decades=min_decades,
+                     alpha_curvature=alpha_curvature, max_ci_width=max_ci_width, knapp_hartung=knapp_hartung, warn=warn,
                      window=("both", MIN_N_VALUES, min_decades))
 
 
@@ -996,9 +996,9 @@ def _compare_verdict(a: Any, b: Any, verdict_a: str, verdict_b: str, lo: float, 
     return f"{a if est > 0 else b} faster"
 
 
-@renamed_arguments(n_boot="n_resamples")
+@renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | Sequence[str] | None = None,
-                  x: str = "n", model: str = "power", agg: str | None = None, ci: float = 0.95,
+                  x: str = "n", model: str = "power", agg: str | None = None, confidence_level: float = 0.95,
                   method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
                   units: str | None = None, levels: Sequence[Any] | None = None, cluster: str | None = "auto",
                   paired: bool = False, na: str = "raise", min_decades: float = 1.0, alpha_curvature: float = 0.05,
@@ -1055,7 +1055,7 @@ def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | 
         raise TypeError("compare_rates compares one model at a time; pass model as a single name.")
     _check_models(model)
     _check_choice("method", method, ("auto", "random_effects", "unit_bootstrap", "bootstrap", "interaction", "both"))
-    level = _check_level(ci)
+    level = _check_level(confidence_level)
     if method == "auto":
         method = "unit_bootstrap" if units is not None else "random_effects"
     row_methods = ["interaction", "bootstrap"] if method == "both" else [method]
@@ -1342,9 +1342,9 @@ _WINDOW_FIT_KWARGS = {"units": None, "interval": "t", "resample": None, "cluster
                       "na": "raise", "knapp_hartung": "standard"}
 
 
-@renamed_arguments(n_boot="n_resamples")
+@renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
-                       model: str = "power", agg: str | None = None, ci: float = 0.95,
+                       model: str = "power", agg: str | None = None, confidence_level: float = 0.95,
                        method: str = "auto", n_resamples: int = 1000, seed: int | None = 0, *,
                        rep: str | None = "rep", drop: str = "both", min_values: int = MIN_N_VALUES,
                        min_span: float = 1.0, **kwargs: Any) -> WindowSensitivity:
@@ -1375,11 +1375,13 @@ def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequ
                         f"{sorted(_WINDOW_FIT_KWARGS)}.")
     fit_kw = {**_WINDOW_FIT_KWARGS, "min_decades": 1.0, "alpha_curvature": 0.05, "max_ci_width": 0.3, **kwargs}
     by_cols = _as_list("by", by)
-    res = _fit_rate(frame, y, x=x, by=by_cols, model=model, agg=agg, ci=ci, method=method, n_resamples=n_resamples,
-                    seed=seed, rep=rep, warn=False, window=(drop, int(min_values), span), **fit_kw)
+    res = _fit_rate(frame, y, x=x, by=by_cols, model=model, agg=agg, ci=confidence_level, method=method,
+                    n_resamples=n_resamples, seed=seed, rep=rep, warn=False, window=(drop, int(min_values), span),
+                    **fit_kw)
     cols = [*by_cols, "side", "dropped", "x_min", "x_max", "n_values", "span", "model", "exponent", "se", "ci_low",
             "ci_high", "r2"]
-    config = {"y": y, "x": x, "by": by_cols, "model": model, "agg": agg, "ci": ci, "method": res.config["method"],
+    config = {"y": y, "x": x, "by": by_cols, "model": model, "agg": agg, "ci": confidence_level,
+              "method": res.config["method"],
               "n_resamples": n_resamples, "seed": seed, "drop": drop, "min_values": int(min_values), "min_span": span}
     return WindowSensitivity(res.windows[cols].reset_index(drop=True), config)
 
