@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import numbers
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
 def check_nonnegative(name: str, value: Any) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name} must be a non-negative number, got {value!r}.")
-    if not np.isfinite(value) or value < 0:
+    if not np.isfinite(float(value)) or value < 0:
         raise ValueError(f"{name} must be a finite non-negative number, got {value}.")
     return float(value)
 
@@ -49,12 +49,12 @@ def check_finite(name: str, x: Any) -> None:
         )
 
 
-def renamed_arguments(**renames: str):
+def renamed_arguments(**renames: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: accept the former keyword names ``old=new`` of a public function's arguments, with a
     :class:`FutureWarning` naming the new name (so code written against an older moestat keeps running)."""
-    def deco(fn):
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             for old, new in renames.items():
                 if old in kwargs:
                     if new in kwargs:

@@ -37,9 +37,10 @@ import torch
 
 from ._torch import Array, is_torch, to_numpy, to_tensor
 
-Activation = Callable[[torch.Tensor], torch.Tensor]
-FusedActivation = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                           tuple[torch.Tensor, torch.Tensor | None]]
+Tensor = torch.Tensor
+Activation = Callable[[Tensor], Tensor]
+ValueAndDerivative = tuple[Tensor, Tensor | None]
+FusedActivation = Callable[[Tensor, Tensor, Tensor, Tensor], ValueAndDerivative]
 
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 LEAKY_SLOPE = 0.1
@@ -101,31 +102,31 @@ def _leaky_relu_d1(z: torch.Tensor) -> torch.Tensor:
     return torch.where(z > 0, torch.ones_like(z), torch.full_like(z, LEAKY_SLOPE))
 
 
-def _fused_linear(z, h, dh, tmp):
+def _fused_linear(z: Tensor, h: Tensor, dh: Tensor, tmp: Tensor) -> ValueAndDerivative:
     return z, None
 
 
-def _fused_relu(z, h, dh, tmp):
+def _fused_relu(z: Tensor, h: Tensor, dh: Tensor, tmp: Tensor) -> ValueAndDerivative:
     torch.clamp_min(z, 0.0, out=h)
     torch.sign(h, out=dh)  # h >= 0, so sign(h) is the indicator z > 0 (phi'(0) = 0)
     return h, dh
 
 
-def _fused_tanh(z, h, dh, tmp):
+def _fused_tanh(z: Tensor, h: Tensor, dh: Tensor, tmp: Tensor) -> ValueAndDerivative:
     torch.tanh(z, out=h)
     torch.mul(h, h, out=dh)
     dh.neg_().add_(1.0)
     return h, dh
 
 
-def _fused_sigmoid(z, h, dh, tmp):
+def _fused_sigmoid(z: Tensor, h: Tensor, dh: Tensor, tmp: Tensor) -> ValueAndDerivative:
     torch.sigmoid(z, out=h)
     torch.neg(h, out=dh).add_(1.0)
     dh.mul_(h)
     return h, dh
 
 
-def _fused_gelu(z, h, dh, tmp):
+def _fused_gelu(z: Tensor, h: Tensor, dh: Tensor, tmp: Tensor) -> ValueAndDerivative:
     torch.mul(z, 1.0 / math.sqrt(2.0), out=dh)
     dh.erf_().add_(1.0).mul_(0.5)  # Phi(z)
     torch.mul(z, dh, out=h)  # z Phi(z)
@@ -146,7 +147,7 @@ def _power(p: int) -> tuple[Activation, Activation, Activation, FusedActivation]
     def d2(z: torch.Tensor) -> torch.Tensor:
         return torch.full_like(z, 2.0) if p == 2 else p * (p - 1) * z ** (p - 2)
 
-    def fused(z, h, dh, tmp):
+    def fused(z: Tensor, h: Tensor, dh: Tensor, tmp: Tensor) -> ValueAndDerivative:
         torch.pow(z, p - 1, out=dh)
         torch.mul(dh, z, out=h)
         dh.mul_(float(p))
@@ -228,7 +229,7 @@ class ExpertFamily:
     def evaluate(self, X: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Torch-only evaluation (no conversions); see ``__call__``."""
         if not self.input_dependent:
-            lead = torch.broadcast_shapes(X.shape[:-2], bias.shape[:-1])
+            lead = torch.broadcast_shapes(X.shape[:-2], bias.shape[:-1])  # type: ignore[no-untyped-call]
             return bias.unsqueeze(-2).expand(*lead, X.shape[-2], bias.shape[-1])
         z = X @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
         return self.activation(z)

@@ -46,12 +46,14 @@ def normal_log_density(resid: torch.Tensor, *, sd: torch.Tensor | float | None =
     # the constants join the (small) scale term before it meets the (large) residual term: one full-size pass less
     if var is not None:
         return -0.5 * (resid * resid) / var - (0.5 * torch.log(var) + _HALF_LOG_2PI)
+    if sd is None:  # unreachable (checked above); narrows the type
+        raise TypeError("normal_log_density needs exactly one of sd= and var=.")
     z = resid / sd
     log_sd = torch.log(sd) if isinstance(sd, torch.Tensor) else math.log(sd)
     return -0.5 * z * z - (log_sd + _HALF_LOG_2PI)
 
 
-def _prepare(params: Params, X: Array, *extra: Array) -> tuple[Params, torch.Tensor, list, bool]:
+def _prepare(params: Params, X: Array, *extra: Array) -> tuple[Params, torch.Tensor, list[torch.Tensor], bool]:
     """Convert inputs to torch on a common device; report whether the caller passed torch."""
     torch_in = is_torch(X)
     if torch_in:
@@ -176,7 +178,7 @@ class MoE:
 
     def _noise_sd(self, p: Params, like: torch.Tensor) -> torch.Tensor:
         if p.noise_sd is not None:
-            return p.noise_sd
+            return torch.as_tensor(p.noise_sd)
         return torch.full(p.gate_bias.shape, float(self.noise_sd), dtype=like.dtype, device=like.device)
 
     def mean_torch(self, p: Params, X: torch.Tensor) -> torch.Tensor:

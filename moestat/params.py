@@ -16,7 +16,7 @@ torch tensors (all of one kind); see :meth:`Params.to_torch` and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -121,7 +121,7 @@ class Params:
     @property
     def is_batched(self) -> bool:
         """True when the blocks carry a leading replicate axis."""
-        return self.gate_bias.ndim == 2
+        return bool(self.gate_bias.ndim == 2)
 
     @property
     def n_reps(self) -> int | None:
@@ -139,7 +139,7 @@ class Params:
             if value is not None:
                 yield name, value
 
-    def _map(self, fn) -> Params:
+    def _map(self, fn: Callable[[str, Array], Array]) -> Params:
         return replace(self, **{name: fn(name, a) for name, a in self.blocks()})
 
     # ------------------------------------------------------------ conversion
@@ -177,9 +177,10 @@ class Params:
         """Replicate ``rep`` (an int drops the replicate axis; a sequence keeps it)."""
         if not self.is_batched:
             raise ValueError("select(rep) needs batched Params (with a leading replicate axis).")
+        R = int(self.gate_bias.shape[0])
         if isinstance(rep, (int, np.integer)):
-            if not -self.n_reps <= rep < self.n_reps:
-                raise IndexError(f"rep={rep} is out of range for R={self.n_reps} replicates.")
+            if not -R <= rep < R:
+                raise IndexError(f"rep={rep} is out of range for R={R} replicates.")
             return self._map(lambda _, a: a[int(rep)])
         idx = np.asarray(rep, dtype=np.int64)
         return self._map(lambda _, a: a[torch.as_tensor(idx, device=a.device)] if is_torch(a) else a[idx])
@@ -270,8 +271,11 @@ class Params:
         Unbatched Params report ``rep`` 0.
         """
         p = self.numpy().batched()
-        R, k, d = p.n_reps, p.k, p.d
+        R, k, d = int(p.gate_bias.shape[0]), p.k, p.d
         parts = []
+        rep: np.ndarray
+        atom: np.ndarray
+        coord: np.ndarray
         for name, a in p.blocks():
             if name in _VECTOR_BLOCKS:
                 rep, atom, coord = np.meshgrid(np.arange(R), np.arange(k), np.arange(d), indexing="ij")
