@@ -129,3 +129,20 @@ def test_deep_fits_share_the_interface():
     assert last.n_reps == 1 and int(last.lanes["rep"].iloc[0]) == int(pm.lanes["rep"].iloc[-1])
     np.testing.assert_array_equal(last.objective, pm.objective[[-1]])
     assert set(pm.tidy()["block"]) == set(pm.params)
+
+
+def test_gated_network_is_a_moe():
+    """makkuva2020's gated network is a softmax-gated MoE with zero biases: its truth converts to (MoE, Params) and
+    its gate probabilities and regression function are the MoE's, checked against the paper's formula in numpy."""
+    data = ms.simulate_gated_nn(n=400, reps=2, seed=1, activation="relu", gate="random", gate_norm=2.0)
+    t = data.truth
+    spec, params = t.to_truth()
+    assert spec.gate == "softmax" and spec.expert == "relu" and spec.noise_sd == t.sigma
+    assert np.all(params.gate_bias == 0) and np.all(params.expert_bias == 0)
+    logits = data.X @ t.gate_weight.T
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(t.gate_probs(data.X), p, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(t.mean(data.X), (p * np.maximum(data.X @ t.regressors.T, 0)).sum(-1), rtol=1e-12,
+                               atol=1e-14)
+    np.testing.assert_allclose(spec.mean(params, data.X[0]), t.mean(data.X[0]), rtol=1e-12, atol=1e-14)

@@ -24,7 +24,9 @@ import numpy as np
 
 from .._validation import check_choice, check_int
 from ..hermite import get_activation
+from ..model import MoE
 from ..params import Params
+from .presets import Truth
 from .regression import Dataset, SeedLike, replicate_seeds
 
 
@@ -61,23 +63,31 @@ class GatedNNTruth:
     def d(self) -> int:
         return int(self.regressors.shape[1])
 
+    @property
+    def spec(self) -> MoE:
+        """The gated network as a :class:`moestat.MoE`: a softmax gate and ridge experts with the network's
+        activation (the biases of :meth:`to_params` are zero), noise sd ``sigma``."""
+        return MoE(gate="softmax", expert=self.activation, k=self.k, d=self.d, noise_sd=self.sigma)
+
     def to_params(self) -> Params:
         """The truth as :class:`moestat.Params` (zero biases, common noise sd)."""
         k = self.k
         return Params(gate_bias=np.zeros(k), gate_weight=self.gate_weight, expert_weight=self.regressors,
                       expert_bias=np.zeros(k), noise_sd=np.full(k, self.sigma))
 
+    def to_truth(self) -> Truth:
+        """``(spec, params)`` with the configuration as ``info``: the gated network as a MoE truth, for every
+        MoE tool (``simulate`` with Gaussian inputs, metrics, rates)."""
+        return Truth(self.spec, self.to_params(), {"source": "makkuva2020 gated network", "inputs": self.inputs,
+                                                     **self.info})
+
     def gate_probs(self, X: np.ndarray) -> np.ndarray:
-        """:math:`P[z = i \\mid x]`, shape (..., n, k)."""
-        logits = X @ self.gate_weight.T
-        logits = logits - logits.max(-1, keepdims=True)
-        p = np.exp(logits)
-        return p / p.sum(-1, keepdims=True)
+        """:math:`P[z = i \\mid x]` (the MoE's softmax gate weights), shape (..., n, k)."""
+        return np.asarray(self.spec.gate_weights(self.to_params(), np.asarray(X, dtype=float)))
 
     def mean(self, X: np.ndarray) -> np.ndarray:
-        """:math:`E[y \\mid x] = \\sum_i p_i(x) g(a_i^\\top x)`, shape (..., n)."""
-        g = get_activation(self.activation).numpy(X @ self.regressors.T)
-        return (self.gate_probs(X) * g).sum(-1)
+        """:math:`E[y \\mid x] = \\sum_i p_i(x) g(a_i^\\top x)` (the MoE's regression function), shape (..., n)."""
+        return np.asarray(self.spec.mean(self.to_params(), np.asarray(X, dtype=float)))
 
 
 @dataclass(frozen=True)
