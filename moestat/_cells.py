@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .metrics.representations import split_family
 from .model import MoE
 from .params import Params
 from .simulators import presets as _presets
@@ -375,7 +374,8 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
 def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
                       gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
                       gbar_box: Any = "fit", gbar_device: str = "cpu") -> dict[str, np.ndarray]:
-    r"""The Voronoi loss each theory uses for the fitted gate, in one column ``loss`` (kind in ``loss_kind``).
+    r"""The Voronoi loss each theory uses for the fitted gate (:func:`moestat.metrics.theory_loss`), in one column
+    ``loss`` (kind in ``loss_kind``), with the regime-2 G-bar estimated and cached here.
 
     * softmax fits: the softmax Voronoi loss against :math:`G^*` (``kind="softmax"``; translation removed);
     * sigmoid fits whose duplicated atoms all have zero gate slope (regime 1): :math:`D_1(\hat G, G^*)`;
@@ -393,27 +393,18 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
       near-truth LSE starts in.  Its settings, seed and held-out :math:`L^2(\mu)` distance
       :math:`\min_G \|f_G - f_{G^*}\|` become columns ``gbar_*``.
     """
-    from .metrics import voronoi_loss
+    from .metrics.theory_loss import theory_loss, theory_loss_kind
 
     R = ctx.fit.params.numpy().n_reps
-    if ctx.fit_spec.gate != "sigmoid":
-        value = voronoi_loss(ctx.fit.params, ctx.truth, kind="softmax")
-        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "softmax", dtype=object)}
     dup = _duplicates(ctx)
-    slopes = np.linalg.norm(ctx.truth.numpy().gate_weight, axis=-1)
-    if ctx.fit_spec.k == ctx.truth_spec.k or all(slopes[j] == 0 for j in dup):
-        value = voronoi_loss(ctx.fit.params, ctx.truth, kind="D1")
-        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D1", dtype=object)}
-    if ctx.fit_spec.family.homogeneous and ctx.fit_spec.k == ctx.truth_spec.k + 1:
-        gbar = split_family(ctx.truth, dup, np.linspace(0.0, 1.0, n_split))
-        value = voronoi_loss(ctx.fit.params, None, kind="D3", gbar=gbar)
-        return {"loss": np.asarray(value, float), "loss_kind": np.full(R, "D3 split family", dtype=object)}
+    if theory_loss_kind(ctx.fit_spec, ctx.truth_spec, ctx.truth, dup) != "D3 estimated G-bar":
+        value, kind = theory_loss(ctx.fit.params, ctx.truth, ctx.fit_spec, ctx.truth_spec, dup, n_split=n_split)
+        return {"loss": value, "loss_kind": np.full(R, kind, dtype=object)}
     box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
     res, seed = gbar_for(ctx, dup, n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
                          init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device)
-    value = voronoi_loss(ctx.fit.params, None, kind="D3", gbar=res.near_minimisers)
-    cols: dict[str, np.ndarray] = {"loss": np.asarray(value, float),
-                                   "loss_kind": np.full(R, "D3 estimated G-bar", dtype=object)}
+    value, kind = theory_loss(ctx.fit.params, ctx.truth, ctx.fit_spec, ctx.truth_spec, dup, gbar=res.near_minimisers)
+    cols: dict[str, np.ndarray] = {"loss": value, "loss_kind": np.full(R, kind, dtype=object)}
     scalars = {"gbar_l2": float(res.l2[0]), "gbar_n_near": int(res.near.sum()), "gbar_n_mc": gbar_n_mc,
                "gbar_restarts": gbar_restarts, "gbar_max_iter": gbar_max_iter, "gbar_init_scale": gbar_init_scale,
                "gbar_tol_l2": gbar_tol_l2, "gbar_seed": seed, "gbar_converged": int(res.converged.sum())}

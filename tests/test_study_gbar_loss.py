@@ -97,3 +97,27 @@ def test_fit_box_parsing():
     assert _cells._fit_box(ctx) == {"gate_bias": (-2.0, 2.0), "expert_weight": (-1.0, 3.0)}
     est.settings["box"] = "none"
     assert _cells._fit_box(ctx) is None
+
+
+def test_theory_loss_picks_each_theorems_loss():
+    """moestat.metrics.theory_loss: softmax Voronoi loss, D1 in regime 1 or at k = k*, D3 over the split family for
+    relu in regime 2, D3 over given near-minimisers otherwise (and an error naming gbar= when they are missing)."""
+    from moestat.metrics import split_family, theory_loss, theory_loss_kind, voronoi_loss
+
+    relu2 = ms.presets.gate_comparison("relu", truth_gate="sigmoid", d=3, seed=0, regime=2)
+    relu1 = ms.presets.gate_comparison("relu", truth_gate="sigmoid", d=3, seed=0, regime=1)
+    gelu2 = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=3, seed=0, regime=2)
+    soft = ms.presets.gate_comparison("relu", truth_gate="softmax", d=3, seed=0)
+    k4 = relu2.spec.with_k(4)
+    assert theory_loss_kind(soft.spec.with_k(4), soft.spec, soft.params, [0]) == "softmax"
+    assert theory_loss_kind(k4, relu1.spec, relu1.params, [0]) == "D1"
+    assert theory_loss_kind(relu2.spec, relu2.spec, relu2.params, []) == "D1"
+    assert theory_loss_kind(k4, relu2.spec, relu2.params, [0]) == "D3 split family"
+    assert theory_loss_kind(gelu2.spec.with_k(4), gelu2.spec, gelu2.params, [0]) == "D3 estimated G-bar"
+    fit = split_family(relu2.params, [0], [0.3, 0.7]).perturb(0.01, seed=1)   # two fitted "replicates"
+    value, kind = theory_loss(fit, relu2.params, k4, relu2.spec, [0], n_split=11)
+    expected = voronoi_loss(fit, None, kind="D3", gbar=split_family(relu2.params, [0], np.linspace(0, 1, 11)))
+    np.testing.assert_allclose(value, expected, rtol=1e-12)
+    assert kind == "D3 split family"
+    with pytest.raises(ValueError, match="gbar="):
+        theory_loss(fit, gelu2.params, gelu2.spec.with_k(4), gelu2.spec, [0])

@@ -12,6 +12,7 @@ from .representations import (
     sample_representations,
     split_family,
 )
+from .theory_loss import theory_loss, theory_loss_kind
 from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "sample_representations",
     "split_family",
     "sup_expert_error",
+    "theory_loss",
+    "theory_loss_kind",
     "voronoi_cells",
     "voronoi_loss",
     "voronoi_losses",
