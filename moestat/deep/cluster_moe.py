@@ -56,7 +56,7 @@ import torch.nn.functional as Fnn
 from .._torch import resolve_device, resolve_dtype, seeded_generators, to_numpy
 from .._validation import check_choice, check_int
 from ..experts import get_expert
-from ..fit.base import FitResult, check_reps, select_history, weights_tidy
+from ..fit.base import FixedBudgetFit, check_reps, select_history, weights_tidy
 from ..simulators.clusters import ClusterData
 from ..simulators.regression import SeedLike, replicate_seeds
 from . import metrics as mt
@@ -228,7 +228,7 @@ def load_entropy(counts: Any) -> np.ndarray:
 
 
 @dataclass
-class ClusterMoEFit(FitResult):
+class ClusterMoEFit(FixedBudgetFit):
     """A fitted batch of top-1 MoEs (or single CNNs, ``kind="single"``), a :class:`~moestat.fit.base.FitResult`:
     ``params`` are the weights (dict), ``objective`` the final training loss, ``n_iter`` the budget ``T``
     (normalised gradient descent runs a fixed budget, so ``converged`` is False).
@@ -290,24 +290,15 @@ class ClusterMoEFit(FitResult):
         return out
 
     @property
-    def converged(self) -> np.ndarray:
-        return np.zeros(self.n_reps, dtype=bool)
-
-    @property
-    def n_iter(self) -> np.ndarray:
-        return np.full(self.n_reps, int(self.config.get("T", 0)))
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.config
-
-    @property
     def wall_time(self) -> float:
         return float(self.wall_time_s)
 
     def tidy(self) -> pd.DataFrame:
         """One row per replicate × weight block × expert × coordinate (``coef`` = ``"i,j"``)."""
         return weights_tidy(self.params, {"W": 1, "Theta": 2, "a": None, "b": None})
+
+    def _budget(self) -> int:
+        return int(self.config.get("T", 0))
 
     def glance(self) -> pd.DataFrame:
         """One row per replicate: kind, activation, final training loss, budget and the scalar settings."""

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from .._torch import resolve_device, resolve_dtype, to_numpy
 from .._validation import check_choice, check_int
-from ..fit.base import FitResult, check_reps, select_history, weights_tidy
+from ..fit.base import FixedBudgetFit, check_reps, select_history, weights_tidy
 
 SeedArg = int | np.random.SeedSequence | Sequence[np.random.SeedSequence] | None
 
@@ -264,7 +264,7 @@ def _weighted_logistic(f: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor) -> t
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
-class PatchFit(FitResult):
+class PatchFit(FixedBudgetFit):
     """A batch of trained pMoE or CNN models (one per lane = replicate x training size), a
     :class:`~moestat.fit.base.FitResult` over lanes: ``objective`` is a lane's training loss at its last
     evaluation, ``n_iter`` the epoch budget (minibatch SGD runs a fixed budget, so ``converged`` is False).
@@ -305,26 +305,13 @@ class PatchFit(FitResult):
             out[last["lane"].to_numpy(int)] = last["train_loss"].to_numpy(float)
         return out
 
-    @property
-    def converged(self) -> np.ndarray:
-        return np.zeros(self.n_reps, dtype=bool)
-
-    @property
-    def n_iter(self) -> np.ndarray:
-        return np.full(self.n_reps, int(self.config.get("epochs", 0)))
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return self.config
-
-    @property
-    def wall_time(self) -> float:
-        return float(self.config.get("wall_time", float("nan")))
-
     def tidy(self) -> pd.DataFrame:
         """One row per lane × weight block × expert × coordinate (``coef`` = ``"i,j"``)."""
         axes = {"router": 1, "W": 1, "a": 1} if self.model == "pmoe" else {"W": 1, "a": 1}
         return weights_tidy(self.params, axes)
+
+    def _budget(self) -> int:
+        return int(self.config.get("epochs", 0))
 
     def glance(self) -> pd.DataFrame:
         """One row per lane: data replicate, training size, final training loss, budget and scalar settings."""

@@ -23,7 +23,7 @@ from ..metrics.gated import _gate_metrics, _regressor_metrics
 from ..model import normal_log_density
 from ..params import Params
 from ..simulators.gated_nn import GatedNNTruth
-from .base import FitResult, check_reps
+from .base import FixedBudgetFit, check_reps
 
 
 # ----------------------------------------------------------------------------- data and starts
@@ -243,7 +243,7 @@ class History:
 
 
 @dataclass
-class GatedFit(FitResult):
+class GatedFit(FixedBudgetFit):
     """Result of a gated-network estimator (:func:`fit_tensor`, :func:`fit_em_gated`, :func:`fit_l2_gated`), a
     :class:`~moestat.fit.base.FitResult`.  The estimators run fixed iteration budgets (the papers' protocols):
     ``converged`` is False, as for the SGD protocol of :func:`moestat.fit_lse`, and ``n_iter`` is the budget.
@@ -286,26 +286,10 @@ class GatedFit(FitResult):
         """(R,) the selection criterion of the selected restart."""
         return self.restart_objective[np.arange(self.restart_objective.shape[0]), self.best_restart]
 
-    @property
-    def converged(self) -> np.ndarray:
-        """(R,) False: fixed-budget estimators have no convergence test."""
-        return np.zeros(self.restart_objective.shape[0], dtype=bool)
-
-    @property
-    def n_iter(self) -> np.ndarray:
-        """(R,) the iteration budget (L4 plus gate iterations for the tensor method)."""
+    def _budget(self) -> int:
+        """L4 plus gate iterations for the tensor method, ``iters`` for the baselines."""
         c = self.config
-        budget = int(c.get("l4_iters", 0)) + int(c.get("gate_iters", 0)) or int(c.get("iters", 0))
-        return np.full(self.restart_objective.shape[0], budget)
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """Every configuration knob (``config``)."""
-        return self.config
-
-    @property
-    def wall_time(self) -> float:
-        return float(self.config.get("wall_time", float("nan")))
+        return int(c.get("l4_iters", 0)) + int(c.get("gate_iters", 0)) or int(c.get("iters", 0))
 
     def glance(self) -> pd.DataFrame:
         """One row per replicate: method, objective, best restart, restarts and the scalar settings."""

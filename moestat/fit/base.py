@@ -138,3 +138,31 @@ def select_history(history: pd.DataFrame, idx: np.ndarray, column: str = "rep") 
     out = history[history[column].isin(idx)].copy()
     out[column] = out[column].map(renumber)
     return out.reset_index(drop=True)
+
+
+class FixedBudgetFit(FitResult):
+    """A :class:`FitResult` of an estimator that runs a fixed iteration budget (the papers' protocols: SGD epochs,
+    gradient-descent steps): there is no convergence test, so ``converged`` is False, ``n_iter`` is the budget
+    (:meth:`_budget`), and ``settings`` is the fit's ``config``."""
+
+    config: dict[str, Any]
+
+    def _budget(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def converged(self) -> np.ndarray:
+        return np.zeros(self.n_reps, dtype=bool)
+
+    @property
+    def n_iter(self) -> np.ndarray:
+        return np.full(self.n_reps, self._budget())
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Every configuration knob (``config``)."""
+        return self.config
+
+    @property
+    def wall_time(self) -> float:
+        return float(self.config.get("wall_time", float("nan")))
