@@ -68,12 +68,9 @@ class FitResult(abc.ABC):
     implement :meth:`glance` and :meth:`select`; :meth:`tidy` and :meth:`summary` have defaults built from them.
     """
 
+    # ``converged``, ``n_iter``, ``settings`` and ``wall_time`` are fields or properties of each subclass
     params: Any
     objective: Any
-    converged: Any
-    n_iter: Any
-    settings: dict[str, Any]
-    wall_time: float
 
     @property
     def n_reps(self) -> int:
