@@ -56,7 +56,7 @@ import torch.nn.functional as Fnn
 from .._torch import resolve_device, resolve_dtype, seeded_generators, to_numpy
 from .._validation import check_choice, check_int
 from ..experts import get_expert
-from ..fit.base import FixedBudgetFit, check_reps, select_history, weights_tidy
+from ..fit.base import FixedBudgetFit, add_settings, check_reps, select_history, weights_tidy
 from ..simulators.clusters import ClusterData
 from ..simulators.regression import SeedLike, replicate_seeds
 from . import metrics as mt
@@ -305,10 +305,7 @@ class ClusterMoEFit(FixedBudgetFit):
         frame = pd.DataFrame({"rep": np.arange(self.n_reps), "kind": self.kind, "activation": self.activation,
                               "objective": self.objective, "converged": self.converged, "n_iter": self.n_iter,
                               "wall_time": self.wall_time})
-        for key, value in self.config.items():
-            if key not in frame:
-                frame[key] = value if not isinstance(value, (list, tuple, dict)) else str(value)
-        return frame
+        return add_settings(frame, self.config)
 
     def select(self, rep) -> ClusterMoEFit:
         """The fit of replicate(s) ``rep`` (batched; history and alignment follow)."""

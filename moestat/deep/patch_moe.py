@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from .._torch import resolve_device, resolve_dtype, to_numpy
 from .._validation import check_choice, check_int
-from ..fit.base import FixedBudgetFit, check_reps, select_history, weights_tidy
+from ..fit.base import FixedBudgetFit, add_settings, check_reps, select_history, weights_tidy
 
 SeedArg = int | np.random.SeedSequence | Sequence[np.random.SeedSequence] | None
 
@@ -319,10 +319,7 @@ class PatchFit(FixedBudgetFit):
         frame.insert(0, "rep", np.arange(self.n_reps))
         frame["model"] = self.name
         frame["objective"], frame["converged"], frame["n_iter"] = self.objective, self.converged, self.n_iter
-        for key, value in self.config.items():
-            if key not in frame:
-                frame[key] = value if not isinstance(value, (list, tuple, dict)) else str(value)
-        return frame
+        return add_settings(frame, self.config)
 
     def select(self, rep) -> PatchFit:
         """The fit of lane(s) ``rep`` (renumbered 0, 1, ...; each keeps its data replicate and training size)."""

@@ -23,7 +23,7 @@ from ..metrics.gated import _gate_metrics, _regressor_metrics
 from ..model import normal_log_density
 from ..params import Params
 from ..simulators.gated_nn import GatedNNTruth
-from .base import FixedBudgetFit, check_reps
+from .base import FixedBudgetFit, add_settings, check_reps
 
 
 # ----------------------------------------------------------------------------- data and starts
@@ -297,10 +297,7 @@ class GatedFit(FixedBudgetFit):
         frame = pd.DataFrame({"rep": np.arange(R), "method": self.method, "objective": self.objective,
                               "converged": self.converged, "n_iter": self.n_iter, "best_restart": self.best_restart,
                               "n_starts": self.restart_objective.shape[1]})
-        for key, val in self.config.items():
-            if (isinstance(val, (int, float, str, bool)) or val is None) and key not in frame:
-                frame[key] = val
-        return frame
+        return add_settings(frame, self.config, scalars_only=True)
 
     def select(self, rep) -> GatedFit:
         """The fit of replicate(s) ``rep`` (batched; restarts and history follow)."""

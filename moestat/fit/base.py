@@ -51,6 +51,19 @@ def params_tidy(params: Params) -> pd.DataFrame:
             .reset_index(drop=True))
 
 
+def add_settings(frame: pd.DataFrame, settings: dict[str, Any], *, scalars_only: bool = False) -> pd.DataFrame:
+    """Add each setting as a constant column of a :meth:`FitResult.glance` frame (columns already there win):
+    scalars as they are, lists, tuples and dicts as text (skipped with ``scalars_only``)."""
+    for key, value in settings.items():
+        if key in frame:
+            continue
+        if isinstance(value, (int, float, str, bool)) or value is None:
+            frame[key] = value
+        elif isinstance(value, (list, tuple, dict)) and not scalars_only:
+            frame[key] = str(value)
+    return frame
+
+
 def check_reps(rep: int | Sequence[int] | np.ndarray, n_reps: int) -> np.ndarray:
     """Replicate indices as a 1-d int array, each in ``[0, n_reps)`` (error names the argument)."""
     idx = np.atleast_1d(np.asarray(rep))
@@ -144,8 +157,9 @@ class FixedBudgetFit(FitResult):
 
     config: dict[str, Any]
 
+    @abc.abstractmethod
     def _budget(self) -> int:
-        raise NotImplementedError
+        """The iteration budget the estimator ran (epochs, steps)."""
 
     @property
     def converged(self) -> np.ndarray:
