@@ -113,12 +113,13 @@ def ols_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
     :math:`(\hat a, \hat b) = \arg\min \sum_t (y_t - a^\top x_t - b)^2`, solved for all
     replicates at once with a batched SVD solve (``torch.linalg.lstsq``, driver ``gelsd``); ``ridge > 0`` adds
     :math:`\lambda\|a\|^2` (normal equations).  A baseline and a cheap, exact estimator for
-    testing study machinery.
+    testing study machinery.  It always runs on the CPU: ``gelsd`` has no CUDA implementation, and a
+    (d + 1)-column solve gains nothing from a GPU (``device`` is accepted for the study's uniform call).
     """
     if spec.k != 1 or spec.expert != "linear" or spec.gate != "softmax":
         raise ValueError("estimator 'ols' fits the one-expert linear model only: use k=1, expert='linear', "
                          f"gate='softmax' (got k={spec.k}, expert={spec.expert!r}, gate={spec.gate!r}).")
-    dev = torch.device(device)
+    dev = torch.device("cpu")
     Xt = torch.as_tensor(X, dtype=torch.float64, device=dev)
     yt = torch.as_tensor(y, dtype=torch.float64, device=dev)
     R, n, d = Xt.shape

@@ -53,7 +53,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as Fnn
 
-from .._torch import resolve_device, resolve_dtype, seeded_generators, to_numpy
+from .._random import rand, randint, randn, seeded_generators
+from .._torch import resolve_device, resolve_dtype, to_numpy
 from .._validation import check_choice, check_int
 from ..experts import get_expert
 from ..fit.base import FixedBudgetFit, add_settings, check_reps, select_history, weights_tidy
@@ -83,22 +84,14 @@ def _check_nonneg(name: str, value: Any) -> float:
     return float(value)
 
 
-def _randn(gens: list[torch.Generator], shape: tuple[int, ...], **kw: Any) -> torch.Tensor:
-    return torch.stack([torch.randn(shape, generator=g, **kw) for g in gens])
-
-
-def _rand(gens: list[torch.Generator], shape: tuple[int, ...], **kw: Any) -> torch.Tensor:
-    return torch.stack([torch.rand(shape, generator=g, **kw) for g in gens])
-
-
 def initial_expert_weights(seed: SeedLike, R: int, M: int, d: int, J: int, sigma0: float,
                            device: str | torch.device = "cpu", dtype: torch.dtype | str | None = None
                            ) -> torch.Tensor:
     """:math:`W^{(0)}`, shape (R, M, d, J): exactly the initialisation :func:`fit_cluster_moe` uses for ``seed``."""
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    gens = seeded_generators(replicate_seeds(seed, R), dev)
-    return sigma0 * _randn(gens, (M, d, J), device=dev, dtype=dt)
+    dt = resolve_dtype(dtype)
+    gens = seeded_generators(replicate_seeds(seed, R))
+    return sigma0 * randn(gens, (M, d, J), device=dev, dtype=dt)
 
 
 def _tensors(data: ClusterData, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,8 +317,8 @@ class ClusterMoEFit(FixedBudgetFit):
                 return {"F": to_numpy(single_forward(X, self.W[:, 0], self.a, self.activation, self.b))}
             nz = None
             if noise > 0:
-                gens = seeded_generators(replicate_seeds(seed, self.n_reps), X.device)
-                nz = noise * _rand(gens, (X.shape[1], self.Theta.shape[-1]), device=X.device, dtype=X.dtype)
+                gens = seeded_generators(replicate_seeds(seed, self.n_reps))
+                nz = noise * rand(gens, (X.shape[1], self.Theta.shape[-1]), device=X.device, dtype=X.dtype)
             out = moe_forward(X, self.W, self.Theta, self.activation, nz)
         return {"F": to_numpy(out["F"]), "expert": to_numpy(out["expert"])}
 
@@ -441,16 +434,16 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
     router_noise = _check_nonneg("router_noise", router_noise)
     load_balance = _check_nonneg("load_balance", load_balance)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = resolve_dtype(dtype)
     R, n, _, d = train.X.shape
     seeds = replicate_seeds(seed, R)
-    gens = seeded_generators(seeds, dev)
+    gens = seeded_generators(seeds)
     X, y = _tensors(train, dev, dt)
     S = X.sum(dim=2)
     Xt = _tensors(test, dev, dt)[0] if test is not None else None
     V, C = train.V, train.C
 
-    W = (sigma0 * _randn(gens, (M, d, J), device=dev, dtype=dt)).requires_grad_(True)
+    W = (sigma0 * randn(gens, (M, d, J), device=dev, dtype=dt)).requires_grad_(True)
     Theta = torch.zeros((R, d, M), device=dev, dtype=dt, requires_grad=True)
     rows: list[dict[str, Any]] = []
     align: list[pd.DataFrame] = []
@@ -472,7 +465,7 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
     t0 = time.perf_counter()
     evaluate(0, None)
     for t in range(T):
-        noise = router_noise * _rand(gens, (n, M), device=dev, dtype=dt) if router_noise > 0 else None
+        noise = router_noise * rand(gens, (n, M), device=dev, dtype=dt) if router_noise > 0 else None
         loss, _ = moe_loss(X, y, W, Theta, activation, noise, load_balance, s=S)
         gW, gTheta = torch.autograd.grad(loss.sum(), (W, Theta))
         with torch.no_grad():
@@ -534,13 +527,13 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
     if batch_size is not None:
         batch_size = check_int("batch_size", batch_size)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = resolve_dtype(dtype)
     R, n, _, d = train.X.shape
     seeds = replicate_seeds(seed, R)
-    gens = seeded_generators(seeds, dev)
+    gens = seeded_generators(seeds)
     X, y = _tensors(train, dev, dt)
     Xt, _ = _tensors(test, dev, dt) if test is not None else (None, None)
-    W = (sigma0 * _randn(gens, (d, J), device=dev, dtype=dt)).requires_grad_(True)
+    W = (sigma0 * randn(gens, (d, J), device=dev, dtype=dt)).requires_grad_(True)
     a = torch.ones((R, J), device=dev, dtype=dt, requires_grad=train_a)
     b = torch.zeros((R, J), device=dev, dtype=dt, requires_grad=True) if bias else None
     params = [W] + ([a] if train_a else []) + ([b] if bias else [])
@@ -566,7 +559,7 @@ def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic
         if batch_size is None:
             Xb, yb = X, y
         else:
-            idx = torch.stack([torch.randint(n, (batch_size,), generator=g, device=dev) for g in gens])
+            idx = randint(gens, n, batch_size, device=dev)
             Xb, yb = X[rows_r, idx], y[rows_r, idx]
         loss = Fnn.softplus(-yb * single_forward(Xb, W, a, activation, b)).mean(dim=1)
         loss.sum().backward()

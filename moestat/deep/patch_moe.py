@@ -273,8 +273,9 @@ class PatchFit(FixedBudgetFit):
     ----------
     model : {"pmoe", "cnn"}
     params : dict of Tensor
-        Stacked weights: pMoE ``router (L,k,d)``, ``W (L,k,m/k,d)``, ``a (L,k,m/k)``; CNN
-        ``W (L,m,d)``, ``a (L,m)``.
+        Stacked weights, on the CPU whatever device trained them: pMoE ``router (L,k,d)``, ``W (L,k,m/k,d)``,
+        ``a (L,k,m/k)``; CNN ``W (L,m,d)``, ``a (L,m)``.  Predictions run on the training device when it is
+        present here, else on the CPU.
     lanes : DataFrame
         ``lane, rep, n_train, seed``: which data replicate and how many of its first samples each
         lane trained on, and the lane's SeedSequence (``entropy/spawn_key``).
@@ -335,8 +336,12 @@ class PatchFit(FixedBudgetFit):
         """``pmoe-separate``, ``pmoe-joint`` or ``cnn``."""
         return "cnn" if self.model == "cnn" else f"pmoe-{self.config['training']}"
 
+    def _device(self) -> torch.device:
+        dev = torch.device(self.config.get("device", "cpu"))
+        return dev if dev.type == "cpu" or torch.cuda.is_available() else torch.device("cpu")
+
     def _logits(self, X: torch.Tensor) -> torch.Tensor:
-        p = self.params
+        p = {name: v.to(X.device) for name, v in self.params.items()}
         if self.model == "cnn":
             return cnn_logits(X, p["W"], p["a"])
         return pmoe_logits(X, p["router"], p["W"], p["a"], l=self.config["l"], gating=self.config["gating"],
@@ -352,12 +357,12 @@ class PatchFit(FixedBudgetFit):
         X = data.X if hasattr(data, "X") else to_numpy(data)
         if X.ndim == 3:
             X = X[None]
-        ref = self.params["W"]
+        ref, dev = self.params["W"], self._device()
         rep = np.array(self.lanes["rep"]) if X.shape[0] > 1 else np.zeros(len(self.lanes), dtype=np.int64)
         if X.shape[0] > 1 and rep.max() >= X.shape[0]:
             raise ValueError(f"data has {X.shape[0]} replicates but the fit has lanes on replicate {rep.max()}.")
-        Xt = torch.as_tensor(X, dtype=ref.dtype, device=ref.device)
-        rep_t = torch.as_tensor(rep, device=ref.device)
+        Xt = torch.as_tensor(X, dtype=ref.dtype, device=dev)
+        rep_t = torch.as_tensor(rep, device=dev)
         out = [self._logits(Xt[rep_t, s:s + chunk]) for s in range(0, X.shape[1], chunk)]
         return to_numpy(torch.cat(out, dim=1))
 
@@ -380,11 +385,12 @@ class PatchFit(FixedBudgetFit):
             raise ValueError("routing_hit_rate applies to pMoE fits only.")
         if not hasattr(data, "pos"):
             raise TypeError("routing_hit_rate needs a PatchData with the positions of the discriminative patch.")
-        ref = self.params["router"]
+        dev = self._device()
+        ref = self.params["router"].to(dev)
         X = data.X
         rep = np.array(self.lanes["rep"]) if X.shape[0] > 1 else np.zeros(len(self.lanes), dtype=np.int64)
-        rep_t = torch.as_tensor(rep, device=ref.device)
-        Xt = torch.as_tensor(X, dtype=ref.dtype, device=ref.device)
+        rep_t = torch.as_tensor(rep, device=dev)
+        Xt = torch.as_tensor(X, dtype=ref.dtype, device=dev)
         with torch.no_grad():   # chunks over samples keep the (lanes x chunk x n x d) gather small
             idx = torch.cat([expert_choice_topl(torch.einsum("lbnd,lkd->lbkn", Xt[rep_t, s:s + chunk], ref),
                                                 self.config["l"])[1] for s in range(0, X.shape[1], chunk)], dim=1)
@@ -426,7 +432,7 @@ def _setup(data, y, sizes, seed, device, dtype):
     R, N = X.shape[:2]
     lanes = _lanes(R, N, sizes)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = resolve_dtype(dtype)
     if isinstance(seed, (list, tuple)):
         if len(seed) != len(lanes) or not all(isinstance(s, np.random.SeedSequence) for s in seed):
             raise ValueError(f"seed given as a list must hold one numpy.random.SeedSequence per lane ({len(lanes)}).")
@@ -436,6 +442,10 @@ def _setup(data, y, sizes, seed, device, dtype):
         lane_seeds = root.spawn(len(lanes))
     lanes["seed"] = [f"{s.entropy}/{'-'.join(map(str, s.spawn_key))}" for s in lane_seeds]
     return X, yy, lanes, dev, dt, lane_seeds
+
+
+def _on_cpu(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: v.detach().cpu() for name, v in params.items()}
 
 
 def _train(params: dict[str, torch.Tensor], trainable: Sequence[str], logits_fn, X: np.ndarray, y: np.ndarray,
@@ -720,7 +730,7 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
                      [np.random.default_rng(c[1]) for c in children], lr={"W": lr, "router": router_lr},
                      batch_size=batch_size, epochs=epochs, eval_epochs=eval_epochs, test=_test_tensors(test, dev, dt),
                      stop_at_zero_error=bool(stop_at_zero_error))
-    return PatchFit("pmoe", params, lanes, config, history)
+    return PatchFit("pmoe", _on_cpu(params), lanes, config, history)
 
 
 def fit_cnn(data: Any, y: Any = None, *, m: int = 40, lr: float = 0.2, batch_size: int = 20, epochs: int = 150,
@@ -753,4 +763,4 @@ def fit_cnn(data: Any, y: Any = None, *, m: int = 40, lr: float = 0.2, batch_siz
     history = _train(params, ["W"], logits_fn, X, yy, lanes, [np.random.default_rng(c[1]) for c in children],
                      lr={"W": lr}, batch_size=batch_size, epochs=epochs, eval_epochs=eval_epochs,
                      test=_test_tensors(test, dev, dt), stop_at_zero_error=bool(stop_at_zero_error))
-    return PatchFit("cnn", params, lanes, config, history)
+    return PatchFit("cnn", _on_cpu(params), lanes, config, history)

@@ -43,7 +43,7 @@ def prepare_data(X, y, k: int, device: str, dtype) -> tuple[torch.Tensor, torch.
     check_finite("X", Xa)
     check_finite("y", ya)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = resolve_dtype(dtype)
     return to_tensor(Xa, device=dev, dtype=dt), to_tensor(ya, device=dev, dtype=dt), single, dev
 
 

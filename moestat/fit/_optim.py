@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._random import randperm
 from ._objective import LSProblem
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
@@ -391,7 +392,7 @@ def sgd_protocol(problem: LSProblem, theta: torch.Tensor, *, epochs: int = 10, l
             tr.record(ep, f, _gnorm(problem.projected_gradient(theta, g)))
         elif tr.bar is not None:
             tr.bar.update(1)
-        perm = torch.stack([torch.randperm(n, generator=g, device=theta.device) for g in gens])
+        perm = randperm(gens, n, device=theta.device)
         for lo in range(0, n, batch_size):
             idx = perm[:, lo : lo + batch_size]
             Xb = X[reps.unsqueeze(1), idx]

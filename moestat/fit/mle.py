@@ -349,7 +349,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     if restarts + len(user) == 0:
         raise ValueError("restarts=0 needs at least one start in init.")
     dev = resolve_device(device)
-    dt = resolve_dtype(torch.float64 if dtype is None else dtype, dev)
+    dt = resolve_dtype(dtype)
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     seeds = ss.spawn(R)
