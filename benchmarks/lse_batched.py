@@ -4,9 +4,9 @@ Workload: the nguyen2024 regime-2 preset (d = 32, k* = 8, relu experts, sigmoid 
 k = 9 experts (duplicate=[0]) from near-truth starts, R = 20 replicates.
 
 1. Kernel cost: one objective + gradient evaluation vs the forward matrix product it contains
-   (``theta @ X^T`` for all R problems), for the hand-fused eager kernel, the native C++ kernel, the
-   torch.compile'd kernel (``--compile``) and plain autograd through ``MoE.mean_torch``; achieved GFLOP/s
-   of the two products against a measured square-matmul rate.
+   (``theta @ X^T`` for all R problems), for the hand-fused eager kernel, the native C++ kernel (CPU) and
+   plain autograd through ``MoE.mean_torch``; achieved GFLOP/s of the two products against a measured
+   square-matmul rate.  ``--device cuda`` times the kernels on a GPU (synchronised).
 2. Batched fit vs a Python loop fitting the replicates one at a time, same settings (L-BFGS).
 3. L-BFGS vs Adam vs the papers' SGD protocol at n = 10,000: objective reached and wall time.
 4. ``--parts scaling``: R = 20 replicates vs one at n = 10,000 (50 L-BFGS iterations), on the CPU and, when
@@ -15,7 +15,7 @@ k = 9 experts (duplicate=[0]) from near-truth starts, R = 20 replicates.
 Timings use the lower decile of repeated calls (the machine may be shared); a kernel and the forward
 product it is compared with are called alternately, so that load changes hit both alike.  Run
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_batched.py [--compile] [--quick]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_batched.py [--quick] [--device cuda] [--parts ...]
 """
 
 from __future__ import annotations
@@ -31,15 +31,20 @@ import moestat as ms
 from moestat.fit import ConvergenceWarning
 from moestat.fit._objective import MeanKernel
 
+SYNC = {"fn": lambda: None}  # torch.cuda.synchronize when timing CUDA work
+
+
+def timed(fn) -> float:
+    SYNC["fn"]()
+    t = time.perf_counter()
+    fn()
+    SYNC["fn"]()
+    return time.perf_counter() - t
+
 
 def lower_decile(fn, reps: int) -> float:
     fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.quantile(ts, 0.1))
+    return float(np.quantile([timed(fn) for _ in range(reps)], 0.1))
 
 
 def interleaved_ratio(num, den, reps: int) -> tuple[float, float, float]:
@@ -49,28 +54,27 @@ def interleaved_ratio(num, den, reps: int) -> tuple[float, float, float]:
     t_num, t_den = [], []
     for _ in range(reps):
         for fn, ts in ((den, t_den), (num, t_num)):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
+            ts.append(timed(fn))
     a, b = float(np.quantile(t_num, 0.1)), float(np.quantile(t_den, 0.1))
     return a / b, a, b
 
 
-def matmul_rate(size: int = 512, reps: int = 20) -> float:
-    a = torch.randn(size, size, dtype=torch.float64)
-    b = torch.randn(size, size, dtype=torch.float64)
+def matmul_rate(size: int = 512, reps: int = 20, device: str = "cpu", dtype: torch.dtype = torch.float64) -> float:
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
     return 2 * size**3 / lower_decile(lambda: a @ b, reps) / 1e9
 
 
-def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list[dict]:
+def kernel_table(spec, truth, n: int, R: int, reps: int, device: str = "cpu",
+                 dtype: torch.dtype = torch.float64) -> list[dict]:
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
-    X = torch.as_tensor(data.X)
-    y = torch.as_tensor(data.y)
-    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype), X], -1)
+    X = torch.as_tensor(data.X, device=device, dtype=dtype)
+    y = torch.as_tensor(data.y, device=device, dtype=dtype)
+    Xa = torch.cat([torch.ones(R, n, 1, dtype=X.dtype, device=device), X], -1)
     k, p = fit_spec.k, fit_spec.d + 1
-    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype) * 0.2
-    Z = torch.empty(R, 2 * k, n, dtype=X.dtype)
+    theta = torch.randn(R, 1, 2 * k, p, dtype=X.dtype).to(device) * 0.2
+    Z = torch.empty(R, 2 * k, n, dtype=X.dtype, device=device)
     def fwd():
         torch.bmm(theta.reshape(R, 2 * k, p), Xa.transpose(1, 2), out=Z)
 
@@ -82,19 +86,11 @@ def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list
     ratio, t, _ = interleaved_ratio(lambda: eager.value_grad(theta, Xa, y), fwd, reps)
     rows.append({"n": n, "kernel": "fused eager (moestat default)", "ms": t * 1e3, "ratio": ratio,
                  "GFLOP/s": flops / t / 1e9})
-    kernels = (("native", "native C++ (compile='native')"), ("inductor", "torch.compile (compile='inductor')"))
-    for mode, label in kernels:
-        if mode == "inductor" and not compile_:
-            continue
-        t0 = time.perf_counter()
-        comp = MeanKernel.from_spec(fit_spec, compile=mode)
-        comp.value_grad(theta, Xa, y)
-        t_c = time.perf_counter() - t0
-        if mode == "native" and comp.native is None:
-            continue
-        ratio, t, _ = interleaved_ratio(lambda comp=comp: comp.value_grad(theta, Xa, y), fwd, reps)
-        rows.append({"n": n, "kernel": f"{label}, first call {t_c:.1f} s", "ms": t * 1e3,
-                     "ratio": ratio, "GFLOP/s": flops / t / 1e9})
+    native = MeanKernel.from_spec(fit_spec, compile="native") if device == "cpu" else None
+    if native is not None and native.native is not None:
+        ratio, t, _ = interleaved_ratio(lambda: native.value_grad(theta, Xa, y), fwd, reps)
+        rows.append({"n": n, "kernel": "native C++ (compile=True on CPU)", "ms": t * 1e3, "ratio": ratio,
+                     "GFLOP/s": flops / t / 1e9})
 
     def autograd():
         th = theta.reshape(R, 2 * k, p).clone().requires_grad_(True)
@@ -107,12 +103,11 @@ def kernel_table(spec, truth, n: int, R: int, compile_: bool, reps: int) -> list
     return rows
 
 
-def batched_vs_loop(spec, truth, n: int, R: int, max_iter: int, compile_: bool) -> dict:
+def batched_vs_loop(spec, truth, n: int, R: int, max_iter: int) -> dict:
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
     kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn",
-          "max_iter": max_iter, "condition": False,
-          "compile": compile_}
+          "max_iter": max_iter, "condition": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         ms.fit_lse(fit_spec, data.X[:2], data.y[:2], **{**kw, "max_iter": 2})  # warm-up
@@ -131,11 +126,11 @@ def batched_vs_loop(spec, truth, n: int, R: int, max_iter: int, compile_: bool) 
             "iters_batched": int(batched.n_iter.sum()), "iters_loop": int(sum(f.n_iter[0] for f in loop))}
 
 
-def optimiser_table(spec, truth, n: int, R: int, lbfgs_iter: int, adam_iter: int, compile_: bool) -> list[dict]:
+def optimiser_table(spec, truth, n: int, R: int, lbfgs_iter: int, adam_iter: int) -> list[dict]:
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
     kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn",
-          "condition": False, "compile": compile_}
+          "condition": False}
     runs = [("lbfgs", {"max_iter": lbfgs_iter}), ("adam", {"max_iter": adam_iter, "lr": 1e-3}),
             ("sgd", {"epochs": 10, "lr": 0.1, "batch_size": 32})]
     rows = []
@@ -189,36 +184,49 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--compile", action="store_true", help="also measure the torch.compile'd (inductor) kernel")
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    ap.add_argument("--device", default="cpu", help="device of the kernel part (cpu or cuda)")
+    ap.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="dtype of the kernel part")
+    ap.add_argument("--devices", default=None, help="devices of the scaling part (default: cpu, and cuda if present)")
+    ap.add_argument("--ns", default=None, help="comma-separated sample sizes (default 1000,10000; quick 200,1000)")
     ap.add_argument("--parts", default="kernel,loop,optim",
                     help="comma-separated: kernel, loop, optim, scaling (R replicates vs one, CPU vs CUDA)")
     args = ap.parse_args()
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     ns = [200, 1000] if args.quick else [1000, 10_000]
+    if args.ns:
+        ns = [int(v) for v in args.ns.split(",")]
+    if args.device.startswith("cuda"):
+        SYNC["fn"] = torch.cuda.synchronize
     R = 4 if args.quick else args.reps
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, R={R}")
-    rate = matmul_rate()
-    print(f"measured float64 matmul rate (512x512): {rate:.1f} GFLOP/s\n")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, R={R}, kernel device {args.device} "
+          f"({args.dtype}), GPU {gpu}")
+    size = 4096 if args.device.startswith("cuda") else 512
+    rate = matmul_rate(size, device=args.device, dtype=getattr(torch, args.dtype))
+    print(f"measured {args.dtype} matmul rate ({size}x{size}, {args.device}): {rate:.1f} GFLOP/s\n")
     parts = args.parts.split(",")
     if "kernel" in parts:
         rows = []
         for n in ns:
-            rows += kernel_table(spec, truth, n, R, args.compile, reps=10 if args.quick else 30)
+            rows += kernel_table(spec, truth, n, R, reps=10 if args.quick else 30, device=args.device,
+                                 dtype=getattr(torch, args.dtype))
         for r in rows:
             r["% of matmul rate"] = 100 * r["GFLOP/s"] / rate
         print("## objective + gradient vs the forward product\n" + table(rows) + "\n", flush=True)
     if "loop" in parts:
-        rows = [batched_vs_loop(spec, truth, n, R, max_iter=20 if args.quick else (100 if n <= 1000 else 30),
-                                compile_=False) for n in ns]
+        rows = [batched_vs_loop(spec, truth, n, R, max_iter=20 if args.quick else (100 if n <= 1000 else 30))
+                for n in ns]
         print("## batched fit vs per-replicate loop (L-BFGS, same settings)\n" + table(rows) + "\n", flush=True)
     if "optim" in parts:
         n = ns[-1]
         rows = optimiser_table(spec, truth, n, R, lbfgs_iter=30 if args.quick else 300,
-                               adam_iter=30 if args.quick else 1000, compile_=False)
+                               adam_iter=30 if args.quick else 1000)
         print(f"## optimisers at n={n}\n" + table(rows) + "\n", flush=True)
     if "scaling" in parts:
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        if args.devices:
+            devices = args.devices.split(",")
         rows = scaling_table(spec, truth, ns[-1], R, iters=10 if args.quick else 50, devices=devices)
         note = "" if "cuda" in devices else " (no CUDA device: CPU only)"
         print(f"## {R} replicates vs one{note}\n" + table(rows) + "\n", flush=True)

@@ -1,4 +1,4 @@
-"""Sweep of the least-squares kernel's block size: eager, torch.compile'd and native (issue 3).
+"""Sweep of the least-squares kernel's block size: eager and native (issue 3).
 
 Workload: the nguyen2024 regime-2 preset (d = 32, k* = 8, relu experts, sigmoid truth) fitted with
 k = 9, float64; R = 20 replicates at n = 1,000 and 10,000, one at n = 100,000.  For each n and minimum
@@ -28,8 +28,8 @@ def main() -> None:
     torch.set_num_threads(1)
     truth = presets.sigmoid_vs_softmax(regime=2)
     spec = truth.spec.with_k(9)
-    print("| R | n | rows per chunk | eager ratio | compiled ratio |")
-    print("|---|---|---|---|---|")
+    print("| R | n | rows per chunk | eager ratio |")
+    print("|---|---|---|---|")
     for R, n in ((20, 1000), (20, 10_000), (1, 100_000)):  # the last: a study's replicate block at n = 1e5
         sweep(truth, spec, n, R)
     print("\n| R | n | native block rows | native ratio |")
@@ -57,12 +57,10 @@ def sweep(truth, spec, n: int, R: int) -> None:
     """Print one table row per minimum chunk size at sample size ``n``."""
     theta, Xa, y, fwd = workload(truth, spec, n, R)
     for min_elems in (2**17, 2**18, 2**19, 2**20, 2**30):
-        ratios = []
-        for compile_ in (False, "inductor"):
-            kernel = MeanKernel.from_spec(spec, compile=compile_, chunk_min_elems=min_elems)
-            ratios.append(interleaved_ratio(lambda kernel=kernel: kernel.value_grad(theta, Xa, y), fwd, 40)[0])
-        rows = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)._chunk_rows(R, 1, n, spec.d + 1, 8)
-        print(f"| {R} | {n} | {rows} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
+        kernel = MeanKernel.from_spec(spec, chunk_min_elems=min_elems)
+        ratio = interleaved_ratio(lambda kernel=kernel: kernel.value_grad(theta, Xa, y), fwd, 40)[0]
+        rows = kernel._chunk_rows(R, 1, n, spec.d + 1, 8)
+        print(f"| {R} | {n} | {rows} | {ratio:.2f} |", flush=True)
 
 def sweep_native(truth, spec, n: int, R: int) -> None:
     """Print one table row per block size of the native kernel (``_native.BLOCK_BYTES``)."""

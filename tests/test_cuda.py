@@ -37,21 +37,16 @@ def _kernel_inputs(device, G=2, s=3, n=2000, d=3, k=4, seed=0):
     return theta.to(device), Xa.to(device), y.to(device)
 
 
-KERNEL_CASES = [(gate, top_k, expert, False) for gate, top_k in (("sigmoid", None), ("softmax", None), ("topk", 2))
-                for expert in ("relu", "gelu", "tanh", "linear")]
-# inductor compiles a kernel per case (seconds each): one case per gate
-KERNEL_CASES += [("sigmoid", None, "relu", "inductor"), ("softmax", None, "gelu", "inductor"),
-                 ("topk", 2, "linear", "inductor")]
-
-
-@pytest.mark.parametrize(("gate", "top_k", "expert", "compile_"), KERNEL_CASES)
-def test_mean_kernel_on_cuda_equals_cpu(gate, top_k, expert, compile_):
-    """Objective, gradient and exact curvature rows of the fused kernel (eager and inductor) on CUDA."""
+@pytest.mark.parametrize(("gate", "top_k"), [("sigmoid", None), ("softmax", None), ("topk", 2)])
+@pytest.mark.parametrize("expert", ["relu", "gelu", "tanh", "linear"])
+def test_mean_kernel_on_cuda_equals_cpu(gate, top_k, expert):
+    """Objective, gradient and exact curvature rows of the fused eager kernel on CUDA (compile=True serves CUDA
+    tensors with it too) against the CPU's eager kernel."""
     spec = ms.MoE(gate=gate, expert=expert, k=4, d=3, top_k=top_k, temperature=0.8)
     cpu = MeanKernel.from_spec(spec)
-    gpu = MeanKernel.from_spec(spec, compile=compile_)
+    gpu = MeanKernel.from_spec(spec, compile=True)
     if CUDA.type == "cuda":
-        assert gpu.kind(CUDA) == ("inductor" if compile_ else "eager")
+        assert gpu.kind(CUDA) == "eager"
     args_cpu = _kernel_inputs("cpu")
     args_gpu = tuple(a.to(CUDA) for a in args_cpu)
     f0, g0 = cpu.value_grad(*args_cpu)

@@ -78,31 +78,6 @@ def test_kernel_matches_model_and_autograd(gate, top_k, expert):
         assert torch.allclose(grad.reshape(G * s, 2 * k, d + 1), g_ref, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize(("gate", "expert", "temperature"), [
-    ("sigmoid", "relu", 1.0), ("softmax", "tanh", 0.7),  # written expert by expert (k <= 16)
-    ("sigmoid", "gelu", 1.3), ("topk", "linear", 1.0),  # top-K: the stacked form
-])
-def test_compiled_kernel_matches_eager(gate, expert, temperature, monkeypatch):
-    """The torch.compile'd objective+gradient (``fit_lse(compile=True)``) equals the eager fused kernel."""
-    from moestat.fit import _objective
-
-    monkeypatch.setattr(_objective, "_COMPILED_MIN_ELEMS", 0)  # these small chunks would otherwise run eager
-    torch.manual_seed(2)
-    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, temperature=temperature, top_k=2 if gate == "topk" else None)
-    G, s, n, d, k = 2, 2, 300, 2, 3
-    X = torch.rand(G, n, d, dtype=torch.float64) * 2 - 1
-    Xa = torch.cat([torch.ones(G, n, 1, dtype=X.dtype), X], -1)
-    y = torch.randn(G, n, dtype=X.dtype)
-    theta = torch.randn(G, s, 2 * k, d + 1, dtype=X.dtype)
-    if not _native.compiler_available():
-        pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
-    eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
-    compiled = MeanKernel.from_spec(spec, compile="inductor").value_grad(theta, Xa, y)
-    # the same float64 arithmetic in a different order: round-off of sums over n = 300 terms
-    assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)
-    assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
-
-
 def _native_or_skip():
     if not _native.compiler_available():
         pytest.skip("the native kernel is built with a C++ compiler on first use")
@@ -197,22 +172,23 @@ def test_native_fit_matches_eager_fit():
 
 
 def test_kernel_choice_and_fallbacks():
-    """compile= picks the kernel; top-K gates and more than 32 experts are not native and get inductor."""
+    """compile= picks the kernel: native for CPU tensors where it applies (sigmoid or softmax gate, k <= 32),
+    the eager kernel for CUDA tensors, top-K gates and more experts; "inductor" is refused with the reason."""
     native = _native_or_skip()
     relu = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2)
-    assert MeanKernel.from_spec(relu).native is None and MeanKernel.from_spec(relu).compiled is None
+    assert MeanKernel.from_spec(relu).native is None
     auto = MeanKernel.from_spec(relu, compile=True)
-    assert auto.native is not None and auto.compiled is not None  # inductor serves CUDA tensors
-    assert MeanKernel.from_spec(relu, compile="native").compiled is None
-    assert MeanKernel.from_spec(relu, compile="inductor").native is None
-    assert auto.kind(torch.device("cpu")) == "native" and auto.kind(torch.device("cuda")) == "inductor"
+    assert auto.native is not None and MeanKernel.from_spec(relu, compile="native").native is not None
+    assert auto.kind(torch.device("cpu")) == "native" and auto.kind(torch.device("cuda")) == "eager"
     assert MeanKernel.from_spec(relu).kind(torch.device("cpu")) == "eager"
     for spec in (ms.MoE(gate="topk", expert="relu", k=3, d=2, top_k=2),
                  ms.MoE(gate="softmax", expert="relu", k=native.MAX_K + 1, d=1)):
         K = MeanKernel.from_spec(spec, compile="native")
-        assert K.native is None and K.compiled is not None
+        assert K.native is None and K.kind(torch.device("cpu")) == "eager"
     with pytest.raises(ValueError, match="compile must be"):
         MeanKernel.from_spec(relu, compile="fast")
+    with pytest.raises(ValueError, match=r"compile='inductor' is no longer offered.*compile=True"):
+        MeanKernel.from_spec(relu, compile="inductor")
     with pytest.raises(ValueError, match="compile must be"):
         ms.fit_lse(relu, np.zeros((50, 2)), np.zeros(50), init="random", compile="fast")
 
@@ -231,14 +207,14 @@ def test_native_build_failure_falls_back_with_a_warning(monkeypatch):
     try:
         with pytest.warns(UserWarning, match="could not be built"):
             K = MeanKernel.from_spec(ms.MoE(gate="sigmoid", expert="relu", k=2, d=1), compile="native")
-        assert K.native is None and K.compiled is not None
+        assert K.native is None and K.kind(torch.device("cpu")) == "eager"
     finally:
         _native.load.cache_clear()
 
 
 def test_no_compiler_means_the_eager_kernel(monkeypatch):
-    """compile=True or "native" on a machine without a C++ compiler warns and runs the eager kernel (neither
-    compiled kernel could be built), and the fit still works."""
+    """compile=True or "native" on a machine without a C++ compiler warns and runs the eager kernel, and the fit
+    still works."""
     from moestat.fit import _native
 
     monkeypatch.setattr(_native, "compiler_available", lambda: False)
@@ -246,71 +222,12 @@ def test_no_compiler_means_the_eager_kernel(monkeypatch):
     for mode in (True, "native"):
         with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
             K = MeanKernel.from_spec(spec, compile=mode)
-        assert K.native is None and K.compiled is None
+        assert K.native is None
     data = ms.simulate(spec, _well_conditioned_truth("sigmoid"), n=100, reps=2, seed=3)
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         fit = ms.fit_lse(spec, data.X, data.y, init="random", seed=0, max_iter=5, compile=True, condition=False)
     assert fit.settings["kernel"] == "eager" and np.isfinite(fit.objective).all()
-
-
-def test_each_compiled_kernel_has_its_own_code_object():
-    """Dynamo keeps at most 8 compiled graphs per code object and then silently runs Python: kernels of
-    different specs (gate, k, expert, temperature) must not share one code object and its budget."""
-    from moestat.fit._objective import _compiled_chunk
-
-    specs = [ms.MoE(gate=g, expert=e, k=k, d=1) for g in ("sigmoid", "softmax") for e in ("relu", "linear")
-             for k in (2, 3)]
-    fns = [_compiled_chunk(sp.gate, sp.k, sp.top_k, float(sp.temperature), sp.family) for sp in specs]
-    codes = {id(fn._torchdynamo_orig_callable.__code__) for fn in fns}
-    assert len(codes) == len(specs)
-    assert _compiled_chunk("sigmoid", 2, None, 1.0, specs[0].family) is fns[0]  # cached per spec
-
-
-def test_small_chunks_run_the_eager_kernel_even_when_compiled():
-    """Minibatch-sized calls skip the compiled kernel (its fixed cost is larger); large ones use it."""
-    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2)
-    K = MeanKernel.from_spec(spec, chunk_min_elems=2**30)  # one chunk per call
-    calls = []
-
-    def spy(theta, Xc, yc, two_over_n):
-        calls.append(Xc.shape[1])
-        return K.compiled_reference(theta, Xc, yc, two_over_n)
-
-    from moestat.fit import _objective
-
-    K.compiled_reference = _objective._stacked_chunk("sigmoid", 3, None, 1.0, _objective._functional_activation(
-        spec.family))
-    K.compiled = spy
-    for n, expect_compiled in ((32, False), (2 * _objective._COMPILED_MIN_ELEMS // 6, True)):
-        X = torch.rand(1, n, 3, dtype=torch.float64)
-        y = torch.randn(1, n, dtype=torch.float64)
-        theta = torch.randn(1, 1, 6, 3, dtype=torch.float64)
-        calls.clear()
-        loss, grad = K.value_grad(theta, X, y)
-        assert bool(calls) == expect_compiled
-        ref = MeanKernel.from_spec(spec).value_grad(theta, X, y)
-        assert torch.allclose(loss, ref[0], rtol=1e-12) and torch.allclose(grad, ref[1], rtol=1e-10, atol=1e-13)
-
-
-def test_compiled_stacked_form_matches_eager_above_the_unroll_limit(monkeypatch):
-    """Gates with more experts than ``_UNROLL_MAX_K`` compile the stacked (G, s, k, c) form."""
-    from moestat.fit import _objective
-
-    if not _native.compiler_available():
-        pytest.skip("torch.compile's CPU backend needs a C++ compiler at run time")
-    monkeypatch.setattr(_objective, "_UNROLL_MAX_K", 3)
-    monkeypatch.setattr(_objective, "_COMPILED_MIN_ELEMS", 0)
-    torch.manual_seed(3)
-    spec = ms.MoE(gate="sigmoid", expert="relu", k=4, d=2)
-    X = torch.rand(2, 200, 2, dtype=torch.float64) * 2 - 1
-    Xa = torch.cat([torch.ones(2, 200, 1, dtype=X.dtype), X], -1)
-    y = torch.randn(2, 200, dtype=X.dtype)
-    theta = torch.randn(2, 1, 8, 3, dtype=X.dtype)
-    eager = MeanKernel.from_spec(spec).value_grad(theta, Xa, y)
-    compiled = MeanKernel.from_spec(spec, compile="inductor").value_grad(theta, Xa, y)
-    assert torch.allclose(compiled[0], eager[0], rtol=1e-12, atol=1e-14)  # round-off of sums over 200 terms
-    assert torch.allclose(compiled[1], eager[1], rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize(("gate", "top_k"), GATES)

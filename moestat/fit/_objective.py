@@ -27,7 +27,6 @@ it against autograd and finite differences.  The Jacobian of the residuals used 
 
 from __future__ import annotations
 
-import types
 import warnings
 from collections.abc import Callable
 
@@ -54,137 +53,22 @@ def activation_second_derivative(family: ExpertFamily) -> Callable | None:
     return family.phi_second
 
 
-def _functional_activation(family: ExpertFamily) -> Callable | None:
-    """``z -> (phi(z), phi'(z) or None)`` without workspaces (the traced, compiled path); None for a family
-    without a closed-form derivative."""
-    if not family.input_dependent or family.name == "linear":
-        return lambda z: (z, None)
-    if family.derivative is None:
-        return None
-    return lambda z: (family.activation(z), family.derivative(z))
-
-
-_COMPILED: dict = {}
-
-KERNEL_MODES = ("eager", "native", "inductor", "auto")
+KERNEL_MODES = ("eager", "native", "auto")
 
 
 def kernel_mode(compile: bool | str) -> str:
-    """Normalise ``fit_lse(compile=...)``: False/"eager", "native", "inductor", True/"auto"."""
+    """Normalise ``fit_lse(compile=...)``: False/"eager", "native", True/"auto"."""
     if compile is True or compile == "auto":
         return "auto"
     if compile is False or compile is None:
         return "eager"
+    if compile == "inductor":
+        raise ValueError("compile='inductor' is no longer offered: torch.compile failed to build the flagship-size "
+                         "kernel on CUDA and ran slower than the eager kernel on CPU (docs/performance/lse.md); "
+                         "use compile=True (the native C++ kernel on CPU, the eager kernel elsewhere).")
     if isinstance(compile, str) and compile in KERNEL_MODES:
         return compile
     raise ValueError(f"compile must be True, False or one of {KERNEL_MODES}, got {compile!r}.")
-
-
-def _compiled_chunk(gate: str, k: int, top_k: int | None, tau: float, family: ExpertFamily) -> Callable | None:
-    """A torch.compile'd objective+gradient of one chunk of observations (None if not supported)."""
-    key = (gate, k, top_k, tau, family.name)
-    if key in _COMPILED:
-        return _COMPILED[key]
-    act = _functional_activation(family)
-    if act is None:
-        _COMPILED[key] = None
-        return None
-    body = _unrolled_chunk if gate in ("sigmoid", "softmax") and k <= _UNROLL_MAX_K else _stacked_chunk
-    fn = body(gate, k, top_k, tau, act)
-    # dynamo caches compiled graphs per code object, at most ``recompile_limit`` (8) of them, and silently runs
-    # the Python function once the limit is reached; all closures made by ``body`` share one code object, so
-    # each kernel gets its own copy of the code and with it its own budget of shape variants
-    code = fn.__code__.replace(co_name=f"moe_chunk_{len(_COMPILED)}")
-    fn = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    _COMPILED[key] = torch.compile(fn, dynamic=True)
-    return _COMPILED[key]
-
-
-#: Smallest chunk (G * s * 2k * rows elements) evaluated by a compiled kernel; smaller calls, such as the SGD
-#: protocol's minibatches, run the eager kernel.  The compiled call's fixed cost is larger: at k = 9, d = 32 it
-#: measured 1.3-1.6x the eager time up to 18,000 elements, equal at 108,000 and 0.8x from 144,000 on.
-_COMPILED_MIN_ELEMS = 2**17
-
-#: Largest k whose compiled kernel is written expert by expert (graph size and compile time grow with k).
-_UNROLL_MAX_K = 16
-
-
-def _chunk_products(theta: torch.Tensor, Xc: torch.Tensor, k: int) -> torch.Tensor:
-    """:math:`Z = \\Theta\\tilde X^\\top` of a compiled chunk, (G, s, 2k, c); ``theta`` comes as (G, s*2k, d+1) so
-    that dynamo does not specialise on the number of restarts s."""
-    G, s_tk = theta.shape[:2]
-    return torch.bmm(theta, Xc.transpose(1, 2)).view(G, s_tk // (2 * k), 2 * k, Xc.shape[1])
-
-
-def _unrolled_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Callable) -> Callable:
-    """Chunk function written one expert at a time, so the mixture sum over experts is a chain of
-    element-wise additions rather than a reduction: inductor fuses the gate, the experts, the residual and
-    every row of :math:`c\\,\\partial f/\\partial Z` into one or two loops over the observations (measured
-    at k = 9, d = 32: 3.96x -> 3.20x the forward product at n = 1,000, 20 replicates)."""
-    inv_tau = 1.0 / tau
-
-    def chunk(theta, Xc, yc, two_over_n: float):
-        Z = _chunk_products(theta, Xc, k)  # (G, s, 2k, c)
-        G, s_tk, c = theta.shape[0], theta.shape[1], Xc.shape[1]
-        zg = [Z[:, :, i] if tau == 1.0 else Z[:, :, i] * inv_tau for i in range(k)]
-        if gate == "sigmoid":
-            pi = [torch.sigmoid(z) for z in zg]
-        else:
-            m = zg[0]
-            for z in zg[1:]:
-                m = torch.maximum(m, z)
-            e = [torch.exp(z - m) for z in zg]
-            total = e[0]
-            for v in e[1:]:
-                total = total + v
-            pi = [v / total for v in e]
-        hd = [act(Z[:, :, k + i]) for i in range(k)]
-        f = pi[0] * hd[0][0]
-        for i in range(1, k):
-            f = f + pi[i] * hd[i][0]
-        r = f - yc.unsqueeze(1)
-        part = (r * r).sum(-1)
-        cr = r * two_over_n
-        pc = [cr * q for q in pi]
-        if gate == "sigmoid":
-            ug = [pc[i] * hd[i][0] * (1.0 - pi[i]) for i in range(k)]
-        else:
-            ug = [pc[i] * (hd[i][0] - f) for i in range(k)]
-        if tau != 1.0:
-            ug = [u * inv_tau for u in ug]
-        ue = [pc[i] if hd[i][1] is None else pc[i] * hd[i][1] for i in range(k)]
-        U = torch.stack(ug + ue, 2)
-        return part, torch.bmm(U.view(G, s_tk, c), Xc)
-
-    return chunk
-
-
-def _stacked_chunk(gate: str, k: int, top_k: int | None, tau: float, act: Callable) -> Callable:
-    """Chunk function on the stacked (G, s, k, c) gate and expert blocks (any gate, any k)."""
-
-    def chunk(theta, Xc, yc, two_over_n: float):
-        Z = _chunk_products(theta, Xc, k)  # (G, s, 2k, c)
-        G, s_tk, c = theta.shape[0], theta.shape[1], Xc.shape[1]
-        zg, ze = (Z[:, :, :k] if tau == 1.0 else Z[:, :, :k] * (1.0 / tau)), Z[:, :, k:]
-        if gate == "sigmoid":
-            pi = torch.sigmoid(zg)
-        elif gate == "softmax":
-            pi = torch.softmax(zg, dim=2)
-        else:
-            idx = zg.topk(top_k, dim=2).indices
-            keep = torch.zeros_like(zg, dtype=torch.bool).scatter(2, idx, True)
-            pi = torch.softmax(zg.masked_fill(~keep, float("-inf")), dim=2)
-        h, dh = act(ze)
-        f = (pi * h).sum(2)
-        r = f - yc.unsqueeze(1)
-        part = (r * r).sum(-1)
-        pc = pi * (r * two_over_n).unsqueeze(2)
-        ug = pc * h * (1.0 - pi) if gate == "sigmoid" else pc * (h - f.unsqueeze(2))
-        ue = pc if dh is None else pc * dh
-        U = torch.cat([ug if tau == 1.0 else ug * (1.0 / tau), ue], 2)
-        return part, torch.bmm(U.view(G, s_tk, c), Xc)
-
-    return chunk
 
 
 class MeanKernel:
@@ -198,11 +82,10 @@ class MeanKernel:
     """
 
     def __init__(self, gate: str, k: int, top_k: int | None, temperature: float, act: Callable, *,
-                 chunk_bytes: int = 2**21, chunk_min_elems: int = 2**17, compiled: Callable | None = None,
+                 chunk_bytes: int = 2**21, chunk_min_elems: int = 2**17,
                  native: Callable | None = None, native_act: int | None = None) -> None:
         self.gate, self.k, self.top_k, self.temperature, self.act = gate, k, top_k, float(temperature), act
         self.chunk_bytes, self.chunk_min_elems = chunk_bytes, chunk_min_elems
-        self.compiled = compiled
         self.native, self.native_act = native, native_act
         self.act2: Callable | None = None
         self._ws: dict = {}
@@ -210,43 +93,31 @@ class MeanKernel:
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool | str = False, chunk_bytes: int = 2**21,
-                  chunk_min_elems: int | None = None) -> MeanKernel:
+                  chunk_min_elems: int = 2**17) -> MeanKernel:
         """Kernel for ``spec``.
 
-        ``compile`` (see :func:`kernel_mode`): ``False`` — the eager kernel; ``"native"`` — the fused C++
-        kernel (:mod:`moestat.fit._native`) for CPU tensors; ``"inductor"`` — a torch.compile'd gradient;
-        ``True`` — native where it applies (CPU tensors, sigmoid or softmax gate, k <= 32, built-in expert),
-        inductor otherwise.  Either falls back to eager for an expert family without a closed-form derivative.
-
-        ``chunk_min_elems`` defaults to :math:`2^{17}` for the eager kernel and :math:`2^{19}` for the
-        compiled one, whose per-call overhead is larger (measured: at n = 1,000 and R = 20, one chunk
-        instead of three took the compiled evaluation from 4.8x to 3.8x the forward product)."""
+        ``compile`` (see :func:`kernel_mode`): ``False`` — the eager kernel; ``"native"`` or ``True`` — the
+        fused C++ kernel (:mod:`moestat.fit._native`) for CPU tensors where it applies (sigmoid or softmax
+        gate, k <= 32, built-in expert), the eager kernel for everything else (CUDA tensors included)."""
         mode = kernel_mode(compile)
         if mode in ("auto", "native") and not _native.compiler_available():
-            warnings.warn(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which both compiled "
-                          "kernels need; using the eager kernel.", UserWarning, stacklevel=3)
+            warnings.warn(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which the native "
+                          "kernel needs; using the eager kernel.", UserWarning, stacklevel=3)
             mode = "eager"
         native = None
         if mode in ("auto", "native") and _native.supports(spec.gate, spec.k, spec.family):
             module = _native.load()
             native = None if module is None else module.value_grad
-        compiled = None
-        if mode in ("inductor", "auto") or (mode == "native" and native is None):
-            compiled = _compiled_chunk(spec.gate, spec.k, spec.top_k, float(spec.temperature), spec.family)
-        if chunk_min_elems is None:
-            chunk_min_elems = 2**19 if compiled is not None else 2**17
         kernel = cls(spec.gate, spec.k, spec.top_k, float(spec.temperature),
                      activation_and_derivative(spec.family), chunk_bytes=chunk_bytes,
-                     chunk_min_elems=chunk_min_elems, compiled=compiled, native=native,
+                     chunk_min_elems=chunk_min_elems, native=native,
                      native_act=_native.activation_code(spec.family))
         kernel.act2 = activation_second_derivative(spec.family)
         return kernel
 
     def kind(self, device: torch.device) -> str:
-        """The kernel that evaluates tensors on ``device``: ``"native"``, ``"inductor"`` or ``"eager"``."""
-        if self.native is not None and device.type == "cpu":
-            return "native"
-        return "inductor" if self.compiled is not None else "eager"
+        """The kernel that evaluates tensors on ``device``: ``"native"`` or ``"eager"``."""
+        return "native" if self.native is not None and device.type == "cpu" else "eager"
 
     def _chunk_rows(self, G: int, s: int, n: int, p: int, itemsize: int) -> int:
         """Observations per chunk.
@@ -358,11 +229,6 @@ class MeanKernel:
         grad = torch.zeros(G, s * two_k, p, dtype=X.dtype, device=X.device)
         for lo in range(0, n, c):
             Xc, yc = (X, y) if c >= n else (X[:, lo : lo + c], y[:, lo : lo + c])
-            if self.compiled is not None and G * s * two_k * Xc.shape[1] >= _COMPILED_MIN_ELEMS:
-                part, g = self.compiled(theta.view(G, s * two_k, p), Xc, yc, 2.0 / n)
-                loss.add_(part)
-                grad.add_(g)
-                continue
             ws = self._workspace(G, s, Xc.shape[1], X)
             pi, h, dh, f = self._forward(theta, Xc, ws)
             r = torch.sub(f, yc.unsqueeze(1), out=ws["r"])

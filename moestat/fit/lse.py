@@ -425,14 +425,13 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         Keep the objective and gradient norm of every iteration (``fit.history``).
     condition : bool
         Compute ``fit.cond`` (one :math:`J^\top J` per replicate: :math:`O(nP^2)` work).
-    compile : bool or {"native", "inductor"}
-        Use a compiled objective+gradient, worth it for long studies at large n (docs/performance/lse.md);
-        the default eager kernel is already fused by hand.  ``"native"``: a C++ kernel that keeps each block
-        of observations in cache through both products and the element-wise pass (CPU; sigmoid or softmax
-        gate, k <= 32, built-in experts; built once per machine in about 30 s).  ``"inductor"``: a
-        ``torch.compile``'d kernel (any gate and device; about 20 s of compilation per process and model).
-        ``True``: native where it applies, inductor otherwise.  Results agree with the eager kernel to
-        round-off.  ``fit.settings["kernel"]`` records the kernel that ran.
+    compile : bool or {"native", "eager"}
+        ``True`` or ``"native"``: a C++ kernel that keeps each block of observations in cache through both
+        products and the element-wise pass, for CPU tensors (sigmoid or softmax gate, k <= 32, built-in
+        experts; built once per machine in about 30 s), worth it for long studies at large n
+        (docs/performance/lse.md).  Everything else (CUDA tensors, top-K gates, more experts) and the
+        default ``False`` run the eager kernel, already fused by hand.  Results agree with the eager kernel
+        to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.
     block_bytes : "auto", int or None
         Cache blocking over replicates: one batched program takes as many replicates as have inputs of
         at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
