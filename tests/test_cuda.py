@@ -139,6 +139,22 @@ def test_fit_lse_in_float32_on_cuda_stays_close_to_float64(regime2):
     assert _mean_gap(spec, gpu.params, cpu.params, data.X, rms=True) < 1e-2
 
 
+def test_batched_fit_on_cuda_equals_one_replicate_alone():
+    """On CUDA a replicate's fit does not depend on the batch it is fitted in, up to round-off: cuBLAS picks
+    its batched-product algorithm by batch size, so the products round differently from one problem alone."""
+    spec, truth = ms.presets.gate_comparison("gelu", seed=1)
+    data = ms.simulate(spec, truth, n=600, reps=2, seed=3)
+    kinds = ["near_truth", "kmeans", "random", "random"]
+    kw = dict(init=kinds, truth=truth, duplicate=[0], condition=False, device=str(CUDA))
+    fit = ms.fit_lse(spec.with_k(4), data.X, data.y, seed=5, **kw)
+    child = np.random.SeedSequence(5).spawn(2)[1]
+    alone = ms.fit_lse(spec.with_k(4), data.X[1], data.y[1], seed=[child], **kw)
+    # Newton stops inside the flat over-specified valley where round-off leads it (measured on an H200: 3.9e-6
+    # relative, 3.4e-8 absolute); 1e-4 keeps a 25x margin and stays 1,000x below the objective (~0.009)
+    np.testing.assert_allclose(alone.restarts.objective.to_numpy(), fit.restarts.objective.to_numpy()[4:],
+                               rtol=1e-4)
+
+
 def test_fit_mle_on_cuda_equals_cpu():
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=1, expert="linear", d=2, k=2, truth_gate="softmax", seed=0)
     data = ms.simulate(spec, truth, n=1500, reps=2, seed=3)
@@ -202,5 +218,7 @@ def test_estimate_gbar_on_cuda_equals_cpu():
     kw = dict(n_mc=20_000, restarts=2, duplicate=[0], seed=0, max_iter=100, tol=0.0)
     cpu = ms.estimate_gbar(spec, truth, spec.k + 1, device="cpu", **kw)
     gpu = ms.estimate_gbar(spec, truth, spec.k + 1, device=str(CUDA), **kw)
-    # a fixed budget of float64 L-BFGS steps from the same starts on the same Monte-Carlo inputs
-    np.testing.assert_allclose(np.asarray(gpu.l2), np.asarray(cpu.l2), rtol=1e-6)
+    # 100 float64 L-BFGS steps from the same starts on the same Monte-Carlo inputs; round-off steers them apart
+    # inside the flat valley (measured on an H200: 1.8e-7 absolute), which G-bar's near-minimiser threshold
+    # tol_l2 = 1e-4 cannot see: 1e-6 keeps a 100x margin below it
+    np.testing.assert_allclose(np.asarray(gpu.l2), np.asarray(cpu.l2), rtol=0, atol=1e-6)
