@@ -187,6 +187,10 @@ class ExpertFamily:
     fused : callable, optional
         In-place evaluator ``fused(z, h, dh, tmp) -> (phi(z), phi'(z))`` writing into the workspace tensors ``h``,
         ``dh`` (and scratch ``tmp``); a returned derivative ``None`` means :math:`\varphi' \equiv 1`.
+    native : str, optional
+        The same pair in C++ for the native least-squares kernel (:mod:`moestat.fit._native`): statements that
+        set ``h`` and ``dh`` from ``z``, all ``V = at::vec::Vectorized<T>`` (``one`` and ``zero`` are in
+        scope).  ``None``: the native kernel does not take this family and the eager kernel runs.
     """
 
     name: str
@@ -199,6 +203,7 @@ class ExpertFamily:
     kinks: tuple[float, ...] = ()
     odd: bool = False
     fused: FusedActivation | None = None
+    native: str | None = None
 
     def n_params(self, d: int) -> int:
         """Number of free parameters of one expert in dimension ``d`` (``d + 1`` or 1)."""
@@ -271,19 +276,25 @@ class ExpertFamily:
         return h, dh
 
 
+# C++ (at::vec) forms of phi and phi' for the native kernel; 1/sqrt(2) and 1/sqrt(2 pi) to 20 digits
+_NATIVE_GELU = ("const V cdf = V(T(0.5)) * (one + (z * V(T(0.70710678118654752440))).erf()); h = z * cdf; "
+                "dh = cdf + z * (V(T(-0.5)) * z * z).exp() * V(T(0.39894228040143267794));")
+
 _FAMILIES: dict[str, ExpertFamily] = {
     "linear": ExpertFamily("linear", _identity, homogeneous=True, derivative=torch.ones_like, piecewise_linear=True,
-                           odd=True, fused=_fused_linear),
+                           odd=True, fused=_fused_linear, native="h = z; dh = one;"),
     "relu": ExpertFamily("relu", torch.relu, homogeneous=True, derivative=_relu_d1, piecewise_linear=True, kinks=(0.0,),
-                         fused=_fused_relu),
+                         fused=_fused_relu,
+                         native="h = at::vec::maximum(z, zero); dh = V::blendv(zero, one, z > zero);"),
     "leaky_relu": ExpertFamily("leaky_relu", _leaky_relu, homogeneous=True, derivative=_leaky_relu_d1,
                                piecewise_linear=True, kinks=(0.0,)),
     "gelu": ExpertFamily("gelu", _gelu, homogeneous=False, derivative=_gelu_d1, second_derivative=_gelu_d2,
-                         fused=_fused_gelu),
+                         fused=_fused_gelu, native=_NATIVE_GELU),
     "tanh": ExpertFamily("tanh", torch.tanh, homogeneous=False, derivative=_tanh_d1, second_derivative=_tanh_d2,
-                         odd=True, fused=_fused_tanh),
+                         odd=True, fused=_fused_tanh, native="h = z.tanh(); dh = one - h * h;"),
     "sigmoid": ExpertFamily("sigmoid", torch.sigmoid, homogeneous=False, derivative=_sigmoid_d1,
-                            second_derivative=_sigmoid_d2, fused=_fused_sigmoid),
+                            second_derivative=_sigmoid_d2, fused=_fused_sigmoid,
+                            native="h = one / (one + z.neg().exp()); dh = h * (one - h);"),
     "softplus": ExpertFamily("softplus", torch.nn.functional.softplus, homogeneous=False, derivative=torch.sigmoid,
                              second_derivative=_sigmoid_d1),
     "celu": ExpertFamily("celu", torch.nn.functional.celu, homogeneous=False),
@@ -291,6 +302,11 @@ _FAMILIES: dict[str, ExpertFamily] = {
                              derivative=torch.ones_like, piecewise_linear=True, fused=_fused_linear),
 }
 _ALIASES = {"id": "linear", "identity": "linear", "cubic": "poly3"}
+
+
+def registered_families() -> tuple[ExpertFamily, ...]:
+    """The named expert families of the registry (without the ``polyP`` family made on demand), in order."""
+    return tuple(_FAMILIES.values())
 _POLY = re.compile(r"^poly([1-9][0-9]*)$")
 
 EXPERTS = ("linear", "relu", "gelu", "tanh", "sigmoid", "poly2", "poly3", "constant")

@@ -89,7 +89,7 @@ def _native_or_skip():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("gate", ["sigmoid", "softmax"])
-@pytest.mark.parametrize("expert", ["linear", "relu", "tanh", "sigmoid", "gelu"])
+@pytest.mark.parametrize("expert", sorted(_native.ACTIVATION_CODES))  # every family with a C++ form
 def test_native_kernel_matches_eager(gate, expert, dtype, monkeypatch):
     """The C++ kernel (``compile="native"``) equals the eager fused kernel: several replicates and restarts,
     a temperature, and a sample size that is neither a multiple of the vector width nor of the block size
@@ -172,6 +172,19 @@ def test_native_fit_matches_eager_fit():
     np.testing.assert_allclose(native.objective, eager.objective, rtol=1e-9)
 
 
+def test_native_activations_come_from_the_expert_registry():
+    """The kernel's activation cases are generated from ExpertFamily.native: one case per family with a C++
+    form, the built-in five among them, and none written in the C++ file itself."""
+    families = {f.name: f for f in ms.experts.registered_families()}
+    with_native = sorted(name for name, f in families.items() if f.native is not None)
+    assert sorted(_native.ACTIVATION_CODES) == with_native
+    assert {"linear", "relu", "tanh", "sigmoid", "gelu"} <= set(with_native)
+    src = _native.source()
+    for name, code in _native.ACTIVATION_CODES.items():
+        assert f"case {code}: {{ {families[name].native} break; }}" in src
+    assert "erf()" not in _native.SOURCE.read_text()  # the gelu formula lives in moestat/experts.py only
+
+
 def test_kernel_choice_and_fallbacks():
     """compile= picks the kernel: native for CPU tensors where it applies (sigmoid or softmax gate, k <= 32),
     the eager kernel for CUDA tensors, top-K gates and more experts; "inductor" is refused with the reason."""
@@ -203,7 +216,7 @@ def test_native_build_failure_falls_back_with_a_warning(monkeypatch):
     def broken(**kwargs):
         raise OSError("no compiler")
 
-    monkeypatch.setattr(cpp_extension, "load", broken)
+    monkeypatch.setattr(cpp_extension, "load_inline", broken)
     _native.load.cache_clear()
     try:
         with pytest.warns(UserWarning, match="could not be built"):

@@ -19,23 +19,17 @@ namespace {
 constexpr int64_t KMAX = 32;
 
 enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
-enum Act : int64_t { LINEAR = 0, RELU = 1, TANH = 2, SIGM = 3, GELU = 4 };
 
+// phi(z) and phi'(z) of expert family number `act`: the cases are generated from the expert registry
+// (ExpertFamily.native in moestat/experts.py) by moestat/fit/_native.py, which replaces the marker below.
 template <typename T>
 inline void activation(int64_t act, const at::vec::Vectorized<T>& z, at::vec::Vectorized<T>& h,
                        at::vec::Vectorized<T>& dh) {
   using V = at::vec::Vectorized<T>;
   const V one(T(1)), zero(T(0));
   switch (act) {
-    case LINEAR: h = z; dh = one; break;
-    case RELU: h = at::vec::maximum(z, zero); dh = V::blendv(zero, one, z > zero); break;
-    case TANH: h = z.tanh(); dh = one - h * h; break;
-    case SIGM: h = one / (one + z.neg().exp()); dh = h * (one - h); break;
-    default: {  // gelu: z Phi(z), Phi(z) + z phi(z)
-      const V cdf = V(T(0.5)) * (one + (z * V(T(0.70710678118654752440))).erf());
-      h = z * cdf;
-      dh = cdf + z * (V(T(-0.5)) * z * z).exp() * V(T(0.39894228040143267794));
-    }
+    // @ACTIVATION_CASES@
+    default: h = z; dh = one;
   }
 }
 

@@ -10,13 +10,15 @@ there, and with large blocks the three steps stream Z and U through memory (docs
 
 The extension is compiled once per machine and torch version (about 30 s with g++; cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) for the vector instruction set ATen uses on
-the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler on PATH the callers use the eager kernel;
-if a build fails otherwise, :func:`load` returns None and they fall back to the ``torch.compile``'d kernel.
+the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler on PATH, or if a build fails, the callers
+use the eager kernel.  The expert activations are not written here: :func:`source` generates them from the
+expert registry (:attr:`moestat.experts.ExpertFamily.native`), so a family's formulas live in one file.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import shutil
@@ -27,14 +29,16 @@ from types import ModuleType
 
 import torch
 
-from ..experts import ExpertFamily
+from ..experts import ExpertFamily, registered_families
 
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
 
 #: Largest number of experts the kernel takes (its per-observation work arrays are sized at compile time).
 MAX_K = 32
 GATE_CODES = {"sigmoid": 0, "softmax": 1}
-ACTIVATION_CODES = {"linear": 0, "relu": 1, "tanh": 2, "sigmoid": 3, "gelu": 4}
+#: Kernel code of each expert family with a C++ form, in registry order.
+ACTIVATION_CODES = {f.name: i for i, f in enumerate(fam for fam in registered_families() if fam.native is not None)}
+_MARKER = "// @ACTIVATION_CASES@"
 
 #: Bytes of one block's inputs, Z and U (the kernel's working set: half of a 2 MiB L2 cache).  At k = 9, d = 32
 #: (1,899 rows) it measured best or within 1% of best among 474-7,598 rows at 20 x 1,000, 20 x 10,000 and
@@ -49,13 +53,25 @@ def activation_code(family: ExpertFamily) -> int | None:
     return ACTIVATION_CODES.get(family.name)
 
 
+@functools.cache
+def source() -> str:
+    """The kernel's C++ source with one ``case`` per family of :data:`ACTIVATION_CODES` (from the registry)."""
+    template = SOURCE.read_text()
+    if _MARKER not in template:
+        raise RuntimeError(f"{SOURCE.name} lost its {_MARKER!r} marker.")
+    families = {f.name: f for f in registered_families()}
+    cases = "\n    ".join(f"case {code}: {{ {families[name].native} break; }}"
+                           for name, code in ACTIVATION_CODES.items())
+    return template.replace(_MARKER, cases)
+
+
 def supports(gate: str, k: int, family: ExpertFamily) -> bool:
     """Whether the native kernel evaluates this model (sigmoid or softmax gate, k <= 32, a built-in expert)."""
     return gate in GATE_CODES and 1 <= k <= MAX_K and activation_code(family) is not None
 
 
 def compiler_available() -> bool:
-    """Whether a C++ compiler is on PATH (the native kernel and torch.compile's CPU code both need one)."""
+    """Whether a C++ compiler is on PATH (the native kernel needs one)."""
     return any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
@@ -95,10 +111,12 @@ def load() -> ModuleType | None:
         # at::parallel_for is an OpenMP pragma in a header: without -fopenmp the kernel would run on one thread
         openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
         flags = ["-O3", *_ISA_FLAGS.get(isa, []), *openmp]
-        name = f"moestat_lsq_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}"
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=openmp,
-                                  verbose=False)
+        code = source()
+        digest = hashlib.sha256(code.encode()).hexdigest()[:12]  # a changed formula builds a new extension
+        name = f"moestat_lsq_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}_{digest}"
+        return cpp_extension.load_inline(name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp,
+                                         verbose=False)
     except Exception as err:  # any build or import failure means: use another kernel
         warnings.warn(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
-                      "using the torch.compile'd kernel instead.", UserWarning, stacklevel=2)
+                      "using the eager kernel instead.", UserWarning, stacklevel=2)
         return None
