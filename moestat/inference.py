@@ -37,6 +37,7 @@ from .gates import log_mixture_weights
 from .metrics.matching import optimal_assignment
 from .model import MoE
 from .params import Params
+from .report import Result
 
 __all__ = ["BootstrapResult", "LRTResult", "SelectKResult", "bootstrap", "select_k", "split_start",
            "test_n_experts"]
@@ -101,8 +102,8 @@ def split_start(spec_small: MoE, p: Params, X: np.ndarray, k_new: int, *, shift:
 
 # ----------------------------------------------------------------------------------------- bootstrap
 @dataclass
-class BootstrapResult:
-    """Aligned bootstrap draws of :math:`\\hat\\theta` (see :func:`bootstrap`).
+class BootstrapResult(Result):
+    """Aligned bootstrap draws of :math:`\\hat\\theta` (see :func:`bootstrap`); a :class:`moestat.report.Result`.
 
     Attributes
     ----------
@@ -161,6 +162,19 @@ class BootstrapResult:
             if np.isscalar(value) or value is None:
                 frame[key] = value
         return frame
+
+    def tidy(self, confidence_level: float = 0.95, method: str = "percentile") -> pd.DataFrame:
+        """One row per term: ``term, estimate, std_error`` (bootstrap sd) ``, conf_low, conf_high``."""
+        ci = self.conf_int(1 - confidence_level, method)
+        return pd.DataFrame({"term": self.names, "estimate": self.estimate, "std_error": self.se(),
+                             "conf_low": ci[:, 0], "conf_high": ci[:, 1]})
+
+    def glance(self) -> pd.DataFrame:
+        """One row: the kind of bootstrap, draws asked for, succeeded and failed, and the settings."""
+        row = {"kind": self.kind, "n_resamples": len(self.failed), "n_ok": int((~self.failed).sum()),
+               "n_failed": self.n_failed}
+        row.update({k: v for k, v in self.config.items() if (np.isscalar(v) or v is None) and k not in row})
+        return pd.DataFrame([row])
 
     def __repr__(self) -> str:
         return (f"BootstrapResult(kind={self.kind!r}, B={len(self.failed)}, n_failed={self.n_failed}, "
@@ -278,8 +292,10 @@ def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "paramet
 
 # ---------------------------------------------------------------------------------------- LRT for k
 @dataclass
-class LRTResult:
-    """Bootstrap likelihood-ratio test of k0 vs k1 experts (arrays over replicates if X was batched)."""
+class LRTResult(Result):
+    """Bootstrap likelihood-ratio test of k0 vs k1 experts (arrays over replicates if X was batched); a
+    :class:`moestat.report.Result` (:meth:`tidy`: statistic and p-value per data set; :meth:`glance`: with the
+    bootstrap's bookkeeping and settings)."""
 
     statistic: np.ndarray | float
     p_value: np.ndarray | float
@@ -304,6 +320,16 @@ class LRTResult:
             if np.isscalar(value) or value is None:
                 frame[key] = value
         return frame
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per data set: ``rep, term`` (``"k{k0} vs k{k1}"``) ``, statistic, p_value``."""
+        stat = np.atleast_1d(self.statistic)
+        return pd.DataFrame({"rep": np.arange(len(stat)), "term": f"k{self.k0} vs k{self.k1}", "statistic": stat,
+                             "p_value": np.atleast_1d(self.p_value)})
+
+    def glance(self) -> pd.DataFrame:
+        """One row per data set: statistic, p-value, draws used, failures and the settings (:meth:`to_frame`)."""
+        return self.to_frame()
 
     def __repr__(self) -> str:
         return (f"LRTResult(k0={self.k0}, k1={self.k1}, statistic={np.round(self.statistic, 4)}, "
@@ -396,8 +422,8 @@ test_n_experts.__test__ = False  # not a pytest test despite its name
 
 # ------------------------------------------------------------------------------------------ select k
 @dataclass
-class SelectKResult:
-    """Information criteria over k (see :func:`select_k`)."""
+class SelectKResult(Result):
+    """Information criteria over k (see :func:`select_k`); a :class:`moestat.report.Result`."""
 
     table: pd.DataFrame
     best_k: int
@@ -406,6 +432,14 @@ class SelectKResult:
 
     def to_frame(self) -> pd.DataFrame:
         return self.table
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per k: the criteria (``table``)."""
+        return self.table.copy()
+
+    def glance(self) -> pd.DataFrame:
+        """One row: the criterion and the k it selects."""
+        return pd.DataFrame([{"criterion": self.criterion, "best_k": self.best_k}])
 
 
 def select_k(X, y, ks: Sequence[int] = (1, 2, 3, 4), *, criterion: str = "bic", gate: str = "softmax",

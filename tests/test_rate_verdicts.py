@@ -47,7 +47,7 @@ def test_verdict_power_law_plus_floor_is_curved():
     assert row["curvature_p"] < 1e-3  # the flattening is a strong (log n)^2 term
     # the late windows are much flatter than the full range
     assert row["window_drift"] < -0.1
-    text = res.summary()
+    text = str(res.summary())
     assert "describes n in [100, 100000] only" in text and "not an asymptotic rate" in text
 
 
@@ -391,7 +391,7 @@ def test_window_min_span_excludes_short_windows():
         assert len(tab) == expected, span
         assert (tab["span"] >= span - 1e-9).all() and (tab["n_values"] >= 3).all()
     empty = ms.window_sensitivity(df, "y", min_span=2.5)
-    assert empty.table.empty and empty.summary().empty
+    assert empty.table.empty and empty.glance().empty
     with pytest.raises(ValueError, match="min_span"):
         ms.window_sensitivity(df, "y", min_span=-1)
     # fit_rate's own windows use min_decades as the minimum span and are exposed as RateResult.windows
@@ -399,7 +399,7 @@ def test_window_min_span_excludes_short_windows():
     assert len(res.windows) == 2 * (1 + 2 * 4) and set(res.windows["model"]) == {"power", "inverse_log"}
     full = res.windows[(res.windows["side"] == "full") & (res.windows["model"] == "power")].iloc[0]
     assert full["exponent"] == pytest.approx(res.table["exponent"].iloc[0])
-    ws = ms.window_sensitivity(df, "y").summary().iloc[0]
+    ws = ms.window_sensitivity(df, "y").glance().iloc[0]
     assert ws["consistent"] == res.table["window_consistent"].iloc[0]
     assert ws["drift"] == pytest.approx(res.table["window_drift"].iloc[0])
 

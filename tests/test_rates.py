@@ -151,7 +151,7 @@ def test_table_columns_and_by_groups(frame):
     assert sig.loc[("sigmoid", "relu"), "exponent"] == pytest.approx(0.5, abs=0.1)
     assert sig.loc[("softmax", "relu"), "exponent"] == pytest.approx(0.25, abs=0.1)
     assert (res.table["ci_low"] < res.table["exponent"]).all() and (res.table["exponent"] < res.table["ci_high"]).all()
-    text = res.summary()
+    text = str(res.summary())
     # the default method is now the random-effects meta-regression (method="auto" without units)
     assert "random_effects" in text and "Knapp-Hartung" in text and "sigmoid" in text
     assert repr(res).startswith("RateResult(y='D1'")
@@ -246,7 +246,7 @@ def test_window_sensitivity_full_window_matches_fit(frame):
     ws0 = ms.window_sensitivity(sub, "D1", n_resamples=300, min_span=0.0)
     assert (ws0.table["side"] == "smallest").sum() == m - 3 == (ws0.table["side"] == "largest").sum()
     assert ws0.table["n_values"].min() == 3
-    summary = ws.summary()
+    summary = ws.glance()
     assert summary["consistent"].iloc[0]  # a true power law: every window's CI shares a point
     assert summary["full"].iloc[0] == pytest.approx(full["exponent"].iloc[0])
     ws2 = ms.window_sensitivity(frame, "D1", by=["gate", "expert"], drop="smallest", n_resamples=200)
@@ -270,7 +270,7 @@ def test_window_sensitivity_exposes_curvature():
     first, last = ws.iloc[0], ws.iloc[-1]
     assert first["exponent"] > last["exponent"] + 0.2
     assert first["ci_low"] > last["ci_high"]
-    summary = boot.summary().iloc[0]
+    summary = boot.glance().iloc[0]
     assert not summary["consistent"] and summary["drift_drop_smallest"] < -0.2
     assert summary["drift"] == pytest.approx(summary["drift_drop_smallest"])  # the last window moves farthest
     res = ms.fit_rate(df, "y", warn=False)

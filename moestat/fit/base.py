@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..params import Params
+from ..report import Result, Summary
 
 TIDY_COLUMNS = ["rep", "block", "atom", "coef", "estimate"]
 """Columns every :meth:`FitResult.tidy` frame has (``block`` is ``"gate"`` or ``"expert"``; ``coef`` is
@@ -74,7 +75,7 @@ def check_reps(rep: int | Sequence[int] | np.ndarray, n_reps: int) -> np.ndarray
     return idx.astype(np.int64)
 
 
-class FitResult(abc.ABC):
+class FitResult(Result):
     """Base class of moestat's fit results (see the module docstring for the shared interface).
 
     Subclasses provide ``params``, ``objective``, ``converged``, ``n_iter``, ``settings`` and ``wall_time``, and
@@ -102,10 +103,8 @@ class FitResult(abc.ABC):
     def select(self, rep: int | Sequence[int] | np.ndarray) -> FitResult:
         """The same fit restricted to replicate(s) ``rep`` (still batched)."""
 
-    def summary(self, rep: int = 0) -> Any:
+    def summary(self, rep: int = 0) -> Summary:
         """A printable summary of replicate ``rep``: its :meth:`glance` row and :meth:`tidy` coefficients."""
-        from .results import Summary
-
         (r,) = check_reps(rep, self.n_reps)
         row = self.glance().iloc[int(r)]
         coef = self.tidy()

@@ -39,7 +39,9 @@ from ..metrics.distance import l2_distance
 from ..metrics.matching import match_atoms
 from ..model import MoE
 from ..params import Params
+from ..report import Result
 from ..simulators.regression import draw_inputs, replicate_seeds
+from .base import params_tidy
 from .init import check_duplicate, near_truth
 from .lse import ConvergenceWarning, fit_lse
 
@@ -47,7 +49,7 @@ _BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias")
 
 
 @dataclass
-class GBarResult:
+class GBarResult(Result):
     """Near-minimisers of the population :math:`L^2(\\mu)` distance among k-atom fits.
 
     Attributes
@@ -88,6 +90,16 @@ class GBarResult:
     def near_minimisers(self) -> Params:
         """The near-minimisers, batched."""
         return self.params.select(np.flatnonzero(self.near))
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per fit x block x atom x coefficient of the S fits (``fit`` = index, smallest ``l2`` first)."""
+        return params_tidy(self.params).rename(columns={"rep": "fit"})
+
+    def glance(self) -> pd.DataFrame:
+        """One row per fit: ``l2`` (independent sample), ``l2_fit``, ``near``, ``converged``, ``duplicate``."""
+        return pd.DataFrame({"fit": np.arange(len(self.l2)), "l2": self.l2, "l2_fit": self.l2_fit, "near": self.near,
+                             "converged": self.converged,
+                             "duplicate": [",".join(map(str, d)) for d in self.duplicate]})
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy frame: one row per (fit, quantity) plus one row per spread block; settings as columns."""

@@ -23,10 +23,9 @@ flexmix's ``ICL`` uses).
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,6 +39,7 @@ from ..exceptions import MLEConvergenceWarning, SingularInformationWarning
 from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
+from ..report import Summary
 from ._layout import BlockParams, ParamLayout
 from .base import FitResult, check_reps
 
@@ -58,83 +58,6 @@ class WaldTest:
 
     def __repr__(self) -> str:
         return f"WaldTest(statistic={self.statistic}, df={self.df}, p_value={self.p_value}, kind={self.kind!r})"
-
-
-@dataclass
-class Summary:
-    """A printable summary of one replicate of a fit: header facts, coefficient table, component table.
-
-    One type for every fit (:meth:`moestat.fit.base.FitResult.summary`), shown as text (``str``), HTML
-    (Jupyter, :meth:`as_html`) or LaTeX (:meth:`as_latex`)."""
-
-    header: dict
-    coef: pd.DataFrame
-    components: pd.DataFrame
-    notes: list = field(default_factory=list)
-    title: str = "Gaussian mixture of experts: maximum likelihood"
-
-    def as_text(self) -> str:
-        w = 88
-        lines = ["=" * w, self.title.center(w), "=" * w]
-        items = list(self.header.items())
-        half = (len(items) + 1) // 2
-        for left, right in zip(items[:half], items[half:] + [("", "")] * (2 * half - len(items)), strict=True):
-            lt = f"{left[0] + ':':<16}{left[1]!s:>26}"
-            rt = f"{right[0] + ':':<16}{right[1]!s:>26}" if right[0] else ""
-            lines.append(f"{lt}    {rt}")
-        lines.append("-" * w)
-        with pd.option_context("display.float_format", "{:.4f}".format, "display.width", w):
-            lines.append(self.coef.to_string())
-            if len(self.components):
-                lines.append("-" * w)
-                lines.append(self.components.to_string())
-        lines.append("=" * w)
-        lines += [f"Note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def as_html(self) -> str:
-        """The summary as an HTML fragment (header table, coefficient table, component table, notes)."""
-        import html
-
-        head = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self.header.items())
-        parts = [f"<h4>{html.escape(self.title)}</h4>", f"<table>{head}</table>",
-                 self.coef.to_html(float_format="{:.4f}".format)]
-        if len(self.components):
-            parts.append(self.components.to_html(float_format="{:.4f}".format))
-        parts += [f"<p>Note: {html.escape(n)}</p>" for n in self.notes]
-        return "\n".join(parts)
-
-    _repr_html_ = as_html
-
-    def as_latex(self) -> str:
-        """The summary as LaTeX ``tabular`` environments (no package beyond base LaTeX)."""
-        special = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
-                   "{": r"\{", "}": r"\}"}
-
-        def esc(x: Any) -> str:
-            text = f"{x:.4f}" if isinstance(x, (float, np.floating)) else str(x)
-            return re.sub(r"[\\_%&#${}]", lambda m: special[m.group()], text)  # one pass: no double escapes
-
-        def table(frame: pd.DataFrame) -> str:
-            flat = frame.reset_index()
-            rows = [" & ".join(esc(c) for c in flat.columns) + r" \\ \hline"]
-            rows += [" & ".join(esc(v) for v in r) + r" \\" for r in flat.itertuples(index=False)]
-            return "\\begin{tabular}{" + "l" * flat.shape[1] + "}\n" + "\n".join(rows) + "\n\\end{tabular}"
-
-        head = pd.DataFrame({"value": [str(v) for v in self.header.values()]},
-                            index=pd.Index([str(k) for k in self.header], name="item"))
-        parts = [f"% {esc(self.title)}", table(head), table(self.coef)]
-        if len(self.components):
-            parts.append(table(self.components))
-        parts += [f"% Note: {esc(n)}" for n in self.notes]
-        return "\n\n".join(parts)
-
-    def __str__(self) -> str:
-        return self.as_text()
-
-    def __repr__(self) -> str:
-        return self.as_text()
 
 
 class MLEFit(FitResult):

@@ -20,6 +20,7 @@ from scipy import stats
 
 from .._validation import renamed_arguments
 from ..exceptions import RateWarning
+from ..report import Result
 from ._core import (
     _as_list,
     _cells,
@@ -72,8 +73,8 @@ def _order_stat_interval(draws: np.ndarray, level: float) -> tuple[float, float]
 
 
 @dataclass
-class SampleComplexityResult:
-    """Result of :func:`sample_complexity`.
+class SampleComplexityResult(Result):
+    """Result of :func:`sample_complexity` (a :class:`moestat.report.Result`).
 
     Attributes
     ----------
@@ -92,6 +93,19 @@ class SampleComplexityResult:
     config: dict[str, Any]
 
     def to_frame(self) -> pd.DataFrame:
+        return self.table.copy()
+
+    def tidy(self) -> pd.DataFrame:
+        """One row per group: the ``by`` columns, ``metric, term`` (``"n_star"``), ``estimate, conf_low,
+        conf_high`` and ``censored``."""
+        t = self.table
+        by = self.config.get("by", [])
+        return pd.DataFrame({**{c: t[c] for c in by}, "metric": t["metric"], "term": "n_star",
+                             "estimate": t["n_star"], "conf_low": t["ci_low"], "conf_high": t["ci_high"],
+                             "censored": t["censored"]}).reset_index(drop=True)
+
+    def glance(self) -> pd.DataFrame:
+        """One row per group: ``table`` (target, rule, censoring, p_reached, the n grid)."""
         return self.table.copy()
 
     def scaling(self, design: str, **kwargs: Any) -> pd.DataFrame:

@@ -31,6 +31,7 @@ __all__ = [
 
 from .._validation import renamed_arguments
 from ..exceptions import RateWarning
+from ..report import Result, Summary
 from ._core import (
     _AGGS,
     _INTERVALS,
@@ -537,8 +538,8 @@ def _fit_group(eng: _Engine, models: list[str], *, level: float, interval: str, 
 
 
 @dataclass
-class RateResult:
-    """Result of :func:`fit_rate`.
+class RateResult(Result):
+    """Result of :func:`fit_rate` (a :class:`moestat.report.Result`: :meth:`tidy`, :meth:`glance`, :meth:`summary`).
 
     Attributes
     ----------
@@ -584,7 +585,20 @@ class RateResult:
                 out[k if k not in out.columns else f"config_{k}"] = self.config[k]
         return out
 
-    def summary(self) -> str:
+    def tidy(self) -> pd.DataFrame:
+        """One row per group x model: the ``by`` columns, ``model, term`` (``"exponent"``), ``estimate,
+        std_error, conf_low, conf_high`` (the level is ``config["ci"]``) and the ``verdict``."""
+        by = self.config["by"]
+        t = self.table
+        return pd.DataFrame({**{c: t[c] for c in by}, "model": t["model"], "term": "exponent",
+                             "estimate": t["exponent"], "std_error": t["se"], "conf_low": t["ci_low"],
+                             "conf_high": t["ci_high"], "verdict": t["verdict"]}).reset_index(drop=True)
+
+    def glance(self) -> pd.DataFrame:
+        """One row per group x model: the fit statistics and every check behind the verdict (``details``)."""
+        return self.details.copy()
+
+    def summary(self) -> Summary:
         """A printable report: the method, the table with its verdicts and diagnostics, and warnings."""
         cfg = self.config
         fitted_on = "replicate-level logs" if cfg["agg"] is None else f"per-n {cfg['agg']}"
@@ -597,21 +611,18 @@ class RateResult:
                "random_effects": "per-n statistics, moderated within-cell variances, DerSimonian-Laird tau^2, "
                                  f"{cfg['knapp_hartung']} Knapp-Hartung t on m - 2 df",
                "robust": f"cluster={cfg['cluster']}"}[cfg["method"]]
-        head = (f"Rate fit of {cfg['y']} on {cfg['x']} ({fitted_on}); {round(cfg['ci'] * 100)}% intervals by "
-                f"{cfg['method']} ({how})")
-        cols = [*cfg["by"], "model", "exponent", "ci_low", "ci_high", "verdict", "curvature_p", "best_model",
-                "delta_aic", "window_consistent", "window_drift", "n_values", "replicates", "decades"]
-        body = self.details[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
-        lines = [head, "models: " + "; ".join(f"{m}: {RATE_MODELS[m]}" for m in cfg["models"]), body]
-        lines.append(_verdict_legend(cfg, self.details))
-        warns = [w for w in self.details["warnings"] if w]
-        if warns:
-            lines.append("warnings:")
-            lines += [f"  - {w}" for w in dict.fromkeys(warns)]
-        return "\n".join(lines)
+        header = {"response": cfg["y"], "fitted on": fitted_on, "method": cfg["method"],
+                  "intervals": f"{round(cfg['ci'] * 100)}%"}
+        cols = ["exponent", "ci_low", "ci_high", "verdict", "curvature_p", "best_model", "delta_aic",
+                "window_consistent", "window_drift", "n_values", "replicates", "decades"]
+        body = self.details.set_index([*cfg["by"], "model"])[cols]
+        notes = [f"{cfg['method']}: {how}", "models: " + "; ".join(f"{m}: {RATE_MODELS[m]}" for m in cfg["models"])]
+        notes += _verdict_legend(cfg, self.details).split("\n")
+        notes += [f"warning: {w}" for w in dict.fromkeys(w for w in self.details["warnings"] if w)]
+        return Summary(header, body, pd.DataFrame(), notes, title=f"Rate fit of {cfg['y']} on {cfg['x']}")
 
     def __str__(self) -> str:
-        return self.summary()
+        return self.summary().as_text()
 
     def __repr__(self) -> str:
         cfg = self.config
@@ -1291,8 +1302,9 @@ def compare_models(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence
 
 
 @dataclass
-class WindowSensitivity:
-    """Result of :func:`window_sensitivity`: ``table`` (one row per group x window) and ``plot()``."""
+class WindowSensitivity(Result):
+    """Result of :func:`window_sensitivity`: ``table`` (one row per group x window), ``plot()`` and the
+    :class:`moestat.report.Result` views (:meth:`tidy`: the windows; :meth:`glance`: one row per group)."""
 
     table: pd.DataFrame
     config: dict[str, Any]
@@ -1306,7 +1318,21 @@ class WindowSensitivity:
     def to_frame(self) -> pd.DataFrame:
         return self.table.copy()
 
-    def summary(self) -> pd.DataFrame:
+    def tidy(self) -> pd.DataFrame:
+        """One row per group x window: ``table`` with the exponent as ``estimate, std_error, conf_low, conf_high``."""
+        return self.table.rename(columns={"exponent": "estimate", "se": "std_error", "ci_low": "conf_low",
+                                          "ci_high": "conf_high"}).reset_index(drop=True)
+
+    def summary(self) -> Summary:
+        """Printable: :meth:`glance` (one row per group) under the settings."""
+        by = self.config["by"]
+        header = {k: self.config[k] for k in ("y", "model", "drop") if k in self.config}
+        g = self.glance()
+        return Summary(header, g.set_index([*by, "model"]) if len(g) else g, pd.DataFrame(),
+                       ["consistent: every window's CI shares a point; drift: farthest window minus the full range"],
+                       title="Window sensitivity of the rate exponent")
+
+    def glance(self) -> pd.DataFrame:
         """One row per group: the range of window exponents, whether all window CIs share a point, the drift.
 
         ``consistent`` is ``max(ci_low) <= min(ci_high)`` over the windows: False means no single exponent is
