@@ -6,12 +6,13 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .checkpoint import write_atomic
 
 
 def _jsonable(value: Any) -> Any:
@@ -61,10 +62,8 @@ def write_json_atomic(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     """Write ``payload`` as JSON to ``path`` atomically (temp file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(_jsonable(payload), fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    text = json.dumps(_jsonable(payload), indent=2, sort_keys=True)
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
     return path
 
 

@@ -40,7 +40,6 @@ import json
 import multiprocessing
 import os
 import re
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -66,6 +65,7 @@ from ._cells import (
     register_estimator,
     register_metric,
 )
+from .checkpoint import write_atomic, write_frame
 from .exceptions import StudyConfigError
 from .experts import EXPERTS, get_expert
 from .gates import GATES
@@ -560,15 +560,15 @@ class Study:
             for cid, frame in self._execute(todo, dev, executor, workers):
                 frame = _roundtrip(frame)
                 if ckpt is not None:
-                    _write_parquet_atomic(frame, ckpt / "cells" / f"{cid}.parquet")
+                    write_frame(frame, ckpt / "cells" / f"{cid}.parquet")
                 done[cid] = frame
                 bar.update(1)
         finally:
             bar.close()
         result = pd.concat([done[c["id"]] for c in cells], ignore_index=True)
         if ckpt is not None:
-            _write_parquet_atomic(result, ckpt / "results.parquet")
-            _write_csv_atomic(result, ckpt / "results.csv")
+            write_frame(result, ckpt / "results.parquet")
+            write_frame(result, ckpt / "results.csv")
             prov = self._provenance(cells, dev, status="complete")
             prov["run_wall_time_s"] = time.perf_counter() - t_start
             prov["cells_resumed"] = len(cells) - len(todo)
@@ -614,9 +614,7 @@ class Study:
             text = self.to_toml()
         except ValueError:
             return
-        tmp = ckpt / ".study.toml.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, ckpt / "study.toml")
+        write_atomic(ckpt / "study.toml", lambda tmp: Path(tmp).write_text(text))
 
     def _provenance(self, cells: list[dict[str, Any]], device: str, status: str) -> dict[str, Any]:
         return {
@@ -741,32 +739,6 @@ def _roundtrip(frame: pd.DataFrame) -> pd.DataFrame:
     frame.to_parquet(buf, index=False)
     buf.seek(0)
     return pd.read_parquet(buf)
-
-
-def _fsync_replace(tmp: str, path: Path) -> None:
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _write_atomic(path: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        _fsync_replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    _write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
-
-
-def _write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
-    _write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def load_results(path: str | os.PathLike) -> pd.DataFrame:

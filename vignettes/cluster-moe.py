@@ -136,14 +136,19 @@ def _stem(setting: int, model: str, load_balance: float = 0.0) -> str:
     return f"setting{setting}-{model}" + (f"-lb{load_balance:g}" if load_balance > 0 else "")
 
 
-def _run_cell(out: Path, setting: int, model: str, cfg: dict, train, test, resume: bool,
-              load_balance: float = 0.0) -> pd.DataFrame:
+def _store(out: Path, cfg: dict, resume: bool = True):
+    """The finished pieces (moestat.checkpoint): files named by a hash of the settings, written atomically."""
+    from moestat.checkpoint import CellStore
+
+    return CellStore(out / "pieces", config=cfg, resume=resume)
+
+
+def _run_cell(store, setting: int, model: str, cfg: dict, train, test, load_balance: float = 0.0) -> pd.DataFrame:
     from moestat.deep import metrics as mt
 
     stem = _stem(setting, model, load_balance)
-    piece = out / "pieces" / f"{stem}.csv"
-    if resume and piece.exists():
-        return pd.read_csv(piece)
+    if store.resume and store.done(stem):
+        return store.read(stem)
     fit = _fit_cell(setting, model, cfg, train, test, load_balance)
     ev = fit.evaluate(test)
     res = pd.DataFrame({"setting": setting, "model": model,
@@ -157,13 +162,11 @@ def _run_cell(out: Path, setting: int, model: str, cfg: dict, train, test, resum
             res[col] = ev[col].to_numpy()
         tab = mt.dispatch_table(fit.dispatch_counts(test)).assign(setting=setting, model=model,
                                                                   load_balance=load_balance)
-        tab.to_csv(out / "pieces" / f"{stem}-dispatch.csv", index=False)
-        fit.alignment.assign(setting=setting, model=model).to_csv(out / "pieces" / f"{stem}-alignment.csv",
-                                                                  index=False)
-    fit.history.assign(setting=setting, model=model, load_balance=load_balance).to_csv(
-        out / "pieces" / f"{stem}-history.csv", index=False)
-    res.to_csv(piece, index=False)
-    return res
+        store.write(f"{stem}-dispatch", tab)
+        store.write(f"{stem}-alignment", fit.alignment.assign(setting=setting, model=model))
+    store.write(f"{stem}-history", fit.history.assign(setting=setting, model=model, load_balance=load_balance))
+    store.write(stem, res)  # last: its file marks the cell (and its side pieces) as finished
+    return store.read(stem)
 
 
 # %% [markdown]
@@ -224,14 +227,14 @@ def dispatch_spread(counts: np.ndarray, threshold: float = 0.05) -> tuple[np.nda
     return (share > threshold).sum(axis=2).mean(axis=1), counts.max(axis=1).sum(axis=1) / counts.sum(axis=(1, 2))
 
 
-def _dispatch_stats(out: Path, results: pd.DataFrame) -> pd.DataFrame:
+def _dispatch_stats(store, results: pd.DataFrame) -> pd.DataFrame:
     results = results.assign(experts_per_cluster=np.nan, expert_purity=np.nan)
     moe = results["model"].str.startswith("moe")
     for (s, m, a), idx in results[moe].groupby(["setting", "model", "load_balance"]).groups.items():
-        f = out / "pieces" / f"{_stem(s, m, a)}-dispatch.csv"
-        if not f.exists():
+        name = f"{_stem(s, m, a)}-dispatch"
+        if not store.done(name):
             continue
-        tab = pd.read_csv(f)
+        tab = store.read(name)
         counts = np.zeros((tab["rep"].max() + 1, tab["cluster"].max() + 1, tab["expert"].max() + 1))
         counts[tab["rep"], tab["cluster"], tab["expert"]] = tab["count"]
         spread, purity = dispatch_spread(counts)
@@ -297,13 +300,12 @@ def signal_span_optimum(setting: int, n: int = 200_000, seed: int = 13, restarts
 # ## Figures
 
 # %%
-def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
+def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pieces = out / "pieces"
     models = list(cfg["models"])
     settings = list(cfg["settings"])
     ncol = min(2, len(settings))
@@ -339,10 +341,10 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
         ax.set_visible(False)
     for ax, s in zip(axes.flat, settings, strict=False):
         for m, col in (("moe-cubic", "tab:blue"), ("moe-linear", "tab:orange")):
-            f = pieces / f"setting{s}-{m}-history.csv"
-            if not f.exists():
+            name = f"setting{s}-{m}-history"
+            if not store.done(name):
                 continue
-            h = pd.read_csv(f).query("metric == 'dispatch_entropy'")
+            h = store.read(name).query("metric == 'dispatch_entropy'")
             for _, g in h.groupby("rep"):
                 ax.plot(g["iteration"], g["value"], color=col, alpha=0.35, lw=1)
             mean = h.groupby("iteration")["value"].mean()
@@ -359,10 +361,10 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
     # 3. alignment curves of run 0, setting 1 (chen2022 Figs. 4-5)
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     for col, m in enumerate(("moe-cubic", "moe-linear")):
-        f = pieces / f"setting{settings[0]}-{m}-alignment.csv"
-        if not f.exists():
+        name = f"setting{settings[0]}-{m}-alignment"
+        if not store.done(name):
             continue
-        al = pd.read_csv(f).query("rep == 0")
+        al = store.read(name).query("rep == 0")
         for row, comp in enumerate(("expert", "router")):
             ax = axes[row, col]
             for sig, ls in (("feature", "-"), ("center", "--")):
@@ -381,10 +383,10 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
     fig, axes = plt.subplots(len(settings), 2, figsize=(9, 2.6 * len(settings)), squeeze=False)
     for r, s in enumerate(settings):
         for c, m in enumerate(("moe-cubic", "moe-linear")):
-            f = pieces / f"setting{s}-{m}-dispatch.csv"
-            if not f.exists():
+            name = f"setting{s}-{m}-dispatch"
+            if not store.done(name):
                 continue
-            t = pd.read_csv(f).query("rep == 0").pivot(index="cluster", columns="expert", values="count")
+            t = store.read(name).query("rep == 0").pivot(index="cluster", columns="expert", values="count")
             ax = axes[r, c]
             ax.imshow(t.to_numpy(), cmap="Blues")
             for (i, j), v in np.ndenumerate(t.to_numpy()):
@@ -395,10 +397,10 @@ def _figures(out: Path, results: pd.DataFrame, cfg: dict) -> None:
     fig.tight_layout()
     fig.savefig(out / "dispatch_tables.png", dpi=110)
     plt.close(fig)
-    _load_balance_figure(out, results, cfg, plt)
+    _load_balance_figure(out, store, results, cfg, plt)
 
 
-def _load_balance_figure(out: Path, results: pd.DataFrame, cfg: dict, plt) -> None:
+def _load_balance_figure(out: Path, store, results: pd.DataFrame, cfg: dict, plt) -> None:
     """Accuracy, dispatch entropy and load entropy with and without load balancing, and the sorted
     expert load shares (test split, noiseless routing) of the first ablation setting."""
     abl = [s for s in cfg["ablation_settings"] if s in cfg["settings"]]
@@ -420,9 +422,9 @@ def _load_balance_figure(out: Path, results: pd.DataFrame, cfg: dict, plt) -> No
             ax.errorbar(x, stat["mean"] * scale, yerr=stat["std"] * scale, fmt=marker, capsize=3, label=label,
                         color=f"C{cfg['ablation_models'].index(m)}", mfc="white" if a else None)
         s0 = abl[0]
-        f = out / "pieces" / f"{_stem(s0, m, a)}-dispatch.csv"
-        if f.exists():
-            tab = pd.read_csv(f).groupby(["rep", "expert"])["count"].sum().unstack()
+        name = f"{_stem(s0, m, a)}-dispatch"
+        if store.done(name):
+            tab = store.read(name).groupby(["rep", "expert"])["count"].sum().unstack()
             shares = np.sort((tab.T / tab.sum(axis=1)).T.to_numpy(), axis=1)[:, ::-1]
             axes[3].plot(np.arange(1, shares.shape[1] + 1), shares.mean(axis=0), marker=marker, label=label,
                          color=f"C{cfg['ablation_models'].index(m)}", mfc="white" if a else None)
@@ -489,8 +491,8 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     from moestat.provenance import write_provenance
 
     out = Path(out)
-    (out / "pieces").mkdir(parents=True, exist_ok=True)
     size, cfg = _size(quick)
+    store = _store(out, cfg, resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the CI/dev machine has 2 shared cores; more threads oversubscribe them
     t0 = time.perf_counter()
@@ -503,19 +505,19 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
             frames.append(_oracles(s, splits[s][1]))
         for m in cfg["models"]:  # model-major: the headline cells (moe-cubic) finish first
             for s in cfg["settings"]:
-                frames.append(_run_cell(out, s, m, cfg, *splits[s], resume))
+                frames.append(_run_cell(store, s, m, cfg, *splits[s]))
                 print(f"{NAME}: setting {s} {m} done ({time.perf_counter() - t0:.0f} s)", flush=True)
         for s in (s for s in cfg["ablation_settings"] if s in splits):  # load-balancing ablation (Table 9)
             for a in (*cfg["load_balance"], *cfg.get("load_balance_extra", {}).get(s, ())):
                 for m in cfg["ablation_models"]:
-                    frames.append(_run_cell(out, s, m, cfg, *splits[s], resume, load_balance=a))
+                    frames.append(_run_cell(store, s, m, cfg, *splits[s], load_balance=a))
                     print(f"{NAME}: setting {s} {m} load_balance={a:g} done ({time.perf_counter() - t0:.0f} s)",
                           flush=True)
     finally:
         torch.set_num_threads(threads)
     results = pd.concat(frames, ignore_index=True)
     results["init_all_groups_nonempty"] = _init_groups(results, cfg, splits)
-    results = _dispatch_stats(out, results)
+    results = _dispatch_stats(store, results)
     results.to_csv(out / "results.csv", index=False)
     summ = summarize(results)
     summ[summ["ablation"] == "none"].to_csv(out / "summary.csv", index=False)
@@ -534,7 +536,7 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     span = out / "signal_span_optimum.csv"
     if cfg.get("signal_span_settings") and not (resume and span.exists()):
         pd.concat([signal_span_optimum(s) for s in cfg["signal_span_settings"]]).to_csv(span, index=False)
-    _figures(out, results, cfg)
+    _figures(out, store, results, cfg)
     write_provenance(out, dict(vignette=NAME, size=size, **cfg, paper_sizes=SIZES["paper"],
                                elapsed_s=time.perf_counter() - t0, torch_threads=1))
 

@@ -80,17 +80,15 @@ def _size(quick: bool) -> tuple[str, dict]:
     return name, SIZES[name]
 
 
-def _piece(out: Path, name: str, resume: bool, compute) -> pd.DataFrame:
-    """Load ``out/pieces/name.csv`` when resuming, else compute and save it."""
-    path = out / "pieces" / f"{name}.csv"
-    if resume and path.exists():
-        return pd.read_csv(path)
-    t0 = time.perf_counter()
-    frame = compute()
-    frame["seconds"] = time.perf_counter() - t0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False)
-    return frame
+def _timed(compute):
+    """``compute`` wrapped to add its wall time as a ``seconds`` column."""
+    def run() -> pd.DataFrame:
+        t0 = time.perf_counter()
+        frame = compute()
+        frame["seconds"] = time.perf_counter() - t0
+        return frame
+
+    return run
 
 
 def _wide(errors: pd.DataFrame) -> pd.DataFrame:
@@ -430,28 +428,28 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     """Run all parts, writing pieces, ``results.csv``, ``rates.csv``, figures and ``provenance.json``."""
     import torch
 
+    from moestat.checkpoint import CellStore
     from moestat.provenance import write_provenance
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     size, cfg = _size(quick)
     torch.manual_seed(cfg["seed"])
-    pieces = out / "pieces"
-    if resume and (pieces / "compare_history.csv").exists() and (pieces / "compare_final.csv").exists():
-        hist, final = pd.read_csv(pieces / "compare_history.csv"), pd.read_csv(pieces / "compare_final.csv")
-    else:
+    # finished pieces are files named by a hash of the configuration, written atomically (moestat.checkpoint)
+    store = CellStore(out / "pieces", config={"size": size, **cfg}, resume=resume)
+    if not (resume and store.done("compare_history") and store.done("compare_final")):
         t0 = time.perf_counter()
         hist, final = _compare(cfg)
         final["seconds"] = time.perf_counter() - t0
-        pieces.mkdir(parents=True, exist_ok=True)
-        hist.to_csv(pieces / "compare_history.csv", index=False)
-        final.to_csv(pieces / "compare_final.csv", index=False)
-    vs_n = _piece(out, "vs_n", resume, lambda: _vs_n(cfg))
+        store.write("compare_history", hist)
+        store.write("compare_final", final)  # last: its file marks the pair as finished
+    hist, final = store.read("compare_history"), store.read("compare_final")
+    vs_n = store.get("vs_n", _timed(lambda: _vs_n(cfg)))
     rates, rate_results = _rates(vs_n)
-    sig = _piece(out, "sigma", resume, lambda: _sigma(cfg))
-    nonlin = _piece(out, "nonlinear", resume, lambda: _nonlinear(cfg))
-    scaling = _piece(out, "scaling", resume, lambda: _scaling(cfg))
-    nongauss = _piece(out, "nongauss", resume, lambda: _nongauss(cfg))
+    sig = store.get("sigma", _timed(lambda: _sigma(cfg)))
+    nonlin = store.get("nonlinear", _timed(lambda: _nonlinear(cfg)))
+    scaling = store.get("scaling", _timed(lambda: _scaling(cfg)))
+    nongauss = store.get("nongauss", _timed(lambda: _nongauss(cfg)))
 
     parts = {"compare": final, "vs_n": vs_n, "sigma": sig, "nonlinear": nonlin, "scaling": scaling,
              "nongauss": nongauss}

@@ -110,9 +110,17 @@ def _block_seeds(cfg: dict, block: dict) -> dict[str, np.random.SeedSequence]:
 
 
 def cell_name(block: dict, model: str) -> str:
-    """File name of one (block, model) cell under ``out/cells``."""
+    """Name of one (block, model) cell under ``out/cells`` (its file adds a hash of the cell's settings)."""
     tag = f"-l{block['l']}" if "l" in block else ""
-    return f"{block['variant']}-n{block['n_patches']}{tag}-{model}.csv"
+    return f"{block['variant']}-n{block['n_patches']}{tag}-{model}"
+
+
+def _store(out: Path, cfg: dict, resume: bool):
+    """The finished cells (moestat.checkpoint): files named by a hash of the settings, written atomically."""
+    from moestat.checkpoint import CellStore
+
+    shared = {k: v for k, v in cfg.items() if k not in ("blocks", "sweeps")}
+    return CellStore(out / "cells", config=shared, resume=resume)
 
 
 def run_block(cfg: dict, block: dict, model: str) -> pd.DataFrame:
@@ -393,18 +401,17 @@ def run_sweep_cell(cfg: dict, knob: str, value: int, data=None) -> pd.DataFrame:
     return frame
 
 
-def run_sweeps(cfg: dict, cells: Path, resume: bool = True) -> pd.DataFrame:
-    """Every (knob, value) piece, saved as ``cells/sweep-<knob>-<value>.csv`` as it finishes."""
+def run_sweeps(cfg: dict, store) -> pd.DataFrame:
+    """Every (knob, value) piece, stored as cell ``sweep-<knob>-<value>`` as it finishes."""
     frames, data = [], None
     for knob, value in sweep_cells(cfg):
-        path = cells / f"sweep-{knob}-{value}.csv"
-        if resume and path.exists():
-            frames.append(pd.read_csv(path))
+        name, key = f"sweep-{knob}-{value}", {"sweeps": cfg["sweeps"]}
+        if store.resume and store.done(name, key):
+            frames.append(store.read(name, key))
             continue
         data = _sweep_data(cfg) if data is None else data
-        frame = run_sweep_cell(cfg, knob, value, data)
-        frame.to_csv(path, index=False)
-        frames.append(frame)
+        store.write(name, run_sweep_cell(cfg, knob, value, data), key)
+        frames.append(store.read(name, key))
     sweeps = pd.concat(frames, ignore_index=True)
     lead = ["sweep", "k", "l", "run", "n_train", "accuracy", "routing_hit", "routing_maxgate", "epochs_run",
             "model", "n_patches", "l_star"]
@@ -514,9 +521,8 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
     if unknown or not parts:
         raise ValueError(f"parts must be a non-empty subset of ('blocks', 'sweeps'), got {parts!r}.")
     out = Path(out)
-    cells = out / "cells"
-    cells.mkdir(parents=True, exist_ok=True)
     cfg = config(quick)
+    store = _store(out, cfg, resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small batched steps are overhead-bound; one thread per process is fastest
     try:
@@ -525,14 +531,9 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
             if variants is not None and block["variant"] not in variants:
                 continue
             for model in block["models"]:
-                path = cells / cell_name(block, model)
-                if resume and path.exists():
-                    frames.append(pd.read_csv(path))
-                    continue
-                frame = run_block(cfg, block, model)
-                frame.to_csv(path, index=False)
-                frames.append(frame)
-        sweeps = run_sweeps(cfg, cells, resume) if "sweeps" in parts else None
+                frames.append(store.get(cell_name(block, model), lambda block=block, model=model:
+                                        run_block(cfg, block, model), key={"block": block}))
+        sweeps = run_sweeps(cfg, store) if "sweeps" in parts else None
     finally:
         torch.set_num_threads(threads)
     if frames:
