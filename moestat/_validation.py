@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 import warnings
 from collections.abc import Callable, Iterable
@@ -64,5 +65,180 @@ def renamed_arguments(**renames: str) -> Callable[[Callable[..., Any]], Callable
                                   "will be removed.", FutureWarning, stacklevel=2)
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
+        return wrapper
+    return deco
+
+
+# ------------------------------------------------------------------ declarative constraint tables
+class Constraint:
+    """What one argument of a public function accepts; ``description`` completes "<name> must be ..."."""
+
+    description = "valid"
+
+    def accepts_type(self, value: Any) -> bool:
+        """Whether ``value`` has a type this constraint takes (False raises TypeError, else ValueError)."""
+        return True
+
+    def accepts(self, value: Any) -> bool:
+        return self.accepts_type(value)
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+class Integer(Constraint):
+    """An integer (not a bool) in ``[minimum, maximum]``."""
+
+    def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
+        bounds = [f">= {minimum}"] if minimum is not None else []
+        bounds += [f"<= {maximum}"] if maximum is not None else []
+        self.description = "an integer" + (" " + " and ".join(bounds) if bounds else "")
+
+    def accepts_type(self, value: Any) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    def accepts(self, value: Any) -> bool:
+        return (self.accepts_type(value) and (self.minimum is None or value >= self.minimum)
+                and (self.maximum is None or value <= self.maximum))
+
+
+class Real(Constraint):
+    """A finite real number (not a bool) in an interval (``open_low``/``open_high`` exclude the ends)."""
+
+    def __init__(self, low: float | None = None, high: float | None = None, *, open_low: bool = False,
+                 open_high: bool = False) -> None:
+        self.low, self.high, self.open_low, self.open_high = low, high, open_low, open_high
+        bounds = [(">" if open_low else ">=") + f" {low:g}"] if low is not None else []
+        bounds += [("<" if open_high else "<=") + f" {high:g}"] if high is not None else []
+        if low == 0 and high is None:
+            self.description = "a positive finite number" if open_low else "a finite non-negative number"
+        else:
+            self.description = "a finite number" + (" " + " and ".join(bounds) if bounds else "")
+
+    def accepts_type(self, value: Any) -> bool:
+        return _is_real(value)
+
+    def accepts(self, value: Any) -> bool:
+        if not self.accepts_type(value) or not np.isfinite(float(value)):
+            return False
+        v = float(value)
+        if self.low is not None and (v <= self.low if self.open_low else v < self.low):
+            return False
+        return not (self.high is not None and (v >= self.high if self.open_high else v > self.high))
+
+
+class Boolean(Constraint):
+    description = "True or False"
+
+    def accepts_type(self, value: Any) -> bool:
+        return isinstance(value, (bool, np.bool_))
+
+
+class Choice(Constraint):
+    """One of a fixed set of values."""
+
+    def __init__(self, *choices: Any) -> None:
+        self.choices = choices
+        self.description = f"one of the valid values {list(choices)}"
+
+    def accepts_type(self, value: Any) -> bool:
+        return any(isinstance(value, type(c)) for c in self.choices)
+
+    def accepts(self, value: Any) -> bool:
+        return self.accepts_type(value) and value in self.choices
+
+
+class Seed(Constraint):
+    """A seed: None, an integer >= 0, a numpy SeedSequence or a list of them (one per replicate)."""
+
+    description = "None, an integer >= 0, a numpy.random.SeedSequence or a list of SeedSequences"
+
+    def accepts_type(self, value: Any) -> bool:
+        if value is None or isinstance(value, np.random.SeedSequence):
+            return True
+        if isinstance(value, (list, tuple)):
+            return len(value) > 0 and all(isinstance(s, np.random.SeedSequence) for s in value)
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    def accepts(self, value: Any) -> bool:
+        return self.accepts_type(value) and not (isinstance(value, numbers.Integral) and value < 0)
+
+
+class Device(Constraint):
+    """A torch device: "auto", "cpu", "cuda", "cuda:N" or a torch.device."""
+
+    description = "'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device"
+
+    def accepts_type(self, value: Any) -> bool:
+        return isinstance(value, (str, torch.device))
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, torch.device):
+            return value.type in ("cpu", "cuda")
+        return isinstance(value, str) and (value in ("auto", "cpu", "cuda")
+                                           or (value.startswith("cuda:") and value[5:].isdigit()))
+
+
+class Dtype(Constraint):
+    """A floating dtype: None (float64), "float64", "float32" (or "double", "float") or the torch dtypes."""
+
+    description = "None, 'float64', 'float32' or torch.float64 / torch.float32"
+
+    def accepts_type(self, value: Any) -> bool:
+        return value is None or isinstance(value, (str, torch.dtype))
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or value in ("float64", "float32", "double", "float", torch.float64, torch.float32)
+
+
+class Optional(Constraint):
+    """None or what ``inner`` accepts."""
+
+    def __init__(self, inner: Constraint) -> None:
+        self.inner = inner
+        self.description = f"None or {inner.description}"
+
+    def accepts_type(self, value: Any) -> bool:
+        return value is None or self.inner.accepts_type(value)
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or self.inner.accepts(value)
+
+
+def validate_arguments(**table: Constraint) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: check a public function's arguments against its constraint table at entry.
+
+    Every argument the caller passes that the table names is checked; a value of the wrong type raises
+    :class:`TypeError`, one out of range :class:`ValueError`, each naming the function, the argument, what it
+    accepts and the value given.  Defaults are not checked (tests check that they satisfy the table).  The
+    table is kept as ``fn.parameter_constraints`` (scikit-learn's ``_parameter_constraints`` idea), so the
+    accepted values of every argument are written in one place, beside the signature.
+    """
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        unknown = set(table) - set(sig.parameters)
+        if unknown:
+            raise TypeError(f"constraint table of {fn.__name__} names unknown arguments {sorted(unknown)}")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = sig.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                return fn(*args, **kwargs)  # let Python report the wrong call itself
+            for name, constraint in table.items():
+                if name in bound and not constraint.accepts(bound[name]):
+                    value = bound[name]
+                    kind = ValueError if constraint.accepts_type(value) else TypeError
+                    raise kind(f"{fn.__name__}(): {name} must be {constraint.description}, got {value!r}"
+                               + ("" if kind is ValueError else f" ({type(value).__name__})") + ".")
+            return fn(*args, **kwargs)
+
+        wrapper.parameter_constraints = dict(table)  # type: ignore[attr-defined]
         return wrapper
     return deco

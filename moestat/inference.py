@@ -30,7 +30,15 @@ import torch
 from scipy import stats
 
 from ._torch import to_numpy
-from ._validation import check_choice, check_int, renamed_arguments
+from ._validation import (
+    Choice,
+    Integer,
+    Seed,
+    check_choice,
+    check_int,
+    renamed_arguments,
+    validate_arguments,
+)
 from .fit.mle import _check_data, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
 from .gates import log_mixture_weights
@@ -217,6 +225,8 @@ def _blocks_from_params(p: Params):
 
 
 @renamed_arguments(B="n_resamples")
+@validate_arguments(n_resamples=Integer(1), kind=Choice("parametric", "nonparametric"), restarts=Integer(1),
+                    seed=Seed())
 def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "parametric", restarts: int = 2, seed=None,
               **fit_kwargs) -> BootstrapResult:
     r"""Bootstrap distribution of :math:`\hat\theta` with label alignment (module docstring).
@@ -348,6 +358,7 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
 
 
 @renamed_arguments(B="n_resamples")
+@validate_arguments(k0=Integer(1), k1=Integer(2), n_resamples=Integer(1), restarts=Integer(1), seed=Seed())
 def test_n_experts(X, y, k0: int, k1: int, n_resamples: int = 99, *, gate: str = "softmax", expert: str = "linear",
                    method: str = "em", restarts: int = 3, seed=None, **fit_kwargs) -> LRTResult:
     r"""Parametric bootstrap LRT of :math:`H_0: k = k_0` against :math:`k = k_1` (module docstring).
@@ -442,6 +453,7 @@ class SelectKResult(Result):
         return pd.DataFrame([{"criterion": self.criterion, "best_k": self.best_k}])
 
 
+@validate_arguments(criterion=Choice("bic", "icl", "aic"), restarts=Integer(1), seed=Seed())
 def select_k(X, y, ks: Sequence[int] = (1, 2, 3, 4), *, criterion: str = "bic", gate: str = "softmax",
              expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, **fit_kwargs) -> SelectKResult:
     r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).

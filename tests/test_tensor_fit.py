@@ -205,7 +205,7 @@ def test_bad_input_warns_and_errors():
         ms.fit_tensor(gauss.X, gauss.y, 2, activation="swish", sigma=0.05)
     with pytest.raises(ValueError, match="y must have shape"):
         ms.fit_tensor(gauss.X, gauss.y[:, :10], 2)
-    with pytest.raises(ValueError, match="sigma must be > 0"):
+    with pytest.raises(ValueError, match="sigma must be a positive"):
         ms.fit_tensor(gauss.X, gauss.y, 2, sigma=0.0)
 
 

@@ -55,7 +55,18 @@ import torch.nn.functional as Fnn
 
 from .._random import rand, randint, randn, seeded_generators
 from .._torch import resolve_device, resolve_dtype, to_numpy
-from .._validation import check_choice, check_int
+from .._validation import (
+    Boolean,
+    Device,
+    Dtype,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ..experts import get_expert
 from ..fit.base import FixedBudgetFit, add_settings, check_reps, select_history, weights_tidy
 from ..simulators.clusters import ClusterData
@@ -388,6 +399,9 @@ def _common_checks(train: ClusterData, test: ClusterData | None, T: int, eval_ev
     return T, eval_every
 
 
+@validate_arguments(M=Integer(1), J=Integer(1), T=Integer(0), eta=Real(0, open_low=True), eta_r=Real(0),
+                    sigma0=Real(0, open_low=True), router_noise=Real(0), load_balance=Real(0),
+                    eval_every=Optional(Integer(1)), seed=Seed(), device=Device(), dtype=Dtype())
 def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: str = "cubic", T: int = 2000,
                     eta: float = 1e-3, eta_r: float = 0.1, sigma0: float = 0.1, router_noise: float = 1.0,
                     load_balance: float = 0.0, test: ClusterData | None = None, eval_every: int | None = None,
@@ -482,6 +496,9 @@ def fit_cluster_moe(train: ClusterData, *, M: int = 8, J: int = 16, activation: 
                          pd.concat(align, ignore_index=True), seeds, wall)
 
 
+@validate_arguments(J=Integer(1), T=Integer(0), lr=Optional(Real(0, open_low=True)), weight_decay=Real(0),
+                    sigma0=Real(0, open_low=True), bias=Boolean(), batch_size=Optional(Integer(1)),
+                    eval_every=Optional(Integer(1)), seed=Seed(), device=Device(), dtype=Dtype())
 def fit_single_cnn(train: ClusterData, *, J: int = 128, activation: str = "cubic", T: int = 2000,
                    optimizer: str = "adam", lr: float | None = None, weight_decay: float = 5e-4,
                    sigma0: float = 0.1, train_second_layer: bool | None = None, bias: bool = False,

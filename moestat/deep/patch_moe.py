@@ -54,7 +54,18 @@ import torch
 import torch.nn.functional as F
 
 from .._torch import resolve_device, resolve_dtype, to_numpy
-from .._validation import check_choice, check_int
+from .._validation import (
+    Boolean,
+    Device,
+    Dtype,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ..fit.base import FixedBudgetFit, add_settings, check_reps, select_history, weights_tidy
 
 SeedArg = int | np.random.SeedSequence | Sequence[np.random.SeedSequence] | None
@@ -609,6 +620,9 @@ def separate_router(X: np.ndarray, y: np.ndarray, router0: torch.Tensor, lanes: 
     return router
 
 
+@validate_arguments(k=Optional(Integer(1)), m=Integer(1), l=Integer(1), lr=Real(0, open_low=True),
+                    batch_size=Integer(1), epochs=Integer(1), router_epochs=Integer(0), router_batch_size=Integer(1),
+                    stop_at_zero_error=Boolean(), seed=Seed(), device=Device(), dtype=Dtype())
 def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | None = None, m: int = 40,
              l: int = 2, lr: float = 0.2, batch_size: int = 20, epochs: int = 150, gating: str | None = None,
              scale: str = "l", a_init: str = "gaussian", init_std: float | None = None,
@@ -733,6 +747,8 @@ def fit_pmoe(data: Any, y: Any = None, *, training: str = "separate", k: int | N
     return PatchFit("pmoe", _on_cpu(params), lanes, config, history)
 
 
+@validate_arguments(m=Integer(1), lr=Real(0, open_low=True), batch_size=Integer(1), epochs=Integer(1),
+                    stop_at_zero_error=Boolean(), seed=Seed(), device=Device(), dtype=Dtype())
 def fit_cnn(data: Any, y: Any = None, *, m: int = 40, lr: float = 0.2, batch_size: int = 20, epochs: int = 150,
             init_std: float | None = None, stop_at_zero_error: bool = False, sizes: Sequence[int] | None = None,
             test: Any = None, eval_epochs: Sequence[int] | None = None, seed: SeedArg = None, device: str = "auto",

@@ -20,7 +20,19 @@ import numpy as np
 import torch
 
 from .._torch import to_numpy
-from .._validation import check_choice, check_int, check_nonnegative
+from .._validation import (
+    Boolean,
+    Device,
+    Dtype,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    check_nonnegative,
+    validate_arguments,
+)
 from ..hermite import get_activation
 from ._gated import (
     GatedFit,
@@ -55,6 +67,8 @@ def _config(method: str, act, sigma, k, X, S, seed, dev, **kw) -> dict:
             "device": str(dev), "dtype": str(X.dtype).replace("torch.", ""), **kw}
 
 
+@validate_arguments(k=Integer(1), sigma=Optional(Real(0, open_low=True)), restarts=Integer(1), iters=Integer(0),
+                    lr=Real(0, open_low=True), seed=Seed(), record_every=Integer(1), device=Device(), dtype=Dtype())
 def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | None = None, restarts: int = 10,
                  iters: int = 600, lr: float = 0.02, optimizer: str = "adam", seed=0, init=None, truth=None,
                  record_every: int = 10, device: str = "auto", dtype=None) -> GatedFit:
@@ -116,6 +130,10 @@ def _wls(X: torch.Tensor, y: torch.Tensor, H: torch.Tensor, ridge: float) -> tor
     return torch.stack(out, dim=-2)
 
 
+@validate_arguments(k=Integer(1), sigma=Real(0, open_low=True), restarts=Integer(1), iters=Integer(0),
+                    gate_steps=Integer(0), gate_step=Real(0, open_low=True), expert_steps=Integer(0),
+                    expert_step=Real(0, open_low=True), learn_sigma=Boolean(), ridge=Real(0), seed=Seed(),
+                    record_every=Integer(1), device=Device(), dtype=Dtype())
 def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05, restarts: int = 10,
                  iters: int = 100, gate_steps: int = 5, gate_step: float = 2.0, expert_steps: int = 5,
                  expert_step: float = 0.5, learn_sigma: bool = False, ridge: float = 1e-8, seed=0, init=None,

@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .._validation import check_int
+from .._validation import (
+    Device,
+    Integer,
+    Real,
+    Seed,
+    check_int,
+    validate_arguments,
+)
 from ..metrics.distance import l2_distance
 from ..metrics.matching import match_atoms
 from ..model import MoE
@@ -117,6 +124,8 @@ class GBarResult(Result):
         return frame
 
 
+@validate_arguments(k=Integer(1), n_mc=Integer(1), restarts=Integer(1), seed=Seed(), tol=Real(0), tol_l2=Real(0),
+                    init_scale=Real(0, open_low=True), max_iter=Integer(1), low=Real(), high=Real(), device=Device())
 def estimate_gbar(spec: MoE, truth: Params, k: int, *, n_mc: int = 100_000, restarts: int = 8,
                   duplicate: Sequence[int] | Sequence[Sequence[int]] | None = None, seed: int = 0,
                   tol: float = 1e-12, tol_l2: float = 1e-4, init_scale: float = 0.05,

@@ -31,7 +31,20 @@ import torch
 
 from .._random import seeded_generators, torch_seed
 from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, to_numpy, to_tensor
-from .._validation import check_choice, check_finite, check_int
+from .._validation import (
+    Boolean,
+    Choice,
+    Device,
+    Dtype,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_finite,
+    check_int,
+    validate_arguments,
+)
 from ..exceptions import ConvergenceWarning, UnderdeterminedWarning
 from ..model import MoE
 from ..params import Params
@@ -356,6 +369,11 @@ def _mixed_starts(kinds: list[str], spec: MoE, truth: Params | None, X: np.ndarr
 
 
 # ------------------------------------------------------------------ estimator
+@validate_arguments(restarts=Integer(1), max_iter=Optional(Integer(1)), tol=Real(0), gtol=Real(0), epochs=Integer(1),
+                    lr=Optional(Real(0, open_low=True)), batch_size=Integer(1),
+                    init_scale=Optional(Real(0, open_low=True)), device=Device(), dtype=Dtype(), seed=Seed(),
+                    progress=Boolean(), history=Boolean(), condition=Boolean(), threads=Optional(Integer(1)),
+                    underdetermined=Choice("raise", "warn"))
 def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params = "auto", truth: Params | None = None,
             duplicate: Sequence[int] | None = None, init_scale: float | None = None, restarts: int = 1,
             optimizer: str = "auto", max_iter: int | None = None, tol: float = 1e-12, gtol: float = 1e-10,

@@ -33,7 +33,18 @@ import numpy as np
 import torch
 
 from .._torch import cpu_threads, resolve_device, resolve_dtype, to_tensor
-from .._validation import check_choice, check_int
+from .._validation import (
+    Choice,
+    Device,
+    Dtype,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ..exceptions import UnderdeterminedWarning
 from ..gates import log_mixture_weights
 from ..model import MoE, normal_log_density
@@ -246,6 +257,10 @@ def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, l
     return pb, ll, conv, n_iter, st.history
 
 
+@validate_arguments(restarts=Integer(0), tol=Real(0), max_iter=Optional(Integer(1)), sd_floor=Real(0),
+                    gate_steps=Integer(1), gtol=Real(0), device=Device(), dtype=Dtype(), seed=Seed(),
+                    underdetermined=Choice("raise", "warn"), switch_after=Optional(Integer(0)),
+                    screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)))
 def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,

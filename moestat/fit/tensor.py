@@ -38,7 +38,19 @@ import numpy as np
 import torch
 
 from .._torch import to_numpy, to_tensor
-from .._validation import check_choice, check_int, check_nonnegative
+from .._validation import (
+    Boolean,
+    Device,
+    Dtype,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    check_nonnegative,
+    validate_arguments,
+)
 from ..hermite import OutputTransform, get_activation, hermite_moments, output_transform
 from ._gated import (
     GatedFit,
@@ -285,6 +297,12 @@ def _gate_descent(W0: torch.Tensor, X: torch.Tensor, log_lik: torch.Tensor, iter
 
 
 # ----------------------------------------------------------------------------- the estimator
+@validate_arguments(k=Integer(1), sigma=Real(0, open_low=True), restarts=Integer(1), project=Boolean(), mu=Real(0),
+                    lam=Real(0), ridge=Optional(Real(0)), l4_iters=Integer(0), l4_lr=Real(0, open_low=True),
+                    batch_size=Optional(Integer(1)), max_grad_norm=Optional(Real(0, open_low=True)),
+                    gate_iters=Integer(0), gate_step=Real(0, open_low=True), gate_radius=Real(0, open_low=True),
+                    sample_split=Boolean(), seed=Seed(), record_every=Integer(1), check_inputs=Boolean(),
+                    device=Device(), dtype=Dtype())
 def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05, restarts: int = 10,
                project: bool = True, mu: float = 0.1, lam: float = 10.0, ridge: float | None = None,
                l4_iters: int = 500, l4_lr: float = 0.02, optimizer: str = "adam", form: str = "auto",

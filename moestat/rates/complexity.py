@@ -18,7 +18,14 @@ import pandas as pd
 import statsmodels.api as sm
 from scipy import stats
 
-from .._validation import renamed_arguments
+from .._validation import (
+    Choice,
+    Integer,
+    Real,
+    Seed,
+    renamed_arguments,
+    validate_arguments,
+)
 from ..exceptions import RateWarning
 from ..report import Result
 from ._core import (
@@ -120,6 +127,8 @@ class SampleComplexityResult(Result):
 
 
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
+@validate_arguments(target=Real(), q=Real(0, 1), confidence_level=Real(0, 1, open_low=True, open_high=True),
+                    n_resamples=Integer(100), seed=Seed(), direction=Choice("above", "below"))
 def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str | Sequence[str] | None = None,
                       x: str = "n", *, rep: str | None = "rep", direction: str = "above", rule: str = "mean",
                       q: float = 0.5, confidence_level: float = 0.95, n_resamples: int = 2000,

@@ -29,7 +29,15 @@ __all__ = [
     "window_sensitivity",
 ]
 
-from .._validation import renamed_arguments
+from .._validation import (
+    Boolean,
+    Choice,
+    Integer,
+    Real,
+    Seed,
+    renamed_arguments,
+    validate_arguments,
+)
 from ..exceptions import RateWarning
 from ..report import Result, Summary
 from ._core import (
@@ -684,6 +692,9 @@ def _resolve_method(method: str, units: str | None, estimator: str, resample: st
 
 
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
+@validate_arguments(confidence_level=Real(0, 1, open_low=True, open_high=True), n_resamples=Integer(100),
+                    seed=Seed(), min_decades=Real(0), alpha_curvature=Real(0, 1, open_low=True, open_high=True),
+                    max_ci_width=Real(0, open_low=True), warn=Boolean())
 def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
              model: str | Sequence[str] = "power", agg: str | None = None, confidence_level: float = 0.95,
              method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *,
@@ -1008,6 +1019,9 @@ def _compare_verdict(a: Any, b: Any, verdict_a: str, verdict_b: str, lo: float, 
 
 
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
+@validate_arguments(confidence_level=Real(0, 1, open_low=True, open_high=True), n_resamples=Integer(100),
+                    seed=Seed(), paired=Boolean(), min_decades=Real(0),
+                    alpha_curvature=Real(0, 1, open_low=True, open_high=True), max_ci_width=Real(0, open_low=True))
 def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | Sequence[str] | None = None,
                   x: str = "n", model: str = "power", agg: str | None = None, confidence_level: float = 0.95,
                   method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
@@ -1369,6 +1383,8 @@ _WINDOW_FIT_KWARGS = {"units": None, "interval": "t", "resample": None, "cluster
 
 
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
+@validate_arguments(confidence_level=Real(0, 1, open_low=True, open_high=True), n_resamples=Integer(100),
+                    seed=Seed(), drop=Choice("both", "smallest", "largest"), min_values=Integer(3), min_span=Real(0))
 def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
                        model: str = "power", agg: str | None = None, confidence_level: float = 0.95,
                        method: str = "auto", n_resamples: int = 1000, seed: int | None = 0, *,

@@ -42,7 +42,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .._validation import check_choice, check_int
+from .._validation import (
+    Integer,
+    Optional,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ._shapes import ReplicateShapes
 from .regression import SeedLike, replicate_seeds
 
@@ -255,6 +262,7 @@ def _simulate_one(cfg: ClusterConfig, n: int, rng: np.random.Generator,
     return dict(X=X, y=y, cluster=k, noise_cluster=k2, eps=eps, alpha=a, beta=b, gamma=g, roles=roles, V=V, C=C)
 
 
+@validate_arguments(n=Integer(1), reps=Optional(Integer(1)), seed=Seed())
 def simulate_clusters(setting: int | None = 1, n: int = PAPER_N_TRAIN + PAPER_N_TEST, reps: int | None = None,
                       seed: SeedLike = None, *, K: int | None = None, P: int | None = None, d: int | None = None,
                       alpha: Strength | None = None, beta: Strength | None = None, gamma: Strength | None = None,

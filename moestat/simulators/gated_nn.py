@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._validation import check_choice, check_int
+from .._validation import (
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ..hermite import get_activation
 from ..model import MoE
 from ..params import Params
@@ -166,6 +174,7 @@ def gated_nn_truth(d: int = 10, k: int = 2, *, activation: str = "linear", sigma
     return GatedNNTruth(A, W, act.name, float(sigma), inputs, info)
 
 
+@validate_arguments(n=Integer(1), reps=Optional(Integer(1)), seed=Seed(), d=Integer(1), k=Integer(1), sigma=Real(0))
 def simulate_gated_nn(n: int, reps: int | None = None, seed: SeedLike = None, *, d: int = 10, k: int = 2,
                       activation: str = "linear", sigma: float = 0.05,
                       regressors: str | np.ndarray = "orthonormal", gate: str | np.ndarray = "orthogonal",

@@ -49,7 +49,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .._validation import check_choice, check_int
+from .._validation import (
+    Integer,
+    Optional,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ._shapes import ReplicateShapes
 from .regression import SeedLike, replicate_seeds
 
@@ -230,6 +237,7 @@ def _digit_pools(scale: str, split_seed: int, train_fraction: float) -> dict[str
     return pools
 
 
+@validate_arguments(n=Integer(1), reps=Optional(Integer(1)), seed=Seed())
 def simulate_patches(n: int, reps: int | None = None, seed: SeedLike = None, *, variant: str = "synthetic",
                      n_patches: int = 16, d: int = 64, p: int = 8, delta_d: float = 0.0, delta_r: float = 0.3,
                      set_diameter: float | None = None, n_confusers: tuple[int, int] | int = (0, 0),

@@ -26,7 +26,16 @@ import pandas as pd
 import torch
 
 from .._torch import to_numpy, to_tensor
-from .._validation import check_choice, check_int
+from .._validation import (
+    Choice,
+    Integer,
+    Optional,
+    Real,
+    Seed,
+    check_choice,
+    check_int,
+    validate_arguments,
+)
 from ..model import MoE
 from ..params import Params
 from ._shapes import ReplicateShapes
@@ -101,6 +110,8 @@ def draw_inputs(rng: np.random.Generator, n: int, d: int, inputs: str, low: floa
     return rng.standard_normal(size=(n, d))
 
 
+@validate_arguments(n=Integer(1), reps=Optional(Integer(1)), seed=Seed(), inputs=Choice("uniform", "gaussian"),
+                    low=Real(), high=Real(), model=Choice("regression", "mixture"))
 def simulate(spec: MoE, params: Params, n: int, reps: int | None = None, seed: SeedLike = None, *,
              inputs: str = "uniform", low: float = -1.0, high: float = 1.0,
              model: str = "regression") -> Dataset:
