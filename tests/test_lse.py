@@ -7,6 +7,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import moestat as ms
 from moestat.fit import ConvergenceWarning, _native
@@ -327,6 +329,31 @@ def test_weight_preserving_split():
         sig = 1 / (1 + np.exp(-split_gate_bias("sigmoid", b, m)))
         np.testing.assert_allclose(m * sig, 1 / (1 + np.exp(-b)), rtol=1e-13)
         np.testing.assert_allclose(m * np.exp(split_gate_bias("softmax", b, m)), np.exp(b), rtol=1e-13)
+
+
+@settings(max_examples=200)
+@given(b=st.floats(-700, 700), m=st.integers(1, 9))
+def test_weight_preserving_split_in_log_space(b, m):
+    """sigma(split) * m = sigma(b) over the whole float range (a true gate bias >= 38 used to give inf: 1 - sigma(b)
+    rounded to 0), and one copy keeps its bias exactly."""
+    split = split_gate_bias("sigmoid", np.array([b]), m)[0]
+    assert np.isfinite(split)
+    if m == 1:
+        assert split == b
+    # compare log weights: log sigma(split) + log m = log sigma(b), to float64 round-off of the terms
+    np.testing.assert_allclose(-np.logaddexp(0.0, -split) + np.log(m), -np.logaddexp(0.0, -b), rtol=1e-12,
+                               atol=1e-13)
+
+
+def test_near_truth_start_with_a_saturated_gate():
+    """fit_lse(init="near_truth") from a truth whose undivided atom has sigmoid gate bias 40 (sigma = 1 - 4e-18)."""
+    truth = _well_conditioned_truth("sigmoid")
+    truth = ms.Params(np.array([40.0, -0.2, 0.0]), truth.gate_weight, truth.expert_weight, truth.expert_bias)
+    spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2, noise_sd=0.1)
+    data = ms.simulate(spec, truth, n=300, reps=1, seed=1)
+    fit = ms.fit_lse(spec.with_k(4), data.X, data.y, init="near_truth", truth=truth, duplicate=[1], seed=2,
+                     max_iter=5, underdetermined="warn")
+    assert np.isfinite(fit.objective).all()
 
 
 def test_near_truth_duplicates_and_split():

@@ -45,9 +45,12 @@ def split_gate_bias(gate: str, bias: np.ndarray, m: np.ndarray | int) -> np.ndar
     bias = np.asarray(bias, dtype=np.float64)
     m = np.asarray(m, dtype=np.float64)
     if gate == "sigmoid":
-        # log sigma(b) - log m - log(1 - sigma(b)/m), written with log1p/logaddexp for stability
+        # log sigma(b) - log m - log(1 - sigma(b)/m) in log space: logaddexp for log sigma, expm1 for the
+        # complement (log1p(-exp(.)) rounds 1 - sigma(b) to 0 from b ~ 37 on); one copy keeps b exactly
         log_w = -np.logaddexp(0.0, -bias) - np.log(m)
-        return log_w - np.log1p(-np.exp(log_w))
+        with np.errstate(divide="ignore"):
+            split = log_w - np.log(-np.expm1(log_w))
+        return np.where(m == 1, bias, split)
     return bias - np.log(m)
 
 
