@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
+import ctypes
 import hashlib
 import importlib
 import io
@@ -40,6 +41,9 @@ import json
 import multiprocessing
 import os
 import re
+import signal
+import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -588,7 +592,7 @@ class Study:
             n = min(workers or os.cpu_count() or 1, len(todo))
             # without study.threads, the workers share the cores instead of each starting one thread per core
             executor = cf.ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                                              initializer=_share_cores, initargs=(n,))
+                                              initializer=_init_worker, initargs=(n, os.getpid()))
             owned = True
         elif not isinstance(executor, cf.Executor):
             raise ValueError(f"executor must be None, 'processes' or a concurrent.futures.Executor, "
@@ -641,6 +645,33 @@ def _share_cores(workers: int) -> None:
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """End this pool worker when the process that started it dies, even by SIGKILL (which runs no cleanup in
+    the parent): on Linux the kernel sends SIGTERM on the parent's death (``prctl(PR_SET_PDEATHSIG)``); a daemon
+    thread that polls the parent id covers other systems.  A worker whose parent died before this ran exits at
+    once.  Finished cells are safe: only the main process writes them."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="moestat-parent-watch", daemon=True).start()
+
+
+def _init_worker(workers: int, parent_pid: int) -> None:
+    """Process-pool initializer: share the cores (:func:`_share_cores`) and die with the parent."""
+    _die_with_parent(parent_pid)
+    _share_cores(workers)
 
 
 def run_cell(payload: dict[str, Any]) -> pd.DataFrame:

@@ -42,3 +42,11 @@ def slope_error(ctx) -> np.ndarray:
     """Metric: Euclidean error of the fitted expert slope (k = 1 models)."""
     fitted = ctx.fit.params.numpy().expert_weight[:, 0, :]
     return np.linalg.norm(fitted - ctx.truth.numpy().expert_weight[0], axis=-1)
+
+
+def sleepy_cell(ctx) -> pd.DataFrame:
+    """A custom cell that holds its worker for a minute (for tests that kill a study while cells run)."""
+    import time
+
+    time.sleep(60.0)
+    return pd.DataFrame({"rep": np.arange(ctx.reps), "objective": np.zeros(ctx.reps)})

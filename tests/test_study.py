@@ -210,6 +210,64 @@ def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path):
     assert len(resumed) == len(study.cells) * study.reps
 
 
+_ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys
+    from moestat.study import Study
+    from tests.study_cells import LINEAR_TRUTH
+    study = Study(truth=LINEAR_TRUTH, cell="tests.study_cells:sleepy_cell", n=[50, 60, 70, 80], reps=2, seed=1,
+                  name="orphans")
+    study.run(sys.argv[1], executor="processes", workers=2, progress=False)
+""")
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killing_the_main_process_ends_its_pool_workers(tmp_path):
+    """SIGKILL to the main process of a --workers 2 study (no cleanup runs there): its workers end too."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path / "out")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, workers = time.time() + 60, []
+    while time.time() < deadline and proc.poll() is None:
+        # spawn workers are the children running Python (the resource tracker is one more child)
+        workers = [p for p in _children(proc.pid)
+                   if "multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+        if len(workers) >= 3:  # resource tracker + 2 workers
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None and len(workers) >= 2, "the study's pool did not start"
+    time.sleep(2.0)  # let the workers finish their initializer and start their (60 s) cells
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.2)
+    left = [p for p in workers if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"pool workers {left} outlived the killed main process"
+
+
 # ----------------------------------------------------------------------- executors
 
 def test_frames_identical_serial_and_process_pool(tmp_path):
