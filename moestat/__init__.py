@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import deep, experts, gates, hermite, metrics, rates
 from .diagnostics import design_check, lowest_objective, optimizer_invariance
 from .exceptions import (
+    CheckpointWarning,
     ConvergenceWarning,
     MoestatWarning,
     RepresentationWarning,
@@ -87,6 +88,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 __all__ = [
     "EXPERTS",
     "GATES",
+    "CheckpointWarning",
     "ClusterData",
     "ConvergenceWarning",
     "Dataset",

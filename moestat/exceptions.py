@@ -53,5 +53,9 @@ class RepresentationWarning(MoestatWarning):
     """The exact set of this truth is larger than the families searched: errors are upper bounds."""
 
 
+class CheckpointWarning(MoestatWarning):
+    """A stored cell was damaged, belonged to another cell or lacked replicates: it is recomputed."""
+
+
 class StudyConfigError(ValueError):
     """An invalid study configuration; the message names the key and the valid values."""

@@ -45,6 +45,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ from ._cells import (
     register_metric,
 )
 from .checkpoint import write_atomic, write_frame
-from .exceptions import StudyConfigError
+from .exceptions import CheckpointWarning, StudyConfigError
 from .experts import EXPERTS, get_expert
 from .gates import GATES
 from .simulators.presets import PRESETS
@@ -550,10 +551,13 @@ class Study:
             for stale in cell_dir.glob(".*.tmp*"):
                 stale.unlink(missing_ok=True)
             if resume:
+                self._check_owner(ckpt)
                 for c in cells:
                     path = cell_dir / f"{c['id']}.parquet"
                     if path.is_file():
-                        done[c["id"]] = pd.read_parquet(path)
+                        frame = _stored_cell(path, c["id"], self.reps)
+                        if frame is not None:
+                            done[c["id"]] = frame
             self._write_config(ckpt)
             write_provenance(ckpt, self._provenance(cells, dev, status="running"), device=dev)
         todo = [c for c in cells if c["id"] not in done]
@@ -613,6 +617,20 @@ class Study:
             if owned:
                 executor.shutdown(wait=True, cancel_futures=True)
 
+    def _check_owner(self, ckpt: Path) -> None:
+        """Refuse to resume into a folder that another study (another ``name``) wrote."""
+        prov = ckpt / "provenance.json"
+        if not prov.is_file():
+            return
+        try:
+            owner = json.loads(prov.read_text()).get("config", {}).get("study", {}).get("name")
+        except (OSError, ValueError, AttributeError):
+            return  # unreadable provenance: the cells are checked one by one
+        if owner is not None and owner != self.name:
+            raise StudyConfigError(f"{str(ckpt)!r} holds the results of study {owner!r}, not of {self.name!r}; "
+                                   "resume into that study's own folder, choose another folder, or pass "
+                                   "resume=False (moestat study run --overwrite) to replace them.")
+
     def _write_config(self, ckpt: Path) -> None:
         try:
             text = self.to_toml()
@@ -645,6 +663,28 @@ def _share_cores(workers: int) -> None:
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def _stored_cell(path: Path, cell_id: str, reps: int) -> pd.DataFrame | None:
+    """A finished cell read back for a resume, or None (with a :class:`CheckpointWarning`) when its file is
+    damaged, holds another cell's rows or misses replicates (or repeats some): such a cell is recomputed."""
+    def reject(why: str) -> None:
+        warnings.warn(f"stored cell {path.name} {why}; recomputing it.", CheckpointWarning, stacklevel=4)
+
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as err:  # any unreadable file: truncated, garbage, another format
+        reject(f"is damaged ({type(err).__name__}: {err})")
+        return None
+    if "cell" not in frame or set(frame["cell"]) != {cell_id}:
+        found = sorted(map(str, set(frame["cell"]))) if "cell" in frame else "no cell column"
+        reject(f"holds rows of {found}, not of {cell_id}")
+        return None
+    counts = frame["rep"].value_counts() if "rep" in frame else pd.Series(dtype=int)
+    if set(counts.index) != set(range(reps)) or counts.nunique() > 1:
+        reject(f"does not hold every replicate 0..{reps - 1} equally often")
+        return None
+    return frame
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -210,6 +210,41 @@ def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path):
     assert len(resumed) == len(study.cells) * study.reps
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "swapped", "replicate_missing", "replicate_twice"])
+def test_resume_recomputes_damaged_or_foreign_cells_with_a_warning(tmp_path, damage):
+    """A resume trusts no cell file blindly: a torn, garbage, swapped or incomplete cell is recomputed (with a
+    CheckpointWarning naming it) and the final frame equals an uninterrupted run's, no row lost or repeated."""
+    s = _ols_study()
+    reference = s.run(tmp_path / "ref", progress=False)
+    out = tmp_path / "out"
+    s.run(out, progress=False)
+    files = sorted((out / "cells").glob("*.parquet"))
+    victim, other = files[0], files[1]
+    if damage == "truncated":
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    elif damage == "garbage":
+        victim.write_bytes(b"not a parquet file")
+    elif damage == "swapped":
+        victim.write_bytes(other.read_bytes())
+    else:
+        frame = pd.read_parquet(victim)
+        frame = frame[frame["rep"] != 2] if damage == "replicate_missing" else pd.concat([frame, frame.iloc[:1]])
+        frame.to_parquet(victim, index=False)
+    with pytest.warns(ms.CheckpointWarning, match=rf"stored cell {victim.name} .*recomputing it"):
+        resumed = s.run(out, resume=True, progress=False)
+    _same(reference, resumed)
+    assert not resumed.duplicated(["cell", "rep"]).any()
+
+
+def test_resume_into_another_studys_folder_is_refused(tmp_path):
+    _ols_study(name="first").run(tmp_path, progress=False)
+    second = _ols_study(name="second", n=[50])
+    with pytest.raises(StudyConfigError, match=r"holds the results of study 'first', not of 'second'.*resume=False"):
+        second.run(tmp_path, resume=True, progress=False)
+    frame = second.run(tmp_path, resume=False, progress=False)  # explicit overwrite
+    assert set(frame["study"]) == {"second"}
+
+
 _ORPHAN_SCRIPT = textwrap.dedent("""
     import sys
     from moestat.study import Study
