@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
+
+from .exceptions import warn_user
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
@@ -61,8 +62,8 @@ def renamed_arguments(**renames: str) -> Callable[[Callable[..., Any]], Callable
                     if new in kwargs:
                         raise TypeError(f"{fn.__name__}() got both {new}= and its former name {old}=; "
                                         f"pass {new}= only.")
-                    warnings.warn(f"{fn.__name__}({old}=...) is now {fn.__name__}({new}=...); the name {old!r} "
-                                  "will be removed.", FutureWarning, stacklevel=2)
+                    warn_user(f"{fn.__name__}({old}=...) is now {fn.__name__}({new}=...); the name {old!r} "
+                                  "will be removed.", FutureWarning)
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
         return wrapper
@@ -242,3 +243,25 @@ def validate_arguments(**table: Constraint) -> Callable[[Callable[..., Any]], Ca
         wrapper.parameter_constraints = dict(table)  # type: ignore[attr-defined]
         return wrapper
     return deco
+
+
+def as_numeric(name: str, value: Any) -> Any:
+    """``value`` as a numeric array: numpy and torch arrays pass (a torch tensor keeps its device); pandas frames
+    and series, lists and scalars become float64 numpy arrays.  Non-numeric data (strings, objects, complex
+    numbers) and tensors on a device that holds no data raise, naming ``name`` and the fix."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name} is a tensor on device {value.device.type!r}, which holds no data to fit; "
+                             "pass a CPU or CUDA tensor (or a numpy array).")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must hold real numbers, got a tensor of dtype {value.dtype}.")
+        return value
+    if hasattr(value, "to_numpy") and hasattr(value, "dtypes" if hasattr(value, "columns") else "dtype"):
+        value = value.to_numpy()  # pandas DataFrame / Series: their values, without index or column labels
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        example = next(iter(arr.ravel()), None) if arr.size else None
+        raise TypeError(f"{name} must hold real numbers, got an array of dtype {arr.dtype}"
+                        + (f" (e.g. {example!r})" if example is not None else "")
+                        + "; convert it to floats first (pandas: frame.astype(float)).")
+    return arr.astype(np.float64, copy=False)

@@ -20,8 +20,12 @@ raises :class:`StudyConfigError` (a ``ValueError``) naming the key and the valid
 
 from __future__ import annotations
 
-__all__ = ["ConvergenceWarning", "MLEConvergenceWarning", "MoestatWarning", "RateWarning", "RepresentationWarning",
-           "SingularInformationWarning", "StudyConfigError", "UnderdeterminedWarning"]
+import os
+import sys
+import warnings
+
+__all__ = ["CheckpointWarning", "ConvergenceWarning", "MLEConvergenceWarning", "MoestatWarning", "RateWarning",
+           "RepresentationWarning", "SingularInformationWarning", "StudyConfigError", "UnderdeterminedWarning"]
 
 
 class MoestatWarning(UserWarning):
@@ -59,3 +63,20 @@ class CheckpointWarning(MoestatWarning):
 
 class StudyConfigError(ValueError):
     """An invalid study configuration; the message names the key and the valid values."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the user's line: the first caller outside the moestat package.
+
+    A fixed ``stacklevel`` points into moestat whenever a public function is reached through a decorator
+    (argument checks, renamed arguments) or a helper; walking the stack keeps warnings filterable by the
+    user's module and shown at the user's call."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

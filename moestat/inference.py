@@ -39,6 +39,7 @@ from ._validation import (
     renamed_arguments,
     validate_arguments,
 )
+from .exceptions import warn_user
 from .fit.mle import _check_data, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
 from .gates import log_mixture_weights
@@ -293,9 +294,9 @@ def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "paramet
     draws[pos[ok]] = th[ok]
     failed[pos[ok]] = False
     if failed.any():
-        warnings.warn(f"{int(failed.sum())} of {B} bootstrap refits failed (non-converged, non-finite or degenerate "
+        warn_user(f"{int(failed.sum())} of {B} bootstrap refits failed (non-converged, non-finite or degenerate "
                       "resample); they are excluded from the bootstrap summaries and not redrawn.",
-                      MLEConvergenceWarning, stacklevel=2)
+                      MLEConvergenceWarning)
     config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy, **opts}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
 
@@ -415,8 +416,8 @@ def test_n_experts(X, y, k0: int, k1: int, n_resamples: int = 99, *, gate: str =
     pval = (1 + exceed) / (n_ok + 1)
     n_failed = B - n_ok
     if n_failed.sum():
-        warnings.warn(f"{int(n_failed.sum())} of {R * B} bootstrap refits failed; they are excluded (not redrawn) "
-                      "and the p-value uses the remaining ones.", MLEConvergenceWarning, stacklevel=2)
+        warn_user(f"{int(n_failed.sum())} of {R * B} bootstrap refits failed; they are excluded (not redrawn) "
+                      "and the p-value uses the remaining ones.", MLEConvergenceWarning)
 
     def out(a):
         return a[0].item() if single else a

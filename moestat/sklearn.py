@@ -15,6 +15,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .exceptions import warn_user
 from .fit.mle import fit_mle
 from .fit.results import MLEConvergenceWarning
 from .model import MoE
@@ -93,8 +94,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
             fit = fit_mle(spec, X, y, method=method, restarts=self.restarts, tol=self.tol, max_iter=self.max_iter,
                           sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn")
         if not fit.converged:
-            warnings.warn("the best start did not converge; increase max_iter.", MLEConvergenceWarning,
-                          stacklevel=2)
+            warn_user("the best start did not converge; increase max_iter.", MLEConvergenceWarning)
         self.fit_ = fit
         self.params_ = fit.params
         self.loglik_ = float(fit.loglik)

@@ -45,7 +45,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +70,7 @@ from ._cells import (
     register_metric,
 )
 from .checkpoint import write_atomic, write_frame
-from .exceptions import CheckpointWarning, StudyConfigError
+from .exceptions import CheckpointWarning, StudyConfigError, warn_user
 from .experts import EXPERTS, get_expert
 from .gates import GATES
 from .simulators.presets import PRESETS
@@ -669,7 +668,7 @@ def _stored_cell(path: Path, cell_id: str, reps: int) -> pd.DataFrame | None:
     """A finished cell read back for a resume, or None (with a :class:`CheckpointWarning`) when its file is
     damaged, holds another cell's rows or misses replicates (or repeats some): such a cell is recomputed."""
     def reject(why: str) -> None:
-        warnings.warn(f"stored cell {path.name} {why}; recomputing it.", CheckpointWarning, stacklevel=4)
+        warn_user(f"stored cell {path.name} {why}; recomputing it.", CheckpointWarning)
 
     try:
         frame = pd.read_parquet(path)

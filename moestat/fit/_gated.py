@@ -9,7 +9,6 @@ regressors ``A (R, S, k, d)``, free gate ``W (R, S, k-1, d)``.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,8 @@ import pandas as pd
 import torch
 
 from .._torch import resolve_device, resolve_dtype, to_numpy, to_tensor
-from .._validation import check_finite, check_int
+from .._validation import as_numeric, check_finite, check_int
+from ..exceptions import warn_user
 from ..metrics.gated import _gate_metrics, _regressor_metrics
 from ..model import normal_log_density
 from ..params import Params
@@ -30,8 +30,7 @@ from .base import FixedBudgetFit, add_settings, check_reps
 def prepare_data(X, y, k: int, device: str, dtype) -> tuple[torch.Tensor, torch.Tensor, bool, torch.device]:
     """Validate and convert ``X (n, d) | (R, n, d)``, ``y (n,) | (R, n)`` to batched tensors."""
     check_int("k", k, minimum=2)
-    Xa = X if isinstance(X, torch.Tensor) else np.asarray(X, dtype=np.float64)
-    ya = y if isinstance(y, torch.Tensor) else np.asarray(y, dtype=np.float64)
+    Xa, ya = as_numeric("X", X), as_numeric("y", y)
     if Xa.ndim not in (2, 3):
         raise ValueError(f"X must have shape (n, d) or (R, n, d), got {tuple(Xa.shape)}.")
     single = Xa.ndim == 2
@@ -40,6 +39,9 @@ def prepare_data(X, y, k: int, device: str, dtype) -> tuple[torch.Tensor, torch.
     if tuple(ya.shape) != tuple(Xa.shape[:2]):
         raise ValueError(f"y must have shape {tuple(Xa.shape[:2]) if not single else (Xa.shape[1],)} to match X, "
                          f"got {tuple(y.shape)}.")
+    if Xa.shape[-2] < k:
+        raise ValueError(f"X has {Xa.shape[-2]} observations, fewer than the k={k} experts; a gated network "
+                         "needs n >= k (and the tensor method many more).")
     check_finite("X", Xa)
     check_finite("y", ya)
     dev = resolve_device(device)
@@ -51,15 +53,13 @@ def warn_theory(X: torch.Tensor, k: int, *, check_inputs: bool) -> None:
     """Warn when 2k-1 < d fails (Assumption 3) or the inputs look non-Gaussian (Assumption 1)."""
     _R, _n, d = X.shape
     if not 2 * k - 1 < d:
-        warnings.warn(f"d={d} <= 2k-1={2 * k - 1}: makkuva2020 Assumption 3 (2k-1 < d, gate orthogonal to the "
-                      "regressors) cannot hold; the tensor method's guarantees do not apply.", UserWarning,
-                      stacklevel=3)
+        warn_user(f"d={d} <= 2k-1={2 * k - 1}: makkuva2020 Assumption 3 (2k-1 < d, gate orthogonal to the "
+                      "regressors) cannot hold; the tensor method's guarantees do not apply.", UserWarning)
     if check_inputs and not looks_standard_gaussian(X):
-        warnings.warn("X does not look like N(0, I_d) draws (mean, covariance or kurtosis off by more than "
+        warn_user("X does not look like N(0, I_d) draws (mean, covariance or kurtosis off by more than "
                       "sampling error): the Hermite/score transforms of L4 assume x ~ N(0, I_d) (makkuva2020 "
                       "Assumption 1), so the L4 minimiser may be biased. Whiten the inputs if they are Gaussian "
-                      "with another mean/covariance; pass check_inputs=False to silence this.", UserWarning,
-                      stacklevel=3)
+                      "with another mean/covariance; pass check_inputs=False to silence this.", UserWarning)
 
 
 def looks_standard_gaussian(X: torch.Tensor) -> bool:

@@ -23,12 +23,12 @@ import os
 import platform
 import shutil
 import sys
-import warnings
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from ..exceptions import warn_user
 from ..experts import ExpertFamily, registered_families
 
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
@@ -117,6 +117,6 @@ def load() -> ModuleType | None:
         return cpp_extension.load_inline(name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp,
                                          verbose=False)
     except Exception as err:  # any build or import failure means: use another kernel
-        warnings.warn(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
-                      "using the eager kernel instead.", UserWarning, stacklevel=2)
+        warn_user(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
+                      "using the eager kernel instead.", UserWarning)
         return None

@@ -27,11 +27,11 @@ it against autograd and finite differences.  The Jacobian of the residuals used 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
+from ..exceptions import warn_user
 from ..experts import ExpertFamily
 from ..model import MoE
 from . import _native
@@ -104,8 +104,8 @@ class MeanKernel:
         gate, k <= 32, built-in expert), the eager kernel for everything else (CUDA tensors included)."""
         mode = kernel_mode(compile)
         if mode in ("auto", "native") and not _native.compiler_available():
-            warnings.warn(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which the native "
-                          "kernel needs; using the eager kernel.", UserWarning, stacklevel=3)
+            warn_user(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which the native "
+                          "kernel needs; using the eager kernel.", UserWarning)
             mode = "eager"
         native = None
         if mode in ("auto", "native") and _native.supports(spec.gate, spec.k, spec.family):

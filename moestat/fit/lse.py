@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numbers
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +39,13 @@ from .._validation import (
     Optional,
     Real,
     Seed,
+    as_numeric,
     check_choice,
     check_finite,
     check_int,
     validate_arguments,
 )
-from ..exceptions import ConvergenceWarning, UnderdeterminedWarning
+from ..exceptions import ConvergenceWarning, UnderdeterminedWarning, warn_user
 from ..model import MoE
 from ..params import Params
 from . import _optim
@@ -212,8 +212,7 @@ class LSEFit(FitResult):
 
 # ------------------------------------------------------------------ input checks
 def _as_data(X: Array, y: Array, spec: MoE) -> tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]:
-    if not hasattr(X, "shape") or not hasattr(y, "shape"):
-        X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    X, y = as_numeric("X", X), as_numeric("y", y)
     if X.ndim == 2:
         X = X[None]
         if y.ndim == 1:
@@ -531,8 +530,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     R, n, d = Xn.shape
     P = spec.n_params()
     if n < P and underdetermined == "warn":
-        warnings.warn(f"n={n} observations are fewer than the {P} mean parameters: the least-squares estimator is "
-                      "not identified (the fit is one minimiser among many).", UnderdeterminedWarning, stacklevel=2)
+        warn_user(f"n={n} observations are fewer than the {P} mean parameters: the least-squares estimator is "
+                      "not identified (the fit is one minimiser among many).", UnderdeterminedWarning)
     elif n < P:
         raise ValueError(f"n={n} observations are fewer than the {P} mean parameters of a {spec.k}-expert "
                          f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the least-squares estimator is not identified. "
@@ -677,6 +676,6 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         stops = sorted(set(fit.status[~fit.converged]))
         advice = ("a saddle point has negative curvature: restart from other starts (restarts > 1)"
                   if stops == ["saddle"] else "raise max_iter, loosen tol/gtol or add restarts")
-        warnings.warn(f"{bad} of {R} replicates did not converge (status: {stops}); {advice}.",
-                      ConvergenceWarning, stacklevel=2)
+        warn_user(f"{bad} of {R} replicates did not converge (status: {stops}); {advice}.",
+                      ConvergenceWarning)
     return fit

@@ -26,7 +26,6 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,11 +40,12 @@ from .._validation import (
     Optional,
     Real,
     Seed,
+    as_numeric,
     check_choice,
     check_int,
     validate_arguments,
 )
-from ..exceptions import UnderdeterminedWarning
+from ..exceptions import UnderdeterminedWarning, warn_user
 from ..gates import log_mixture_weights
 from ..model import MoE, normal_log_density
 from ..params import Params
@@ -58,8 +58,9 @@ METHODS = ("em", "gradient")
 
 
 def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.ndarray, np.ndarray, bool]:
-    Xn = np.array(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
-    yn = np.array(y.detach().cpu() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
+    X, y = as_numeric("X", X), as_numeric("y", y)
+    Xn = np.array(X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
+    yn = np.array(y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
     single = Xn.ndim == 2
     if Xn.ndim == 1:
         raise ValueError(f"X must have shape (n, d) or (R, n, d), got shape {Xn.shape}; "
@@ -78,13 +79,15 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.nda
         if not np.isfinite(a).all():
             raise ValueError(f"{name} contains NaN or infinite values; remove or impute those rows before fitting.")
     n = Xn.shape[1]
+    if n == 0:
+        raise ValueError("X has no observations (n = 0).")
     if spec.k > n:
         raise ValueError(f"k={spec.k} experts exceed the n={n} observations; choose k <= n.")
     P = ParamLayout(spec).size
     if n < P and underdetermined == "warn":
-        warnings.warn(f"n={n} observations are fewer than the {P} free parameters: the MLE is not identified "
+        warn_user(f"n={n} observations are fewer than the {P} free parameters: the MLE is not identified "
                       "(estimates are one maximiser among many; standard errors are not available).",
-                      UnderdeterminedWarning, stacklevel=3)
+                      UnderdeterminedWarning)
     elif n < P:
         raise ValueError(f"n={n} observations are fewer than the {P} free parameters of a {spec.k}-expert "
                          f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the MLE is not identified. "

@@ -35,7 +35,7 @@ from scipy import stats
 
 from .._torch import to_numpy, to_tensor
 from .._validation import check_choice
-from ..exceptions import MLEConvergenceWarning, SingularInformationWarning
+from ..exceptions import MLEConvergenceWarning, SingularInformationWarning, warn_user
 from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
@@ -103,9 +103,9 @@ class MLEFit(FitResult):
         self._warned_singular = False
         if not self._converged.all():
             bad = np.flatnonzero(~self._converged).tolist()
-            warnings.warn(f"the best start did not converge within max_iter={settings['max_iter']} for "
+            warn_user(f"the best start did not converge within max_iter={settings['max_iter']} for "
                           f"replicate(s) {bad[:10]}{'...' if len(bad) > 10 else ''}; raise max_iter or loosen tol.",
-                          MLEConvergenceWarning, stacklevel=3)
+                          MLEConvergenceWarning)
 
     # ------------------------------------------------------------- helpers
     def _out(self, a: np.ndarray) -> Any:
@@ -311,10 +311,9 @@ class MLEFit(FitResult):
         if (~ok).any() and not self._warned_singular:
             self._warned_singular = True
             bad = np.flatnonzero(~ok).tolist()
-            warnings.warn(f"the information matrix ({P} parameters) is singular or not positive definite for "
+            warn_user(f"the information matrix ({P} parameters) is singular or not positive definite for "
                           f"replicate(s) {bad[:10]}; standard errors are reported as NaN (typical when k exceeds "
-                          "the true number of experts, or a component is empty).", SingularInformationWarning,
-                          stacklevel=2)
+                          "the true number of experts, or a component is empty).", SingularInformationWarning)
         return self._out(cov)
 
     def bse(self, kind: str = "oim") -> Any:

@@ -84,7 +84,6 @@ candidates.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +96,7 @@ from scipy.stats import norm, qmc
 
 from .._torch import to_numpy
 from .._validation import check_choice
-from ..exceptions import RepresentationWarning
+from ..exceptions import RepresentationWarning, warn_user
 from ..model import MoE
 from ..params import Params
 from ._common import check_compatible, unpack
@@ -781,15 +780,14 @@ def _gbar_split_atoms(g: Params, truth: Params, s: int) -> tuple[dict[int, int],
 def _warn_larger_sets(spec: MoE, tru: _Atoms, zero: list[bool], inputs: str, low: float, high: float) -> None:
     expert = spec.family.name
     if spec.gate == "sigmoid" and expert == "linear" and any(zero):
-        warnings.warn("a sigmoid-gated linear truth with a zero-slope atom: sigma(l) + sigma(-l) = 1 lets that atom's "
+        warn_user("a sigmoid-gated linear truth with a zero-slope atom: sigma(l) + sigma(-l) = 1 lets that atom's "
                       "expert merge additively with any gate shared by two fitted atoms, a family not searched here; "
-                      "the errors are upper bounds of the distance to the exact set.", RepresentationWarning,
-                      stacklevel=3)
+                      "the errors are upper bounds of the distance to the exact set.", RepresentationWarning)
     if spec.gate == "softmax" and expert == "linear" and tru.b0.shape[-1] == 2:
-        warnings.warn("softmax-gated linear experts with k* = 2: multiplying numerator and denominator by "
+        warn_user("softmax-gated linear experts with k* = 2: multiplying numerator and denominator by "
                       "1 + c exp(l_1 - l_0) gives a further exact family with a convex combination of the two experts "
                       "(it needs k* + 2 atoms when k* >= 3), not searched here; the errors are upper bounds.",
-                      RepresentationWarning, stacklevel=3)
+                      RepresentationWarning)
     if expert == "relu" and inputs == "uniform":
         w = 0.5 * (high - low)
         reach = w * tru.eta[:, 1:].abs().sum(-1)
@@ -797,9 +795,9 @@ def _warn_larger_sets(spec: MoE, tru: _Atoms, zero: list[bool], inputs: str, low
         flat = ((b - reach) >= 0) | ((b + reach) <= 0)
         if bool(flat.any()):
             atoms = torch.nonzero(flat).squeeze(1).tolist()
-            warnings.warn(f"true relu expert(s) {atoms} have no kink inside the support [{low}, {high}]^d (always "
+            warn_user(f"true relu expert(s) {atoms} have no kink inside the support [{low}, {high}]^d (always "
                           "active or always zero there): their exact splits form a larger family than the one "
-                          "searched; the errors are upper bounds.", RepresentationWarning, stacklevel=3)
+                          "searched; the errors are upper bounds.", RepresentationWarning)
 
 
 def _assemble(cands: list[dict], fit: _Atoms, tru: _Atoms, m_fit: torch.Tensor, R: int, k: int, spec: MoE,

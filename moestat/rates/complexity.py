@@ -8,7 +8,6 @@ The public names are re-exported by :mod:`moestat.rates`.
 from __future__ import annotations
 
 import numbers
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from .._validation import (
     renamed_arguments,
     validate_arguments,
 )
-from ..exceptions import RateWarning
+from ..exceptions import RateWarning, warn_user
 from ..report import Result
 from ._core import (
     _as_list,
@@ -274,9 +273,9 @@ def scaling_exponent(result: SampleComplexityResult, design: str, *, confidence_
         base = {**dict(zip(rest, key, strict=True)), "design": design, "n_points": len(sub), "n_censored": n_cens}
         if censored == "drop":
             if n_cens:
-                warnings.warn(f"{_key_text(key, rest)}: {n_cens} censored n* value(s) dropped from the scaling "
+                warn_user(f"{_key_text(key, rest)}: {n_cens} censored n* value(s) dropped from the scaling "
                               "regression; right-censored points are the hardest designs, so dropping them biases "
-                              "the slope down. Widen the n grid or use censored='tobit'.", RateWarning, stacklevel=2)
+                              "the slope down. Widen the n grid or use censored='tobit'.", RateWarning)
             if ok.sum() < 3:
                 raise ValueError(f"{_key_text(key, rest)}: only {int(ok.sum())} uncensored n* values; the scaling "
                                  "regression needs >= 3 (widen the n grid or use censored='tobit').")
@@ -291,8 +290,8 @@ def scaling_exponent(result: SampleComplexityResult, design: str, *, confidence_
                          "ci_low": float(lo), "ci_high": float(hi), "intercept": float(fit.params[0]),
                          "r2": float(fit.rsquared), "method": "ols+bootstrap", "boot_used": int(good.sum())})
             if good.mean() < 0.9:
-                warnings.warn(f"{_key_text(key, rest)}: {100 * (1 - good.mean()):.0f}% of bootstrap draws had a "
-                              "censored n*; the interval conditions on the rest.", RateWarning, stacklevel=2)
+                warn_user(f"{_key_text(key, rest)}: {100 * (1 - good.mean()):.0f}% of bootstrap draws had a "
+                              "censored n*; the interval conditions on the rest.", RateWarning)
         else:
             finite = np.isfinite(sub["n_star"].to_numpy(dtype=np.float64)) & (sub["censored"] != "left").to_numpy()
             ly = np.where(finite, np.log(np.where(finite, sub["n_star"], 1.0)), np.log(sub["n_max"]))

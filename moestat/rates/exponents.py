@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import numbers
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from .._validation import (
     renamed_arguments,
     validate_arguments,
 )
-from ..exceptions import RateWarning
+from ..exceptions import RateWarning, warn_user
 from ..report import Result, Summary
 from ._core import (
     _AGGS,
@@ -853,7 +852,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
         if dropped_na:
             frame = frame[~bad]
             if warn:
-                warnings.warn(f"dropped {dropped_na} row(s) with NaN {y!r} (na='drop').", RateWarning, stacklevel=3)
+                warn_user(f"dropped {dropped_na} row(s) with NaN {y!r} (na='drop').", RateWarning)
     by_cols = _as_list("by", by)
     models = _check_models(model)
     _check_choice("agg", agg, _AGGS)
@@ -932,7 +931,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
         wrows += [{**keyd, **w} for w in group_wrows]
         if warn:
             for msg in dict.fromkeys(msgs):
-                warnings.warn(msg, RateWarning, stacklevel=3)
+                warn_user(msg, RateWarning)
     details = pd.DataFrame(rows)
     details["window_consistent"] = details["window_consistent"].astype("boolean")
     order = [*by_cols, *TABLE_COLUMNS]

@@ -17,7 +17,6 @@ Replicate ``r`` draws its data from ``default_rng(SeedSequence(seed).spawn(R)[r]
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +30,7 @@ from .._validation import (
     check_int,
     validate_arguments,
 )
+from ..exceptions import warn_user
 from ..hermite import get_activation
 from ..model import MoE
 from ..params import Params
@@ -122,9 +122,8 @@ def gated_nn_truth(d: int = 10, k: int = 2, *, activation: str = "linear", sigma
         raise ValueError(f"sigma must be a finite noise sd >= 0, got {sigma}.")
     check_choice("inputs", inputs, ("gaussian", "mixture"))
     if not 2 * k - 1 < d:
-        warnings.warn(f"d={d} <= 2k-1={2 * k - 1}: makkuva2020's theory (Assumption 3) needs 2k-1 < d for the gate "
-                      "to be orthogonal to the regressors; recovery guarantees do not apply.", UserWarning,
-                      stacklevel=3)
+        warn_user(f"d={d} <= 2k-1={2 * k - 1}: makkuva2020's theory (Assumption 3) needs 2k-1 < d for the gate "
+                      "to be orthogonal to the regressors; recovery guarantees do not apply.", UserWarning)
     rng = np.random.default_rng(truth_seed)
     if isinstance(regressors, str):
         check_choice("regressors", regressors, ("orthonormal", "random"))

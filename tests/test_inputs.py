@@ -1,0 +1,69 @@
+"""Data inputs at the estimators' doors: lossless conversions give the same fit, non-numbers a clean error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import moestat as ms
+
+SPEC = ms.MoE(gate="softmax", expert="linear", k=2, d=2)
+TRUTH = ms.Params([0.5, 0.0], [[2.0, -1.0], [0.0, 0.0]], [[1.0, 0.5], [-1.0, 0.2]], [0.3, -0.3])
+
+
+@pytest.fixture(scope="module")
+def data():
+    d = ms.simulate(SPEC, TRUTH, n=200, seed=3)
+    X = np.round(d.X[0] * 4) / 4  # a grid of quarters: exact in float32 and as integers after scaling by 4
+    return X, d.y[0]
+
+
+def _lse(X, y):
+    return ms.fit_lse(SPEC, X, y, init="random", restarts=2, seed=1, max_iter=30, condition=False).objective
+
+
+def _mle(X, y):
+    return ms.fit_mle(SPEC, X, y, restarts=2, seed=1, max_iter=30).loglik
+
+
+CONVERSIONS = {
+    "DataFrame/Series": lambda X, y: (pd.DataFrame(X, columns=["a", "b"]), pd.Series(y)),
+    "lists": lambda X, y: (X.tolist(), y.tolist()),
+    "float32": lambda X, y: (X.astype(np.float32), y.astype(np.float32)),
+    "torch": lambda X, y: (torch.as_tensor(X), torch.as_tensor(y)),
+}
+
+
+@pytest.mark.parametrize("fit", [_lse, _mle], ids=["fit_lse", "fit_mle"])
+@pytest.mark.parametrize("convert", list(CONVERSIONS), ids=list(CONVERSIONS))
+def test_lossless_conversions_give_the_same_fit(data, fit, convert):
+    X, y = data
+    Xc, yc = CONVERSIONS[convert](X, y)
+    if convert == "float32":  # y is rounded to float32 too: compare with the float64 fit of the same numbers
+        y = y.astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(fit(Xc, yc), fit(X, y), rtol=1e-10)
+
+
+def test_integer_arrays_are_numbers(data):
+    X, y = data
+    Xi = (X * 4).astype(np.int64)
+    np.testing.assert_allclose(_lse(Xi, y), _lse(Xi.astype(np.float64), y), rtol=1e-12)
+
+
+@pytest.mark.parametrize("fitter", ["fit_lse", "fit_mle", "fit_tensor"])
+def test_non_numbers_empty_data_and_meta_tensors_get_clean_errors(data, fitter):
+    X, y = data
+    call = {"fit_lse": lambda X, y: ms.fit_lse(SPEC, X, y, init="random"),
+            "fit_mle": lambda X, y: ms.fit_mle(SPEC, X, y),
+            "fit_tensor": lambda X, y: ms.fit_tensor(X, y, 2)}[fitter]
+    words = np.array([["a", "b"]] * len(y), dtype=object)
+    with pytest.raises(TypeError, match=r"X must hold real numbers, got an array of dtype object \(e.g. 'a'\)"):
+        call(words, y)
+    with pytest.raises(TypeError, match="y must hold real numbers"):
+        call(X, np.array(["1.0"] * len(y)))
+    with pytest.raises(ValueError, match=r"no observations|0 observations"):
+        call(np.zeros((0, 2)), np.zeros(0))
+    with pytest.raises(ValueError, match="tensor on device 'meta'"):
+        call(torch.empty(len(y), 2, device="meta"), torch.as_tensor(y))
