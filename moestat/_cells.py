@@ -184,6 +184,36 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
     return est
 
 
+def _lse_options_target() -> Callable[..., Any]:
+    from .fit.lse import fit_lse
+
+    return fit_lse
+
+
+lse_estimator.forwards_to = _lse_options_target  # type: ignore[attr-defined]
+lse_estimator.extra_options = ("invariance",)  # type: ignore[attr-defined]
+
+#: Arguments a study passes to every estimator itself (not options of a fit entry).
+STUDY_SUPPLIED = ("spec", "X", "y", "truth", "seed", "device")
+
+
+def estimator_options(fn: Callable[..., Any]) -> tuple[set[str] | None, dict[str, Any]]:
+    """Option names an estimator accepts (None: any, it takes ``**options`` it does not forward to a known fitter)
+    and the constraint table of the fitter it forwards them to (empty if none)."""
+    params = inspect.signature(fn).parameters
+    named = {k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    names = named - set(STUDY_SUPPLIED)
+    forwards = getattr(fn, "forwards_to", None)
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return names, {}
+    if forwards is None:
+        return None, {}
+    target = forwards()
+    names |= set(inspect.signature(target).parameters) - set(STUDY_SUPPLIED)
+    names |= set(getattr(fn, "extra_options", ()))
+    return names, dict(getattr(target, "parameter_constraints", {}))
+
+
 INVARIANCE_STARTS = ("all", "best")
 
 

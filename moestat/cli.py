@@ -55,8 +55,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_study_run(args: argparse.Namespace) -> int:
     from .study import Study
 
+    if args.workers is not None and args.workers < 1:
+        raise _UsageError(f"--workers must be a positive number of processes, got {args.workers}.")
     study = Study.from_toml(args.study)
     out = Path(args.out) if args.out else Path("out") / Path(args.study).stem
+    if out.exists() and not out.is_dir():
+        raise _UsageError(f"--out {out} is a file; give a folder for the study's cells and results.")
     existing = out / "cells"
     if existing.is_dir() and any(existing.glob("*.parquet")) and not (args.resume or args.overwrite):
         raise _UsageError(f"{out} already holds results of a study; pass --resume to continue it or "
@@ -302,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     np.set_printoptions(precision=4)
     try:
         return int(args.func(args))
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, OSError) as exc:  # OSError: a missing, unreadable or unwritable path
         print(f"moestat: error: {exc}", file=sys.stderr)
         return 2
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import ctypes
+import difflib
 import hashlib
 import importlib
 import io
@@ -374,6 +375,7 @@ class Study:
             opts = e.setdefault("options", {})
             if not isinstance(opts, Mapping):
                 raise StudyConfigError(f"{where}.options must be a table of estimator keyword arguments.")
+            _check_options(where, e["estimator"], opts)
             if not e.get("label"):
                 est = metric_name(e["estimator"])
                 parts = [str(e[key]) for key in ("gate", "expert") if e.get(key)]
@@ -653,6 +655,23 @@ class Study:
 
 
 # ------------------------------------------------------------------ cell execution
+
+def _check_options(where: str, estimator: Any, opts: Mapping[str, Any]) -> None:
+    """Refuse, before any cell runs, an option the estimator does not take or a value its fitter's constraint
+    table rejects (``moestat study check`` reports the same)."""
+    fn = ESTIMATORS[estimator] if isinstance(estimator, str) else estimator
+    names, table = _cells.estimator_options(fn)
+    label = estimator if isinstance(estimator, str) else metric_name(estimator)
+    for key, value in opts.items():
+        if names is not None and key not in names:
+            close = difflib.get_close_matches(key, sorted(names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise StudyConfigError(f"{where}.options.{key} is not an option of estimator {label!r}{hint}; valid "
+                                   f"options are {sorted(names)}.")
+        constraint = table.get(key)
+        if constraint is not None and not constraint.accepts(value):
+            raise StudyConfigError(f"{where}.options.{key} must be {constraint.description}, got {value!r}.")
+
 
 def _share_cores(workers: int) -> None:
     """Process-pool initializer: give each of ``workers`` processes an equal share of the CPU's cores as torch

@@ -195,3 +195,30 @@ def test_rates_command_prints_table_and_writes_csv_and_png(study_toml, tmp_path,
     assert (out / "rates_slope_error.png").stat().st_size > 1000
     assert main(["rates", str(out), "--y", "nope"]) == 2
     assert "columns ['nope'] are not in the results" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"max_iters": 5}, "options.max_iters is not an option of estimator 'lse' (did you mean 'max_iter'?)"),
+    ({"optimizer": "bfgs"}, "options.optimizer must be one of the valid values"),
+    ({"restarts": 0}, "options.restarts must be an integer >= 1, got 0"),
+])
+def test_study_check_refuses_options_the_estimator_would_reject(tmp_path, capsys, options, message):
+    """`moestat study check` and Study() refuse a misspelled option or a bad value before any cell runs (they
+    used to pass the check and fail mid-run)."""
+    text = ('name = "opts"\nseed = 1\nreps = 2\nn = [100]\n[[truth]]\npreset = "sigmoid_vs_softmax"\nregime = 2\n'
+            'd = 2\nk = 2\n[[fit]]\nestimator = "lse"\n[fit.options]\n'
+            + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in options.items()))
+    path = tmp_path / "opts.toml"
+    path.write_text(text)
+    assert main(["study", "check", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_study_run_refuses_bad_workers_and_a_file_as_out(study_toml, tmp_path, capsys):
+    for bad in ("0", "-3"):
+        assert main(["study", "run", str(study_toml), "--workers", bad, "--out", str(tmp_path / "o")]) == 2
+        assert "--workers must be a positive number of processes" in capsys.readouterr().err
+    afile = tmp_path / "taken.txt"
+    afile.write_text("x")
+    assert main(["study", "run", str(study_toml), "--out", str(afile), "--quiet"]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err

@@ -368,7 +368,8 @@ def _mixed_starts(kinds: list[str], spec: MoE, truth: Params | None, X: np.ndarr
 
 
 # ------------------------------------------------------------------ estimator
-@validate_arguments(restarts=Integer(1), max_iter=Optional(Integer(1)), tol=Real(0), gtol=Real(0), epochs=Integer(1),
+@validate_arguments(optimizer=Choice(*OPTIMIZERS), restarts=Integer(1), max_iter=Optional(Integer(1)), tol=Real(0),
+                    gtol=Real(0), epochs=Integer(1),
                     lr=Optional(Real(0, open_low=True)), batch_size=Integer(1),
                     init_scale=Optional(Real(0, open_low=True)), device=Device(), dtype=Dtype(), seed=Seed(),
                     progress=Boolean(), history=Boolean(), condition=Boolean(), threads=Optional(Integer(1)),
