@@ -14,6 +14,7 @@ from .exceptions import (
     ConvergenceWarning,
     MoestatWarning,
     RepresentationWarning,
+    ScaleWarning,
     StudyConfigError,
     UnderdeterminedWarning,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "RepresentationErrors",
     "RepresentationWarning",
     "SampleComplexityResult",
+    "ScaleWarning",
     "SingularInformationWarning",
     "Study",
     "StudyConfigError",

@@ -25,7 +25,8 @@ import sys
 import warnings
 
 __all__ = ["CheckpointWarning", "ConvergenceWarning", "MLEConvergenceWarning", "MoestatWarning", "RateWarning",
-           "RepresentationWarning", "SingularInformationWarning", "StudyConfigError", "UnderdeterminedWarning"]
+           "RepresentationWarning", "ScaleWarning", "SingularInformationWarning", "StudyConfigError",
+           "UnderdeterminedWarning"]
 
 
 class MoestatWarning(UserWarning):
@@ -55,6 +56,10 @@ class RateWarning(MoestatWarning):
 
 class RepresentationWarning(MoestatWarning):
     """The exact set of this truth is larger than the families searched: errors are upper bounds."""
+
+
+class ScaleWarning(MoestatWarning):
+    """The inputs' columns are far from unit scale, where moestat's starts, step sizes and tolerances are set."""
 
 
 class CheckpointWarning(MoestatWarning):

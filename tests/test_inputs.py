@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -67,3 +69,19 @@ def test_non_numbers_empty_data_and_meta_tensors_get_clean_errors(data, fitter):
         call(np.zeros((0, 2)), np.zeros(0))
     with pytest.raises(ValueError, match="tensor on device 'meta'"):
         call(torch.empty(len(y), 2, device="meta"), torch.as_tensor(y))
+
+
+@pytest.mark.parametrize("fitter", ["fit_lse", "fit_mle"])
+@pytest.mark.parametrize("scale", [1e-6, 1e4])
+def test_inputs_far_from_unit_scale_are_flagged(data, fitter, scale):
+    """A fit on inputs scaled by 1e-6 can stop at a worse optimum while reporting convergence (measured:
+    fit_mle log-likelihood -201 instead of 394); the estimators say so instead of staying silent."""
+    X, y = data
+    call = {"fit_lse": lambda X: ms.fit_lse(SPEC, X, y, init="random", max_iter=5, condition=False),
+            "fit_mle": lambda X: ms.fit_mle(SPEC, X, y, max_iter=5, restarts=1, seed=0)}[fitter]
+    with pytest.warns(ms.ScaleWarning, match=r"input column\(s\) far from unit scale \(root-mean-square x1: .*x2: "):
+        call(X * scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ms.ScaleWarning)
+        warnings.simplefilter("ignore", ms.ConvergenceWarning)
+        call(X)  # unit-order inputs: no warning

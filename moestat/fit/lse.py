@@ -42,6 +42,7 @@ from .._validation import (
     as_numeric,
     check_choice,
     check_finite,
+    check_input_scale,
     check_int,
     validate_arguments,
 )
@@ -229,6 +230,7 @@ def _as_data(X: Array, y: Array, spec: MoE) -> tuple[np.ndarray | torch.Tensor, 
         raise ValueError("X has no observations (n = 0).")
     check_finite("X", X)
     check_finite("y", y)
+    check_input_scale(X)
     return X, y
 
 

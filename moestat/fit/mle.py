@@ -42,6 +42,7 @@ from .._validation import (
     Seed,
     as_numeric,
     check_choice,
+    check_input_scale,
     check_int,
     validate_arguments,
 )
@@ -81,6 +82,7 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.nda
     n = Xn.shape[1]
     if n == 0:
         raise ValueError("X has no observations (n = 0).")
+    check_input_scale(Xn)
     if spec.k > n:
         raise ValueError(f"k={spec.k} experts exceed the n={n} observations; choose k <= n.")
     P = ParamLayout(spec).size
