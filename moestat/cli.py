@@ -118,7 +118,7 @@ def _cmd_rates(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    frame = load_results(args.results)
+    frame = load_results(args.results, partial=args.partial)
     by = [b for b in (args.by or "").split(",") if b]
     missing = [c for c in [args.y, args.x, *by, *([args.units] if args.units else [])] if c not in frame.columns]
     if missing:
@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     rates.add_argument("--confidence-level", "--ci", dest="confidence_level", type=float, default=0.95,
                        help="confidence level of the intervals (default 0.95; --ci is its former name)")
     rates.add_argument("--seed", type=int, default=None, help="bootstrap seed")
+    rates.add_argument("--partial", action="store_true",
+                       help="read the finished cells of an unfinished study (default: refuse it and say how to "
+                            "finish it)")
     rates.add_argument("--out", metavar="PREFIX", default=None,
                        help="write PREFIX.csv, PREFIX_windows.csv and PREFIX.png (default DIR/rates_<y>)")
     rates.set_defaults(func=_cmd_rates)

@@ -830,14 +830,41 @@ def _roundtrip(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.read_parquet(buf)
 
 
-def load_results(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a study's frame from a checkpoint folder (``results.parquet``, else its cells) or a file."""
+def load_results(path: str | os.PathLike, *, partial: bool = False) -> pd.DataFrame:
+    """Read a study's frame from a checkpoint folder or a ``.parquet``/``.csv`` file.
+
+    A folder must hold a complete study: its ``provenance.json`` says ``complete`` and ``results.parquet`` holds
+    exactly the cells the study lists (``cells.json``).  An interrupted study (or
+    one whose results file is older than its cells) is refused with a message that says how to finish it;
+    ``partial=True`` instead assembles the finished cells there are, for a look while it runs.
+    """
     p = Path(path)
     if p.is_dir():
-        if (p / "results.parquet").is_file():
-            return pd.read_parquet(p / "results.parquet")
+        prov = p / "provenance.json"
+        status = None
+        if prov.is_file():
+            try:
+                status = json.loads(prov.read_text()).get("config", {}).get("status")
+            except (OSError, ValueError, AttributeError):
+                status = None
         cells = sorted((p / "cells").glob("*.parquet")) if (p / "cells").is_dir() else []
-        if cells:
+        if partial:
+            if cells:
+                return pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
+        elif (p / "results.parquet").is_file() and status in (None, "complete"):
+            frame = pd.read_parquet(p / "results.parquet")
+            listed = p / "cells.json"
+            if listed.is_file() and "cell" in frame:
+                want = set(json.loads(listed.read_text()).get("cells", []))
+                if set(frame["cell"]) != want:
+                    raise ValueError(f"{str(p)!r}: results.parquet does not hold the {len(want)} cells the study "
+                                     "lists (cells.json); rerun the study with --resume to rebuild it.")
+            return frame
+        elif status not in (None, "complete"):
+            raise ValueError(f"{str(p)!r} holds an unfinished study (status {status!r}, {len(cells)} cells "
+                             "finished); finish it with `moestat study run STUDY.toml --out DIR --resume`, or read "
+                             "the finished cells with load_results(..., partial=True) (moestat rates --partial).")
+        if not partial and cells and not (p / "results.parquet").is_file():
             return pd.concat([pd.read_parquet(c) for c in cells], ignore_index=True)
         if (p / "results.csv").is_file():
             return pd.read_csv(p / "results.csv")

@@ -467,3 +467,24 @@ def test_vignette_study_timing_survives_a_failure_after_the_study(tmp_path):
     assert json.loads((tmp_path / "study" / "timing.json").read_text()) == first
     _, again = run_study_timed(study, tmp_path, progress=False, workers=1)
     assert again == first
+
+
+def test_load_results_reads_only_a_complete_matching_study(tmp_path):
+    """An interrupted rerun leaves an old results.parquet beside a 'running' provenance: reading it would report
+    another run's frame; load_results (and moestat rates) refuse it unless partial=True, which reads the cells."""
+    s = _ols_study()
+    full = s.run(tmp_path, progress=False)
+    _same(full, load_results(tmp_path))
+    prov = tmp_path / "provenance.json"
+    doc = json.loads(prov.read_text())
+    doc["config"]["status"] = "running"  # what a killed rerun leaves behind
+    prov.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"unfinished study \(status 'running'.*--resume.*partial=True"):
+        load_results(tmp_path)
+    assert len(load_results(tmp_path, partial=True)) == len(full)
+    doc["config"]["status"] = "complete"
+    prov.write_text(json.dumps(doc))
+    listed = json.loads((tmp_path / "cells.json").read_text())
+    (tmp_path / "cells.json").write_text(json.dumps({"cells": listed["cells"][:-1]}))
+    with pytest.raises(ValueError, match=r"results.parquet does not hold the .* cells the study lists"):
+        load_results(tmp_path)
