@@ -165,7 +165,8 @@ _KILL_SCRIPT = textwrap.dedent("""
     import sys
     from moestat.study import Study
     study = Study.from_toml(sys.argv[1])
-    study.run(sys.argv[2], progress=False)
+    workers = int(sys.argv[3])
+    study.run(sys.argv[2], progress=False, executor="processes" if workers > 1 else None, workers=workers)
 """)
 
 
@@ -175,8 +176,10 @@ def _kill_study_toml(path: Path) -> Path:
     return Path(s.to_toml(path) and path)
 
 
-def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path):
-    """Kill a real study process with SIGKILL several times, resume each time: same frame, no lost/duplicate rows."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path, workers):
+    """Kill a real study process with SIGKILL several times, resume each time: same frame, no lost/duplicate rows.
+    With --workers 2 only the main process is killed; its workers end with it and the next run resumes."""
     toml = _kill_study_toml(tmp_path / "study.toml")
     study = Study.from_toml(toml)
     reference = study.run(tmp_path / "reference", progress=False)
@@ -185,7 +188,7 @@ def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path):
     rng = np.random.default_rng(0)
     kills = 0
     for _ in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(toml), str(out)], env=env,
+        proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(toml), str(out), str(workers)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         target = len(list((out / "cells").glob("*.parquet"))) + int(rng.integers(1, 5)) if out.exists() else 1
         deadline = time.time() + 120
