@@ -71,14 +71,30 @@ def test_non_numbers_empty_data_and_meta_tensors_get_clean_errors(data, fitter):
         call(torch.empty(len(y), 2, device="meta"), torch.as_tensor(y))
 
 
-@pytest.mark.parametrize("fitter", ["fit_lse", "fit_mle"])
-@pytest.mark.parametrize("scale", [1e-6, 1e4])
-def test_inputs_far_from_unit_scale_are_flagged(data, fitter, scale):
-    """A fit on inputs scaled by 1e-6 can stop at a worse optimum while reporting convergence (measured:
-    fit_mle log-likelihood -201 instead of 394); the estimators say so instead of staying silent."""
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 1e3, 1e6])
+def test_fit_lse_gives_the_same_function_at_every_input_scale(data, scale):
+    """fit_lse fits inputs far from unit scale as X / s and maps the slopes back (the model is equivariant): the
+    fitted function and objective are those of the unit-scale fit (measured gap 1e-9), and a box still bounds the
+    slopes on the user's scale."""
     X, y = data
-    call = {"fit_lse": lambda X: ms.fit_lse(SPEC, X, y, init="random", max_iter=5, condition=False),
-            "fit_mle": lambda X: ms.fit_mle(SPEC, X, y, max_iter=5, restarts=1, seed=0)}[fitter]
+    kw = dict(init="kmeans", restarts=3, seed=1, condition=False)
+    unit = ms.fit_lse(SPEC, X, y, **kw)
+    scaled = ms.fit_lse(SPEC, X * scale, y, **kw)
+    assert unit.settings["input_scale"] is None and scaled.settings["input_scale"] is not None
+    np.testing.assert_allclose(scaled.objective, unit.objective, rtol=1e-8)
+    gap = np.abs(SPEC.mean(scaled.params, X * scale) - SPEC.mean(unit.params, X)).max()
+    assert gap < 1e-6  # both converged to gtol; the residual sd is 0.1
+    box = 0.3 / scale  # tight enough to bind the slopes on the user's scale
+    boxed = ms.fit_lse(SPEC, X * scale, y, box={"expert_weight": box}, **kw)
+    assert np.abs(boxed.params.expert_weight).max() <= box * (1 + 1e-9) and boxed.hit_bound.any()
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e4])
+def test_mle_inputs_far_from_unit_scale_are_flagged(data, scale):
+    """A likelihood fit on inputs scaled by 1e-6 can stop at a worse optimum while reporting convergence
+    (measured: log-likelihood -201 instead of 394); fit_mle says so instead of staying silent."""
+    X, y = data
+    call = lambda X: ms.fit_mle(SPEC, X, y, max_iter=5, restarts=1, seed=0)  # noqa: E731
     with pytest.warns(ms.ScaleWarning, match=r"input column\(s\) far from unit scale \(root-mean-square x1: .*x2: "):
         call(X * scale)
     with warnings.catch_warnings():

@@ -31,6 +31,7 @@ import torch
 from .._random import seeded_generators, torch_seed
 from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, to_numpy, to_tensor
 from .._validation import (
+    UNIT_SCALE,
     Boolean,
     Choice,
     Device,
@@ -42,7 +43,6 @@ from .._validation import (
     as_numeric,
     check_choice,
     check_finite,
-    check_input_scale,
     check_int,
     validate_arguments,
 )
@@ -230,8 +230,28 @@ def _as_data(X: Array, y: Array, spec: MoE) -> tuple[np.ndarray | torch.Tensor, 
         raise ValueError("X has no observations (n = 0).")
     check_finite("X", X)
     check_finite("y", y)
-    check_input_scale(X)
     return X, y
+
+
+def _scale_weights(p: Params, s: np.ndarray | None, *, inverse: bool = False) -> Params:
+    r"""The same MoE with inputs divided by ``s`` (per column): slopes times ``s`` (``inverse``: divided by ``s``).
+
+    Gate logits and expert pre-activations are affine in x, so :math:`eta_1^	op x = (eta_1 s)^	op (x / s)`: a
+    fit on ``X / s`` maps back exactly, whatever the gate and the expert family."""
+    if s is None:
+        return p
+    q = p.numpy()
+    f = 1.0 / s if inverse else s
+    return Params(q.gate_bias, q.gate_weight * f, q.expert_weight * f, q.expert_bias, noise_sd=q.noise_sd)
+
+
+def _input_scale(X: np.ndarray) -> np.ndarray | None:
+    """Per-column root-mean-square of X when some column is outside :data:`UNIT_SCALE` (else None: no rescaling);
+    all-zero columns keep scale 1."""
+    rms = np.sqrt((X.reshape(-1, X.shape[-1]) ** 2).mean(0))
+    if not (((rms < UNIT_SCALE[0]) & (rms > 0)) | (rms > UNIT_SCALE[1])).any():
+        return None
+    return np.where(rms > 0, rms, 1.0)
 
 
 def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
@@ -540,6 +560,17 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
                          f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the least-squares estimator is not identified. "
                          "Use fewer experts or more data, or pass underdetermined='warn' to fit anyway.")
     lower, upper, box_record = _box_bounds(box, spec, dt, dev)
+    # inputs far from unit scale are fitted as X / s (starts, steps and tolerances assume unit-order inputs) and
+    # the slopes are mapped back: the fitted function is the same at every scale of the inputs
+    in_scale = _input_scale(Xn)
+    if in_scale is not None:
+        Xn = Xn / in_scale
+        truth = None if truth is None else _scale_weights(truth, in_scale)
+        if init_name == "params":
+            init = _scale_weights(init, in_scale)
+        col = torch.as_tensor(np.concatenate([[1.0], in_scale]), dtype=dt, device=dev)
+        lower = None if lower is None else lower * col
+        upper = None if upper is None else upper * col
 
     # starting values (numpy, R*S rows)
     dup_record = [int(j) for j in duplicate] if duplicate is not None else []
@@ -612,7 +643,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     converged_all = res.converged
     status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
 
-    all_params = _theta_to_params(res.theta, spec.k, d)
+    all_params = _scale_weights(_theta_to_params(res.theta, spec.k, d), in_scale, inverse=True)
     best_np = to_numpy(best)
     rep_idx, rs_idx = np.repeat(np.arange(R), S), np.tile(np.arange(S), R)
     restarts_frame = pd.DataFrame({
@@ -666,13 +697,15 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
         "dtype": str(dt).replace("torch.", ""), "compile": compile_mode, "kernel": kernel.kind(dev),
         "replicates_per_block": group, "n_evals": res.n_evals,
+        "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
     }
     fit = LSEFit(
         params=all_params.select(best_np), objective=to_numpy(res.loss[best]).astype(float),
         converged=to_numpy(converged_all[best]), status=status_all[best_np],
         n_iter=to_numpy(res.n_iter[best]), grad_norm=to_numpy(res.grad_norm[best]).astype(float), cond=cond,
         hit_bound=to_numpy(hit_all[best]), restarts=restarts_frame, restart_params=all_params,
-        history=hist_frame, settings=settings, wall_time=wall, hessian_min_eig=hess_min, start_params=start,
+        history=hist_frame, settings=settings, wall_time=wall, hessian_min_eig=hess_min,
+        start_params=_scale_weights(start, in_scale, inverse=True),
     )
     if optimizer != "sgd" and not fit.converged.all():
         bad = int((~fit.converged).sum())
