@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("moestat.rates", reason="the vignette's sample-complexity step uses moestat.rates")
 
-VIGNETTE = Path(__file__).resolve().parents[1] / "vignettes" / "patch-routing.py"
+VIGNETTE = Path(__file__).resolve().parents[2] / "vignettes" / "patch-routing.py"
 
 
 def _load():

@@ -288,7 +288,7 @@ def test_benchmark_baseline_agrees_with_batched_loss():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "metrics_voronoi.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "metrics_voronoi.py"
     spec_ = importlib.util.spec_from_file_location("metrics_voronoi_bench", path)
     bench = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(bench)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-PATH = Path(__file__).resolve().parents[1] / "vignettes" / "real-data-moe.py"
+PATH = Path(__file__).resolve().parents[2] / "vignettes" / "real-data-moe.py"
 
 
 def _module():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "vignettes" / "gated-nn-recovery.py"
+PATH = Path(__file__).resolve().parents[2] / "vignettes" / "gated-nn-recovery.py"
 
 
 @pytest.fixture(scope="module")

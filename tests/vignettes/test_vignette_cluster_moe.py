@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-VIGNETTE = Path(__file__).resolve().parents[1] / "vignettes" / "cluster-moe.py"
+VIGNETTE = Path(__file__).resolve().parents[2] / "vignettes" / "cluster-moe.py"
 
 
 def _load():

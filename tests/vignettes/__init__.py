@@ -1,0 +1,1 @@
+"""Tests of the vignettes (vignettes/, shipped as moestat.vignettes)."""
