@@ -4,10 +4,10 @@
     PYTHONPATH=. python benchmarks/rates_validity.py --scenarios [--scenario-studies 2000]
 
 Prints markdown tables: bias / coverage of the exponent CI over simulated studies with a known exponent
-(the designs of tests/test_rates_validity.py with the default method and with the replicate bootstrap,
+(the designs of tests/rates/test_rates_validity.py with the default method and with the replicate bootstrap,
 plus the alternative intervals and aggregations), size, power and verdicts of compare_rates, and the time
 of the vectorised bootstrap against a statsmodels refit per draw measured in the same run.
-``--scenarios`` prints coverage under the replicate structures of tests/test_rate_verdicts.py (iid
+``--scenarios`` prints coverage under the replicate structures of tests/rates/test_rate_verdicts.py (iid
 replicates, a shock shared by each n cell, replicates nested across n, independent units with their own
 exponents) for the default method and the alternatives, including the modified (truncated) Knapp-Hartung
 factor.
@@ -30,7 +30,7 @@ G5 = np.geomspace(1e3, 1e5, 5).round()
 G9 = np.geomspace(1e3, 1e5, 9).round()
 LOW5 = np.geomspace(1e2, 1e4, 5).round()
 WIDE7 = np.geomspace(1e2, 1e6, 7).round()
-# the designs asserted by tests/test_rates_validity.py::test_coverage_full (default method: random effects),
+# the designs asserted by tests/rates/test_rates_validity.py::test_coverage_full (default method: random effects),
 # the same designs with the replicate bootstrap (the default before random effects), then extra rows for the docs
 BOOT = {"method": "cluster_bootstrap"}
 DESIGNS = [
@@ -97,7 +97,7 @@ def compare_table(studies: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# replicate structures of tests/test_rate_verdicts.py (true exponent 0.5): (label, ns, reps, simulation options)
+# replicate structures of tests/rates/test_rate_verdicts.py (true exponent 0.5): (label, ns, reps, simulation options)
 SCENARIOS = [
     ("iid", G5, 5, {}),
     ("iid", G9, 10, {}),
