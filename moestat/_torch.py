@@ -74,7 +74,7 @@ def to_numpy(x: Array) -> np.ndarray:
     return np.asarray(x)
 
 
-def reference_tensor_kwargs(*arrays: Array) -> dict:
+def reference_tensor_kwargs(*arrays: Array) -> dict[str, Any]:
     """The device/dtype of the first torch tensor among ``arrays`` (CPU float64 if none)."""
     for a in arrays:
         if isinstance(a, torch.Tensor):

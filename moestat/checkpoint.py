@@ -30,7 +30,7 @@ import pandas as pd
 __all__ = ["CellStore", "config_hash", "write_atomic", "write_frame"]
 
 
-def write_atomic(path: Path, write: Callable[[str], None]) -> None:
+def write_atomic(path: Path, write: Callable[[str], object]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it over ``path``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -125,7 +126,8 @@ def hermite_moments(activation: str | Activation, *, p_max: int = 4, j_max: int 
     g = act.numpy(z)
     powers = np.stack([g**p for p in range(p_max + 1)])          # (P, N)
     he = np.stack([hermite_he(z, j) for j in range(j_max + 1)])  # (J, N)
-    return (powers * w) @ he.T
+    out: np.ndarray = (powers * w) @ he.T
+    return out
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class OutputTransform:
         """:math:`Q_2(y)` (torch, elementwise)."""
         return y * (y + self.q2_delta)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 

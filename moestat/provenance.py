@@ -58,7 +58,7 @@ def provenance(config: dict[str, Any] | None = None, *, device: str | None = Non
     }
 
 
-def write_json_atomic(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+def write_json_atomic(path: str | os.PathLike[str], payload: dict[str, Any]) -> Path:
     """Write ``payload`` as JSON to ``path`` atomically (temp file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def write_json_atomic(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     return path
 
 
-def write_provenance(out: str | os.PathLike, config: dict[str, Any] | None = None, *,
+def write_provenance(out: str | os.PathLike[str], config: dict[str, Any] | None = None, *,
                      device: str | None = None, name: str = "provenance.json") -> Path:
     """Write :func:`provenance` into ``out/provenance.json`` and return its path."""
     return write_json_atomic(Path(out) / name, provenance(config, device=device))

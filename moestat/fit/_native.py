@@ -114,8 +114,9 @@ def load() -> ModuleType | None:
         code = source()
         digest = hashlib.sha256(code.encode()).hexdigest()[:12]  # a changed formula builds a new extension
         name = f"moestat_lsq_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}_{digest}"
-        return cpp_extension.load_inline(name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp,
-                                         verbose=False)
+        module: ModuleType = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+            name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp, verbose=False)
+        return module
     except Exception as err:  # any build or import failure means: use another kernel
         warn_user(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
                       "using the eager kernel instead.", UserWarning)

@@ -96,7 +96,7 @@ def replicate_seeds(seed: SeedLike, reps: int | None) -> list[np.random.SeedSequ
     if isinstance(seed, np.random.SeedSequence):
         root = np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key)
     elif seed is None or isinstance(seed, numbers.Integral):
-        root = np.random.SeedSequence(seed)
+        root = np.random.SeedSequence(None if seed is None else int(seed))
     else:
         raise TypeError(f"seed must be an int, a SeedSequence or a list of them, got {type(seed).__name__}.")
     return root.spawn(r)
@@ -188,7 +188,7 @@ def simulate(spec: MoE, params: Params, n: int, reps: int | None = None, seed: S
 
 def _regression_noise_sd(spec: MoE, p: Params) -> np.ndarray:
     if p.noise_sd is None:
-        return np.full(p.n_reps, spec.noise_sd)
+        return np.full(p.n_reps or 1, spec.noise_sd)
     sd = np.asarray(p.noise_sd)
     if not np.allclose(sd, sd[:, :1]):
         raise ValueError("model='regression' has one noise level; params.noise_sd differs across experts. "
