@@ -14,7 +14,6 @@ from .exceptions import (
     ConvergenceWarning,
     MoestatWarning,
     RepresentationWarning,
-    ScaleWarning,
     StudyConfigError,
     UnderdeterminedWarning,
 )
@@ -111,7 +110,6 @@ __all__ = [
     "RepresentationErrors",
     "RepresentationWarning",
     "SampleComplexityResult",
-    "ScaleWarning",
     "SingularInformationWarning",
     "Study",
     "StudyConfigError",

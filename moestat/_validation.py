@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .exceptions import ScaleWarning, warn_user
+from .exceptions import warn_user
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
@@ -271,20 +271,19 @@ def as_numeric(name: str, value: Any) -> Any:
 UNIT_SCALE = (1e-2, 1e2)
 
 
-def check_input_scale(X: Any) -> None:
-    """Warn (:class:`moestat.ScaleWarning`) when a column of ``X`` (..., n, d) has a root-mean-square outside
-    :data:`UNIT_SCALE`: moestat's starting values, step sizes and tolerances assume inputs of unit order, and a
-    MoE fit on far-off scales can stop at a worse optimum while reporting convergence (measured on a 2-expert
-    softmax/linear fit: log-likelihood -201 instead of 394 with the inputs scaled by 1e-6)."""
+def input_scale(X: Any) -> np.ndarray | None:
+    """Per-column root-mean-square of ``X`` (..., n, d) when some column lies outside :data:`UNIT_SCALE`, else None.
+
+    The estimators' starting values, step sizes and tolerances assume inputs of unit order; a MoE fit on far-off
+    scales can stop at a worse optimum while reporting convergence (measured: a 2-expert softmax/linear MLE at
+    log-likelihood -201 instead of 394 with the inputs scaled by 1e-6).  The estimators therefore fit ``X / s``
+    and map the slopes back, which is exact (gate logits and expert pre-activations are affine in x).  All-zero
+    columns keep scale 1 (a rank problem, reported elsewhere)."""
     x = X.detach().cpu().double().numpy() if isinstance(X, torch.Tensor) else np.asarray(X, dtype=np.float64)
     if x.size == 0:
-        return
+        return None
     rms = np.sqrt((x.reshape(-1, x.shape[-1]) ** 2).mean(0))
-    off = np.flatnonzero(((rms < UNIT_SCALE[0]) & (rms > 0)) | (rms > UNIT_SCALE[1]))  # a zero column is a rank problem
-    if off.size:
-        shown = ", ".join(f"x{j + 1}: {rms[j]:.2g}" for j in off[:5]) + (" ..." if off.size > 5 else "")
-        warn_user(f"input column(s) far from unit scale (root-mean-square {shown}); moestat's starts, step sizes "
-                  "and tolerances assume inputs of unit order, and fits at such scales can stop at worse optima. "
-                  "Rescale those columns (e.g. X / X.std(axis=0)) and divide the fitted slopes by the same factors.",
-                  ScaleWarning)
-
+    if not (((rms < UNIT_SCALE[0]) & (rms > 0)) | (rms > UNIT_SCALE[1])).any():
+        return None
+    out: np.ndarray = np.where(rms > 0, rms, 1.0)
+    return out

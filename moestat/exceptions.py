@@ -25,7 +25,7 @@ import sys
 import warnings
 
 __all__ = ["CheckpointWarning", "ConvergenceWarning", "MLEConvergenceWarning", "MoestatWarning", "RateWarning",
-           "RepresentationWarning", "ScaleWarning", "SingularInformationWarning", "StudyConfigError",
+           "RepresentationWarning", "SingularInformationWarning", "StudyConfigError",
            "UnderdeterminedWarning"]
 
 
@@ -56,10 +56,6 @@ class RateWarning(MoestatWarning):
 
 class RepresentationWarning(MoestatWarning):
     """The exact set of this truth is larger than the families searched: errors are upper bounds."""
-
-
-class ScaleWarning(MoestatWarning):
-    """The inputs' columns are far from unit scale, where moestat's starts, step sizes and tolerances are set."""
 
 
 class CheckpointWarning(MoestatWarning):

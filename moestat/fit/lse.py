@@ -31,7 +31,6 @@ import torch
 from .._random import seeded_generators, torch_seed
 from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, to_numpy, to_tensor
 from .._validation import (
-    UNIT_SCALE,
     Boolean,
     Choice,
     Device,
@@ -44,6 +43,7 @@ from .._validation import (
     check_choice,
     check_finite,
     check_int,
+    input_scale,
     validate_arguments,
 )
 from ..exceptions import ConvergenceWarning, UnderdeterminedWarning, warn_user
@@ -243,15 +243,6 @@ def _scale_weights(p: Params, s: np.ndarray | None, *, inverse: bool = False) ->
     q = p.numpy()
     f = 1.0 / s if inverse else s
     return Params(q.gate_bias, q.gate_weight * f, q.expert_weight * f, q.expert_bias, noise_sd=q.noise_sd)
-
-
-def _input_scale(X: np.ndarray) -> np.ndarray | None:
-    """Per-column root-mean-square of X when some column is outside :data:`UNIT_SCALE` (else None: no rescaling);
-    all-zero columns keep scale 1."""
-    rms = np.sqrt((X.reshape(-1, X.shape[-1]) ** 2).mean(0))
-    if not (((rms < UNIT_SCALE[0]) & (rms > 0)) | (rms > UNIT_SCALE[1])).any():
-        return None
-    return np.where(rms > 0, rms, 1.0)
 
 
 def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
@@ -562,7 +553,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     lower, upper, box_record = _box_bounds(box, spec, dt, dev)
     # inputs far from unit scale are fitted as X / s (starts, steps and tolerances assume unit-order inputs) and
     # the slopes are mapped back: the fitted function is the same at every scale of the inputs
-    in_scale = _input_scale(Xn)
+    in_scale = input_scale(Xn)
     if in_scale is not None:
         Xn = Xn / in_scale
         truth = None if truth is None else _scale_weights(truth, in_scale)

@@ -42,8 +42,8 @@ from .._validation import (
     Seed,
     as_numeric,
     check_choice,
-    check_input_scale,
     check_int,
+    input_scale,
     validate_arguments,
 )
 from ..exceptions import UnderdeterminedWarning, warn_user
@@ -82,7 +82,6 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.nda
     n = Xn.shape[1]
     if n == 0:
         raise ValueError("X has no observations (n = 0).")
-    check_input_scale(Xn)
     if spec.k > n:
         raise ValueError(f"k={spec.k} experts exceed the n={n} observations; choose k <= n.")
     P = ParamLayout(spec).size
@@ -371,6 +370,12 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
+    # inputs far from unit scale are fitted as X / s and the slopes mapped back (exact: the likelihood is
+    # equivariant), so the estimate does not depend on the inputs' units; standard errors are then computed on the
+    # user's scale at that estimate
+    in_scale = input_scale(Xn)
+    s_t = None if in_scale is None else to_tensor(in_scale, device=dev, dtype=dt)
+    X_fit = Xt if s_t is None else Xt / s_t
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     seeds = ss.spawn(R)
     layout = ParamLayout(spec, feature_names)
@@ -379,26 +384,31 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     for p in user:
         b = BlockParams.from_params(p.to_torch(dev, dt)).map(lambda a: a.unsqueeze(1))
         b.noise_sd = b.noise_sd.clamp_min(floor[:, None, None])
+        if s_t is not None:
+            b.gate_weight, b.expert_weight = b.gate_weight * s_t, b.expert_weight * s_t
         starts.append(b)
     if restarts:
-        starts.append(random_starts(spec, Xt, yt, restarts, seeds))
+        starts.append(random_starts(spec, X_fit, yt, restarts, seeds))
     fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
     init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
     init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
     with cpu_threads(threads, dev):
-        pb, ll, conv, n_iter, history = _solve(spec, Xt, yt, init_b, layout, floor, method=method, tol=tol,
+        pb, ll, conv, n_iter, history = _solve(spec, X_fit, yt, init_b, layout, floor, method=method, tol=tol,
                                                max_iter=max_iter, gate_steps=gate_steps, gate_solver=gate_solver,
                                                gtol=gtol, switch_after=switch_after, screen=screen)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)
     chosen = pb.map(lambda a: a[r_idx, best])
+    if s_t is not None:
+        chosen.gate_weight, chosen.expert_weight = chosen.gate_weight / s_t, chosen.expert_weight / s_t
     settings = {"method": method, "restarts": restarts, "n_user_starts": len(user), "tol": tol,
                 "max_iter": max_iter, "sd_floor": sd_floor, "gate_solver": gate_solver if method == "em" else None,
                 "gate_steps": gate_steps if method == "em" else None, "gtol": gtol,
                 "switch_after": switch_after if method == "em" else None, "screen": screen if method == "em" else None,
                 "device": str(dev), "dtype": str(dt).replace("torch.", ""), "threads": threads,
-                "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key)}
+                "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key),
+                "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale)}
     return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
