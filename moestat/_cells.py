@@ -17,17 +17,21 @@ import them) and, for experiments that are not "simulate, fit, score", a whole c
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import pickle
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from .checkpoint import write_atomic
 from .model import MoE
 from .params import Params
 from .simulators import presets as _presets
@@ -285,6 +289,8 @@ class MetricContext:
         The replicate data sets of the cell.
     seed : numpy.random.SeedSequence
         A stream reserved for the metric (e.g. a Monte-Carlo sample).
+    cache_dir : str, optional
+        The study's folder for cell-independent results (see :class:`CellContext`).
     """
 
     fit: Estimate
@@ -294,6 +300,7 @@ class MetricContext:
     truth_info: dict[str, Any]
     data: Dataset
     seed: np.random.SeedSequence
+    cache_dir: str | None = None
 
 
 def _voronoi(kind: str) -> Callable[..., np.ndarray]:
@@ -353,10 +360,11 @@ def _duplicates(ctx: MetricContext) -> list[int]:
 
 
 GBAR_CACHE: dict[tuple, Any] = {}
-r"""Process-wide cache of :func:`moestat.estimate_gbar` results used by the ``loss`` metric, keyed by every
+r"""In-process cache of :func:`moestat.estimate_gbar` results used by the ``loss`` metric, keyed by every
 setting that determines the result (truth, fitted k, duplicated atoms, box, Monte-Carlo size, restarts, seed,
 optimiser budget): a study computes :math:`\bar{\mathcal G}` once per (truth, fit) configuration, not per cell.
-(Each worker process of a process pool keeps its own cache.)"""
+A checkpointed study also keeps each result in its folder (``DIR/cache/gbar-<hash>.pkl``, written atomically),
+which its worker processes and resumed runs read instead of recomputing."""
 
 
 def _fit_box(ctx: MetricContext) -> Any:
@@ -394,11 +402,25 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
     spec = ctx.truth_spec
     key = (spec.gate, spec.expert, spec.d, spec.k, truth_key, ctx.fit_spec.k, None if dup is None else tuple(dup),
            _hashable(box), n_mc, restarts, max_iter, init_scale, tol_l2, seed)
-    if key not in GBAR_CACHE:
-        extra = ctx.fit_spec.k - spec.k
-        GBAR_CACHE[key] = estimate_gbar(spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
-                                        duplicate=None if dup is None else list(dup)[:extra], seed=seed,
-                                        init_scale=init_scale, max_iter=max_iter, tol_l2=tol_l2, box=box, device=device)
+    if key in GBAR_CACHE:
+        return GBAR_CACHE[key], seed
+    stored = None
+    if ctx.cache_dir is not None:
+        stored = Path(ctx.cache_dir) / f"gbar-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.pkl"
+        if stored.is_file():
+            try:
+                GBAR_CACHE[key] = pickle.loads(stored.read_bytes())
+                return GBAR_CACHE[key], seed
+            except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+                pass  # a damaged file: recompute and overwrite it
+    extra = ctx.fit_spec.k - spec.k
+    GBAR_CACHE[key] = estimate_gbar(spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
+                                    duplicate=None if dup is None else list(dup)[:extra], seed=seed,
+                                    init_scale=init_scale, max_iter=max_iter, tol_l2=tol_l2, box=box, device=device)
+    if stored is not None:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        blob = pickle.dumps(GBAR_CACHE[key])
+        write_atomic(stored, lambda tmp: Path(tmp).write_bytes(blob))
     return GBAR_CACHE[key], seed
 
 
@@ -546,6 +568,10 @@ class CellContext:
         Device requested by the study.
     metrics : list
         Metric names or callables; ``metric_options`` their keyword arguments.
+    cache_dir : str, optional
+        The study's folder for results shared by cells (``DIR/cache`` of a checkpointed run): metrics keep
+        expensive cell-independent pieces there, such as the estimated :math:`\bar{\\mathcal G}`, so that worker
+        processes and resumed runs reuse them.
     """
 
     truth_cfg: dict[str, Any]
@@ -558,6 +584,7 @@ class CellContext:
     device: str = "cpu"
     metrics: list[Any] = field(default_factory=list)
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cache_dir: str | None = None
     _truth: Truth | None = None
     _data: Dataset | None = None
 
@@ -628,7 +655,8 @@ def estimator_cell(ctx: CellContext) -> pd.DataFrame:
         if "status" in fit.alt.info:
             cols["status_alt"] = np.asarray(fit.alt.info["status"])
     for est_m, suffix in fits:
-        mctx = MetricContext(est_m, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed)
+        mctx = MetricContext(est_m, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed,
+                             cache_dir=ctx.cache_dir)
         for m in ctx.metrics:
             fn_m = METRICS[m] if isinstance(m, str) else m
             value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))

@@ -499,11 +499,11 @@ class Study:
             })
         return out
 
-    def _payload(self, cell: dict[str, Any], device: str) -> dict[str, Any]:
+    def _payload(self, cell: dict[str, Any], device: str, cache_dir: str | None = None) -> dict[str, Any]:
         return {
             "cell": cell, "study": self.name, "seed": self.seed, "reps": self.reps, "device": device,
             "metrics": self.metrics, "metric_options": dict(self.metric_options), "threads": self.threads,
-            "fn": self.cell,
+            "fn": self.cell, "cache_dir": cache_dir,
         }
 
     # ----------------------------------------------------------------- running
@@ -566,7 +566,8 @@ class Study:
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=self.name, unit="cell",
                    disable=not progress)
         try:
-            for cid, frame in self._execute(todo, dev, executor, workers):
+            cache_dir = None if ckpt is None else str(ckpt / "cache")
+            for cid, frame in self._execute(todo, dev, executor, workers, cache_dir):
                 frame = _roundtrip(frame)
                 if ckpt is not None:
                     write_frame(frame, ckpt / "cells" / f"{cid}.parquet")
@@ -585,12 +586,13 @@ class Study:
             write_json_atomic(ckpt / "cells.json", {"cells": [c["id"] for c in cells]})
         return result
 
-    def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None):
+    def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None,
+                 cache_dir: str | None = None):
         if not todo:
             return
         if executor is None:
             for c in todo:
-                yield c["id"], run_cell(self._payload(c, device))
+                yield c["id"], run_cell(self._payload(c, device, cache_dir))
             return
         owned = False
         if executor == "processes":
@@ -607,7 +609,7 @@ class Study:
             # largest cells first (longest-processing-time order): the pool's last cells are short ones,
             # so no worker idles behind one long cell at the end; the frame's row order does not change
             for c in sorted(todo, key=lambda c: -c["n"]):
-                futures[executor.submit(run_cell, self._payload(c, device))] = c["id"]
+                futures[executor.submit(run_cell, self._payload(c, device, cache_dir))] = c["id"]
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()
         except BaseException:
@@ -751,7 +753,7 @@ def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
             fit_seed=np.random.SeedSequence(seed, spawn_key=cell["fit_key"]),
             metric_seed=np.random.SeedSequence(seed, spawn_key=cell["metric_key"]),
             device=payload["device"], metrics=list(payload["metrics"]),
-            metric_options=payload["metric_options"],
+            metric_options=payload["metric_options"], cache_dir=payload.get("cache_dir"),
         )
         fn = payload.get("fn") or estimator_cell
         t0 = time.perf_counter()

@@ -121,3 +121,30 @@ def test_theory_loss_picks_each_theorems_loss():
     assert kind == "D3 split family"
     with pytest.raises(ValueError, match="gbar="):
         theory_loss(fit, gelu2.params, gelu2.spec.with_k(4), gelu2.spec, [0])
+
+
+def test_gbar_is_kept_in_the_study_folder_and_reused(tmp_path, monkeypatch):
+    """With a cache folder (a checkpointed study's DIR/cache) the estimated G-bar is written there once; a fresh
+    process (empty in-memory cache) or a resumed run reads it instead of re-estimating, and a damaged file is
+    recomputed."""
+    import dataclasses
+
+    from moestat.fit import gbar as gbar_mod
+
+    truth = _truth("gelu")
+    ctx = dataclasses.replace(_fit_ctx(truth, 300), cache_dir=str(tmp_path / "cache"))
+    _cells.GBAR_CACHE.clear()
+    first = gate_matched_loss(ctx, **GBAR)
+    (stored,) = (tmp_path / "cache").glob("gbar-*.pkl")
+    _cells.GBAR_CACHE.clear()
+    calls = []
+    real = gbar_mod.estimate_gbar
+    monkeypatch.setattr(gbar_mod, "estimate_gbar", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = gate_matched_loss(ctx, **GBAR)
+    assert calls == []  # read from the folder
+    np.testing.assert_array_equal(again["loss"], first["loss"])
+    stored.write_bytes(b"torn")
+    _cells.GBAR_CACHE.clear()
+    third = gate_matched_loss(ctx, **GBAR)
+    assert calls == [1] and stored.stat().st_size > 100  # recomputed and rewritten
+    np.testing.assert_array_equal(third["loss"], first["loss"])
