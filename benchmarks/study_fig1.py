@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 import torch
 
-from moestat._cells import CellContext, build_truth
+from moestat.cells import CellContext, build_truth
 from moestat.fit.lse import fit_lse
 from moestat.study import Study
 

@@ -28,7 +28,7 @@ from .fit import (
     fit_lse,
     fit_mle,
 )
-from .fit._gated import GatedFit
+from .fit.gated import GatedFit
 from .fit.gated_baselines import fit_em_gated, fit_l2_gated
 from .fit.tensor import fit_tensor
 from .gates import GATES

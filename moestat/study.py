@@ -55,8 +55,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import _cells
-from ._cells import (
+from . import cells as _cells
+from .cells import (
     ESTIMATORS,
     EXPLICIT_TRUTH_KEYS,
     METRICS,

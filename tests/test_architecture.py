@@ -74,3 +74,21 @@ def test_the_check_sees_a_cycle_when_there_is_one():
     graph = import_graph()
     graph.add_edge("moestat.metrics", "moestat.fit")
     assert list(nx.simple_cycles(graph))
+
+
+def test_no_public_class_lives_in_a_private_module():
+    """Every class the public API exports (``__all__`` of moestat and its subpackages) is defined in a public
+    module, so its documented home is a path users can import."""
+    import importlib
+    import inspect as _inspect
+
+    packages = ["moestat", "moestat.fit", "moestat.metrics", "moestat.rates", "moestat.deep", "moestat.simulators"]
+    offenders = []
+    for name in packages:
+        mod = importlib.import_module(name)
+        for attr in getattr(mod, "__all__", []):
+            obj = getattr(mod, attr, None)
+            if _inspect.isclass(obj) and obj.__module__.startswith("moestat"):
+                if any(part.startswith("_") for part in obj.__module__.split(".")):
+                    offenders.append(f"{name}.{attr} is defined in {obj.__module__}")
+    assert not offenders, offenders

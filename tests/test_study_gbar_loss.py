@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import moestat as ms
-from moestat import _cells
-from moestat._cells import MetricContext, gate_matched_loss, lse_estimator
+from moestat import cells as _cells
+from moestat.cells import MetricContext, gate_matched_loss, lse_estimator
 from moestat.metrics import split_family
 from moestat.simulators.presets import Truth
 

@@ -44,7 +44,7 @@ def test_split_family_errors():
 
 
 def _ctx(spec, fit_params, truth, info, settings=None):
-    from moestat._cells import Estimate, MetricContext
+    from moestat.cells import Estimate, MetricContext
 
     R = fit_params.n_reps
     est = Estimate(fit_params, np.zeros(R), np.ones(R, bool), {}, settings or {})
@@ -52,7 +52,7 @@ def _ctx(spec, fit_params, truth, info, settings=None):
 
 
 def test_gate_matched_loss_picks_the_theory_loss():
-    from moestat._cells import gate_matched_loss
+    from moestat.cells import gate_matched_loss
 
     truth_obj = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", d=5, seed=3)
     spec, truth = truth_obj
@@ -107,7 +107,7 @@ def test_representation_metric_scores_gelu_sigmoid_fits_against_the_near_exact_b
     """Sigmoid-gated gelu: the weight-split basin limit is 1e-6 to 1e-4 from f* (no feasible n resolves it), so
     basin='auto' adds it as a candidate; a fit at that limit scores ~0 there, while against the exact set (dead
     extra atom) alone it sits at a floor."""
-    from moestat._cells import GBAR_CACHE, gbar_for, representation_metric
+    from moestat.cells import GBAR_CACHE, gbar_for, representation_metric
 
     truth_obj = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0)
     spec, truth = truth_obj
@@ -135,7 +135,7 @@ def _two_atoms(truth):
 def test_invariance_from_the_winning_start_only():
     """options.invariance.starts='best' runs the second solver once per replicate, from the starting values of the
     first fit's lowest-objective restart: the same objective as LM run by hand from fit.start_params of that row."""
-    from moestat._cells import lse_estimator
+    from moestat.cells import lse_estimator
 
     truth = ms.presets.gate_comparison("gelu", seed=1)
     spec = truth.spec.with_k(4)

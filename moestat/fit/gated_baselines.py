@@ -34,7 +34,7 @@ from .._validation import (
     validate_arguments,
 )
 from ..hermite import get_activation
-from ._gated import (
+from .gated import (
     GatedFit,
     History,
     exp_safe,

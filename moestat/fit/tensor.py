@@ -52,7 +52,7 @@ from .._validation import (
     validate_arguments,
 )
 from ..hermite import OutputTransform, get_activation, hermite_moments, output_transform
-from ._gated import (
+from .gated import (
     GatedFit,
     History,
     expert_loglik,

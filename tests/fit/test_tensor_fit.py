@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import moestat as ms
-from moestat.fit._gated import expert_loglik, gated_starts, llog_grad, llog_terms
+from moestat.fit.gated import expert_loglik, gated_starts, llog_grad, llog_terms
 from moestat.fit.tensor import (
     _l4_batched,
     _l4_moments,
