@@ -615,14 +615,6 @@ class Study:
         except BaseException:
             for fut in futures:
                 fut.cancel()
-            if owned:  # Ctrl-C or an error: stop the running cells now instead of waiting for them to finish
-                workers_now = list((getattr(executor, "_processes", None) or {}).values())  # this pool's only
-                executor.shutdown(wait=False, cancel_futures=True)
-                for child in workers_now:
-                    child.terminate()
-                for child in workers_now:
-                    child.join(timeout=5.0)
-                owned = False
             raise
         finally:
             if owned:

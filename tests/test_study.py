@@ -306,38 +306,6 @@ def test_killing_the_main_process_ends_its_pool_workers(tmp_path):
     assert not left, f"pool workers {left} outlived the killed main process"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_interrupting_the_main_process_stops_the_pool_at_once(tmp_path):
-    """SIGINT to the main process only (as `kill -INT`; a terminal's Ctrl-C reaches the workers too): the run stops
-    within seconds instead of waiting for the running (60 s) cells, and leaves no worker behind."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path / "out")], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline, workers = time.time() + 60, []
-    while time.time() < deadline and proc.poll() is None:
-        workers = [p for p in _children(proc.pid)
-                   if "multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
-        if len(workers) >= 3:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None and len(workers) >= 2, "the study's pool did not start"
-    time.sleep(2.0)
-    t0 = time.time()
-    os.kill(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    assert time.time() - t0 < 20 and "KeyboardInterrupt" in err
-    deadline = time.time() + 10
-    while time.time() < deadline and any(_alive(p) for p in workers):
-        time.sleep(0.2)
-    assert not [p for p in workers if _alive(p)]
-
-
 # ----------------------------------------------------------------------- executors
 
 def test_frames_identical_serial_and_process_pool(tmp_path):
