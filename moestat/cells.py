@@ -386,6 +386,17 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+def _read_gbar(path: Path) -> Any:
+    """The G-bar stored at ``path``, or None when there is none or it is damaged (the caller then recomputes it
+    and overwrites the file)."""
+    if not path.is_file():
+        return None
+    try:
+        return pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+        return None
+
+
 def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restarts: int, max_iter: int,
              init_scale: float, tol_l2: float, box: Any, device: str) -> tuple[Any, int]:
     r""":func:`moestat.estimate_gbar` for the cell's truth and fitted k, cached in :data:`GBAR_CACHE`.
@@ -407,12 +418,10 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
     stored = None
     if ctx.cache_dir is not None:
         stored = Path(ctx.cache_dir) / f"gbar-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.pkl"
-        if stored.is_file():
-            try:
-                GBAR_CACHE[key] = pickle.loads(stored.read_bytes())
-                return GBAR_CACHE[key], seed
-            except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
-                pass  # a damaged file: recompute and overwrite it
+        loaded = _read_gbar(stored)
+        if loaded is not None:
+            GBAR_CACHE[key] = loaded
+            return loaded, seed
     extra = ctx.fit_spec.k - spec.k
     GBAR_CACHE[key] = estimate_gbar(spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
                                     duplicate=None if dup is None else list(dup)[:extra], seed=seed,

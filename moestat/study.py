@@ -31,6 +31,7 @@ Reproducibility and fault tolerance
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import copy
 import ctypes
 import difflib
@@ -713,10 +714,9 @@ def _die_with_parent(parent_pid: int) -> None:
     thread that polls the parent id covers other systems.  A worker whose parent died before this ran exits at
     once.  Finished cells are safe: only the main process writes them."""
     if sys.platform.startswith("linux"):
-        try:
+        # a libc without prctl (or none loadable) leaves the watch thread below as the only guard
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent_pid:
         os._exit(1)
 
