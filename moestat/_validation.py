@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .exceptions import warn_user
@@ -256,8 +257,8 @@ def as_numeric(name: str, value: Any) -> Any:
         if value.is_complex() or value.dtype == torch.bool:
             raise TypeError(f"{name} must hold real numbers, got a tensor of dtype {value.dtype}.")
         return value
-    if hasattr(value, "to_numpy") and hasattr(value, "dtypes" if hasattr(value, "columns") else "dtype"):
-        value = value.to_numpy()  # pandas DataFrame / Series: their values, without index or column labels
+    if isinstance(value, (pd.DataFrame, pd.Series)):
+        value = value.to_numpy()  # their values, without index or column labels
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf":
         example = next(iter(arr.ravel()), None) if arr.size else None
