@@ -92,3 +92,17 @@ def test_no_public_class_lives_in_a_private_module():
                 if any(part.startswith("_") for part in obj.__module__.split(".")):
                     offenders.append(f"{name}.{attr} is defined in {obj.__module__}")
     assert not offenders, offenders
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """A subpackage missing from ``[tool.setuptools] packages`` works in an editable install and is absent from the
+    wheel a user installs (``moestat.rates`` was)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {"moestat"} | {"moestat." + ".".join(init.parent.relative_to(ROOT).parts)
+                             for init in ROOT.rglob("__init__.py") if init.parent != ROOT}
+    assert on_disk <= listed, f"add {sorted(on_disk - listed)} to [tool.setuptools] packages in pyproject.toml"
