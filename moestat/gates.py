@@ -47,9 +47,9 @@ def _check_temperature(temperature: float) -> float:
     return float(temperature)
 
 
-def softmax_gate(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    r"""Softmax gate :math:`\pi_i = \exp(\ell_i/\tau)/\sum_j \exp(\ell_j/\tau)` over the last axis."""
-    return torch.softmax(logits / _check_temperature(temperature), dim=-1)
+def softmax_gate(logits: torch.Tensor, temperature: float = 1.0, dim: int = -1) -> torch.Tensor:
+    r"""Softmax gate :math:`\pi_i = \exp(\ell_i/\tau)/\sum_j \exp(\ell_j/\tau)` over the expert axis ``dim``."""
+    return torch.softmax(logits / _check_temperature(temperature), dim=dim)
 
 
 def sigmoid_gate(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -67,29 +67,29 @@ def _topk_mask(logits: torch.Tensor, top_k: int, dim: int = -1) -> torch.Tensor:
     return mask.scatter(dim, idx, True)
 
 
-def topk_softmax_gate(logits: torch.Tensor, top_k: int, temperature: float = 1.0) -> torch.Tensor:
+def topk_softmax_gate(logits: torch.Tensor, top_k: int, temperature: float = 1.0, dim: int = -1) -> torch.Tensor:
     r"""Top-K sparse softmax: softmax over the ``top_k`` largest logits of each row, zero elsewhere.
 
     :math:`\pi_i = \mathbb 1[i \in \mathrm{TopK}(\ell)]\, \exp(\ell_i/\tau) /
     \sum_{j \in \mathrm{TopK}(\ell)} \exp(\ell_j/\tau)`.  Ties are broken by
     :func:`torch.topk`.
     """
-    mask = _topk_mask(logits, top_k)
+    mask = _topk_mask(logits, top_k, dim)
     masked = (logits / _check_temperature(temperature)).masked_fill(~mask, float("-inf"))
-    return torch.softmax(masked, dim=-1)
+    return torch.softmax(masked, dim=dim)
 
 
 def gate_weights(name: str, logits: torch.Tensor, *, top_k: int | None = None,
-                 temperature: float = 1.0) -> torch.Tensor:
-    """Dispatch to the gate called ``name`` (one of ``GATES``)."""
+                 temperature: float = 1.0, dim: int = -1) -> torch.Tensor:
+    """Dispatch to the gate called ``name`` (one of ``GATES``); ``dim`` is the expert axis of ``logits``."""
     check_choice("gate", name, GATES)
     if name == "softmax":
-        return softmax_gate(logits, temperature)
+        return softmax_gate(logits, temperature, dim)
     if name == "sigmoid":
         return sigmoid_gate(logits, temperature)
     if top_k is None:
         raise ValueError("gate='topk' needs top_k (the number of active experts per input).")
-    return topk_softmax_gate(logits, top_k, temperature)
+    return topk_softmax_gate(logits, top_k, temperature, dim)
 
 
 def log_mixture_weights(name: str, logits: torch.Tensor, *, top_k: int | None = None,

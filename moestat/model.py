@@ -183,7 +183,33 @@ class MoE:
 
     def mean_torch(self, p: Params, X: torch.Tensor) -> torch.Tensor:
         """Torch-only :math:`f_G(X)` with no conversions or checks (hot path of the estimators)."""
-        return (self._gates(p, X) * self._experts(p, X)).sum(-1)
+        return self.mean_from_linear(self._logits(p, X), self._pre_activations(p, X))
+
+    def _pre_activations(self, p: Params, X: torch.Tensor) -> torch.Tensor:
+        if not self.family.input_dependent:
+            bias: torch.Tensor = p.expert_bias
+            lead = torch.broadcast_shapes(X.shape[:-2], bias.shape[:-1])  # type: ignore[no-untyped-call]
+            return bias.unsqueeze(-2).expand(*lead, X.shape[-2], bias.shape[-1])
+        return gate_logits(X, p.expert_weight, p.expert_bias)
+
+    # Every estimator's layout meets the model's formulas here: the logits and the expert pre-activations
+    # (affine in x, computed in whatever layout an engine keeps) go in, the model's gate, activation and noise
+    # density are applied once.  ``dim`` is the expert axis.
+    def mean_from_linear(self, logits: torch.Tensor, pre: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
+        r""":math:`f_G = \sum_i \pi_i\,\varphi(z_i)` from the gate logits :math:`\ell_i` and the expert
+        pre-activations :math:`z_i = a_i^\top x + b_i` (the constant expert: :math:`z_i = b_i`, no activation),
+        both with the expert axis ``dim``."""
+        weights = gate_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=dim)
+        return (weights * self.family.activation(pre)).sum(dim)
+
+    def log_joint_from_linear(self, logits: torch.Tensor, pre: torch.Tensor, y: torch.Tensor,
+                              sd: torch.Tensor | float) -> torch.Tensor:
+        r""":math:`\log\tilde\pi_i(x_t) + \log\mathcal N(y_t; \varphi(z_{ti}), \sigma_i^2)`, the log of each
+        component's joint density (Jordan & Jacobs 1994), from logits and pre-activations with the expert axis
+        on -2 and observations last (``y`` broadcasts against ``(..., 1, n)``, ``sd`` against ``(..., k, 1)``).
+        Its log-sum-exp over experts is the mixture log-likelihood of each observation."""
+        logw = log_mixture_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=-2)
+        return logw + normal_log_density(y - self.family.activation(pre), sd=sd)
 
     # ---------------------------------------------------------- public API
     def gate_weights(self, params: Params, X: Array) -> Array:
@@ -238,10 +264,10 @@ class MoE:
 
     def log_density_components(self, p: Params, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         r"""Torch-only :math:`\log\tilde\pi_i(x_t) + \log\mathcal N(y_t; h_i(x_t), \sigma_i^2)`, shape (..., n, k)."""
-        logw = log_mixture_weights(self.gate, self._logits(p, X), top_k=self.top_k,
-                                   temperature=self.temperature)
-        mu = self._experts(p, X)
-        return logw + normal_log_density(y.unsqueeze(-1) - mu, sd=self._noise_sd(p, X).unsqueeze(-2))
+        joint = self.log_joint_from_linear(self._logits(p, X).transpose(-1, -2),
+                                           self._pre_activations(p, X).transpose(-1, -2),
+                                           y.unsqueeze(-2), self._noise_sd(p, X).unsqueeze(-1))
+        return joint.transpose(-1, -2)
 
     def loglik(self, params: Params, X: Array, y: Array, *, reduce: str = "sum") -> Array:
         r"""Gaussian MoE log-likelihood :math:`\sum_t \log \sum_i \tilde\pi_i(x_t) N(y_t; h_i(x_t), \sigma_i^2)`.

@@ -19,6 +19,7 @@ import torch
 from .._torch import resolve_device, resolve_dtype, to_numpy, to_tensor
 from .._validation import as_numeric, check_finite, check_int
 from ..exceptions import warn_user
+from ..gates import log_mixture_weights
 from ..metrics.gated import _gate_metrics, _regressor_metrics
 from ..model import normal_log_density
 from ..params import Params
@@ -160,11 +161,16 @@ def logsumexp_k(x: torch.Tensor) -> torch.Tensor:
     return m + sum_k(exp_safe(x - m[..., None, :])).log()
 
 
-def gate_log_prior(W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    r""":math:`\log\mathrm{softmax}_i(Wx_s)` with :math:`w_k = 0`, ``(R, S, k, n)``."""
+def gate_logits_kn(W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    r"""Logits :math:`w_i^\top x_s` with the reference row :math:`w_k = 0` and no intercepts, ``(R, S, k, n)``."""
     logits = project_rows(X, W)
-    logits = torch.cat([logits, torch.zeros_like(logits[..., :1, :])], dim=-2)
-    return logits - logsumexp_k(logits)[..., None, :]
+    return torch.cat([logits, torch.zeros_like(logits[..., :1, :])], dim=-2)
+
+
+def gate_log_prior(W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    r""":math:`\log\mathrm{softmax}_i(Wx_s)` with :math:`w_k = 0`, ``(R, S, k, n)``: the softmax gate of
+    :mod:`moestat.gates` on the network's logits."""
+    return log_mixture_weights("softmax", gate_logits_kn(W, X), dim=-2)
 
 
 def expert_loglik(y: torch.Tensor, E: torch.Tensor, sigma) -> torch.Tensor:

@@ -34,6 +34,7 @@ from .._validation import (
     validate_arguments,
 )
 from ..hermite import get_activation
+from ..model import MoE
 from .gated import (
     GatedFit,
     History,
@@ -41,22 +42,23 @@ from .gated import (
     expert_loglik,
     full_gate,
     gate_log_prior,
+    gate_logits_kn,
     llog_grad,
     llog_terms,
     prepare_data,
     project_rows,
     resolve_starts,
     select_best,
-    sum_k,
     truth_arrays,
 )
 
 __all__ = ["fit_em_gated", "fit_l2_gated"]
 
 
-def _mean_fn(A: torch.Tensor, W: torch.Tensor, X: torch.Tensor, g) -> torch.Tensor:
-    r""":math:`\hat y = \sum_i \mathrm{softmax}_i(Wx)\,g(a_i^\top x)`, shape (R, S, n)."""
-    return sum_k(exp_safe(gate_log_prior(W, X)) * g(project_rows(X, A)))
+def _mean_fn(A: torch.Tensor, W: torch.Tensor, X: torch.Tensor, spec: MoE) -> torch.Tensor:
+    r""":math:`\hat y = \sum_i \mathrm{softmax}_i(Wx)\,g(a_i^\top x)`, shape (R, S, n): the network is the
+    softmax MoE ``spec`` with zero intercepts."""
+    return spec.mean_from_linear(gate_logits_kn(W, X), project_rows(X, A), dim=-2)
 
 
 def _config(method: str, act, sigma, k, X, S, seed, dev, **kw) -> dict:
@@ -96,6 +98,7 @@ def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | Non
     check_int("iters", iters, minimum=0)
     check_choice("optimizer", optimizer, ("adam", "sgd"))
     act = get_activation(activation)
+    spec = MoE(gate="softmax", expert=act.name, k=k, d=d)
     A0, W0 = resolve_starts(init, R, S, k, d, seed, dev, Xt.dtype)
     hist = History(truth_arrays(truth))
     A = A0.clone().requires_grad_(True)
@@ -103,7 +106,7 @@ def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | Non
     opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)([A, W], lr=lr)
     for it in range(iters + 1):
         opt.zero_grad(set_to_none=True)
-        loss = ((yt[:, None] - _mean_fn(A, W, Xt, act.activation)) ** 2).mean(-1)
+        loss = ((yt[:, None] - _mean_fn(A, W, Xt, spec)) ** 2).mean(-1)
         if it % record_every == 0 or it == iters:
             hist.add("joint", it, {"loss": loss.detach()})
             hist.add_errors("joint", it, A=A.detach(), W=full_gate(W.detach()))

@@ -47,8 +47,7 @@ from .._validation import (
     validate_arguments,
 )
 from ..exceptions import UnderdeterminedWarning, warn_user
-from ..gates import log_mixture_weights
-from ..model import MoE, normal_log_density
+from ..model import MoE
 from ..params import Params
 from ._layout import BlockParams, ParamLayout
 from ._optim import ClosureProblem, lbfgs
@@ -165,14 +164,12 @@ def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor)
     faster on CPU than over a short last axis) and logits and expert pre-activations are batched
     matrix products.
     """
-    gate = torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1)
-    logw = log_mixture_weights(spec.gate, torch.bmm(gate, Zt), top_k=spec.top_k, temperature=spec.temperature,
-                               dim=1)
+    logits = torch.bmm(torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1), Zt)
     if spec.family.input_dependent:
-        mu = spec.family.activation(torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt))
+        pre = torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt)
     else:
-        mu = p.expert_bias.unsqueeze(-1)
-    return logw + normal_log_density(y.unsqueeze(1) - mu, sd=p.noise_sd.unsqueeze(-1))
+        pre = p.expert_bias.unsqueeze(-1)
+    return spec.log_joint_from_linear(logits, pre, y.unsqueeze(1), p.noise_sd.unsqueeze(-1))
 
 
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,

@@ -245,3 +245,24 @@ def test_l4_is_invariant_to_row_signs_and_order(seed):
     A = rng.standard_normal((3, 4))
     B = A[rng.permutation(3)] * rng.choice([-1.0, 1.0], size=(3, 1))
     assert l4_loss(A, X, y, sigma=0.1) == pytest.approx(l4_loss(B, X, y, sigma=0.1), rel=1e-10)
+
+
+@pytest.mark.parametrize("activation", ["linear", "relu", "tanh"])
+def test_gated_network_formulas_are_the_moe_model_with_zero_biases(activation):
+    """The gated network's engine quantities (layout (R, S, k, n)) equal the MoE model's own mean and log-likelihood
+    for ``truth.to_params()``: one formula, two layouts."""
+    from moestat.fit.gated_baselines import _mean_fn
+
+    data = ms.simulate_gated_nn(n=300, reps=1, seed=3, d=6, k=3, activation=activation, sigma=0.3)
+    truth = data.truth
+    spec, params = truth.spec, truth.to_params()
+    X = torch.as_tensor(data.X, dtype=torch.float64)
+    y = torch.as_tensor(data.y, dtype=torch.float64)
+    A = torch.as_tensor(truth.regressors)[None, None]
+    W = torch.as_tensor(truth.gate_weight[:-1])[None, None]
+    mean_engine = _mean_fn(A, W, X, spec)[0, 0]
+    np.testing.assert_allclose(mean_engine.numpy(), spec.mean(params, data.X[0]), rtol=1e-12, atol=1e-14)
+    E = spec.family.activation(torch.einsum("rnd,skd->rskn", X, A[0]))
+    loss, _, _ = llog_terms(W, X, expert_loglik(y, E, truth.sigma))
+    np.testing.assert_allclose(-loss[0, 0].item() * data.X.shape[1], spec.loglik(params, data.X[0], data.y[0]),
+                               rtol=1e-12)
