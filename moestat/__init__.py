@@ -18,6 +18,7 @@ from .exceptions import (
     UnderdeterminedWarning,
 )
 from .experts import EXPERTS, ExpertFamily, get_expert
+from .families import FAMILIES, Family, get_family
 from .fit import (
     GBarResult,
     LSEFit,
@@ -31,12 +32,15 @@ from .fit import (
 from .fit.gated import GatedFit
 from .fit.gated_baselines import fit_em_gated, fit_l2_gated
 from .fit.tensor import fit_tensor
+from .formula import ModelDesign, build_design
 from .gates import GATES
 from .inference import bootstrap, select_k, test_n_experts
 from .metrics import (
     RepresentationErrors,
     center_softmax,
     check_identifiability,
+    gaussian_voronoi_frame,
+    gaussian_voronoi_loss,
     l2_distance,
     match_atoms,
     parameter_errors,
@@ -66,8 +70,10 @@ from .rates import (
     theory_rates,
     window_sensitivity,
 )
+from .simperf import jackknife_mcse, n_reps_for, performance_measures
 from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
 from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
+from .solve_n import SolveNResult, solve_n
 from .study import Study
 
 
@@ -87,12 +93,14 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 __all__ = [
     "EXPERTS",
+    "FAMILIES",
     "GATES",
     "CheckpointWarning",
     "ClusterData",
     "ConvergenceWarning",
     "Dataset",
     "ExpertFamily",
+    "Family",
     "GBarResult",
     "GatedFit",
     "GatedNNData",
@@ -102,6 +110,7 @@ __all__ = [
     "MLEFit",
     "MoE",
     "MoERegressor",
+    "ModelDesign",
     "MoestatWarning",
     "Params",
     "PatchData",
@@ -111,12 +120,14 @@ __all__ = [
     "RepresentationWarning",
     "SampleComplexityResult",
     "SingularInformationWarning",
+    "SolveNResult",
     "Study",
     "StudyConfigError",
     "UnderdeterminedWarning",
     "WindowSensitivity",
     "__version__",
     "bootstrap",
+    "build_design",
     "calibrate_design",
     "center_softmax",
     "check_identifiability",
@@ -134,14 +145,20 @@ __all__ = [
     "fit_tensor",
     "gates",
     "gating_error",
+    "gaussian_voronoi_frame",
+    "gaussian_voronoi_loss",
     "get_expert",
+    "get_family",
     "hermite",
+    "jackknife_mcse",
     "l2_distance",
     "lowest_objective",
     "match_atoms",
     "metrics",
+    "n_reps_for",
     "optimizer_invariance",
     "parameter_errors",
+    "performance_measures",
     "permutation_invariant_error",
     "plots",
     "predicted_rate",
@@ -156,6 +173,7 @@ __all__ = [
     "simulate_clusters",
     "simulate_gated_nn",
     "simulate_patches",
+    "solve_n",
     "sup_expert_error",
     "test_exponent",
     "test_n_experts",

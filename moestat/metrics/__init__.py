@@ -2,6 +2,7 @@
 
 from .distance import l2_distance, sup_expert_error
 from .errors import parameter_errors
+from .gaussian_voronoi import GAUSSIAN_KINDS, gaussian_voronoi_frame, gaussian_voronoi_loss
 from .identifiability import IdentifiabilityResult, check_identifiability, derivative_family, homogeneity_orbit
 from .matching import Matching, match_atoms, permutation_invariant_error
 from .representations import (
@@ -16,6 +17,7 @@ from .theory_loss import theory_loss, theory_loss_kind
 from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
 __all__ = [
+    "GAUSSIAN_KINDS",
     "KINDS",
     "IdentifiabilityResult",
     "Matching",
@@ -25,6 +27,8 @@ __all__ = [
     "center_softmax",
     "check_identifiability",
     "derivative_family",
+    "gaussian_voronoi_frame",
+    "gaussian_voronoi_loss",
     "homogeneity_orbit",
     "l2_distance",
     "match_atoms",
