@@ -34,12 +34,14 @@ from ._validation import (
     Choice,
     Integer,
     Seed,
+    as_numeric,
     check_choice,
     check_int,
     renamed_arguments,
     validate_arguments,
 )
 from .exceptions import warn_user
+from .fit.formula_fit import formula_inputs
 from .fit.mle import _check_data, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
 from .gates import log_mixture_weights
@@ -202,7 +204,7 @@ def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
     def atoms(p_ew: np.ndarray, p_eb: np.ndarray, p_sd: np.ndarray) -> np.ndarray:
         parts = [p_eb[..., None]]
         if lay.expert_slopes:
-            parts.append(p_ew)
+            parts.append(p_ew[..., list(lay.expert_columns)])
         parts.append(np.log(p_sd)[..., None])
         return np.concatenate(parts, -1)
 
@@ -228,15 +230,19 @@ def _blocks_from_params(p: Params):
 @renamed_arguments(B="n_resamples")
 @validate_arguments(n_resamples=Integer(1), kind=Choice("parametric", "nonparametric"), restarts=Integer(1),
                     seed=Seed())
-def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "parametric", restarts: int = 2, seed=None,
-              **fit_kwargs) -> BootstrapResult:
+def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str = "parametric", restarts: int = 2,
+              seed=None, **fit_kwargs) -> BootstrapResult:
     r"""Bootstrap distribution of :math:`\hat\theta` with label alignment (module docstring).
 
     Parameters
     ----------
     fit : MLEFit
         A fit to one data set (``X`` of shape (n, d)).
-    X, y : the data the fit was computed on.
+    X, y : optional
+        The data the fit was computed on (default: the fit's own data; a formula fit's inputs are the union of its
+        expert and gate covariates).  Case weights travel with their rows: a nonparametric resample of a weighted
+        fit draws multinomial counts of the :math:`\sum_t c_t` observations (the bootstrap of the data with each row
+        repeated :math:`c_t` times); a parametric one keeps the weights.
     n_resamples : int
         Number of bootstrap replicates B (all refitted in one batched call; formerly ``B=``).
     kind : {"parametric", "nonparametric"}
@@ -258,20 +264,30 @@ def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "paramet
     check_choice("kind", kind, ("parametric", "nonparametric"))
     B = check_int("n_resamples", n_resamples, minimum=2)
     spec = fit.spec
-    Xn, yn, single = _check_data(spec, X, y)
-    if not single or Xn.shape[1] != fit.nobs:
-        raise ValueError(f"X must be the (n, d) data of the fit (n={fit.nobs}), got shape {np.shape(X)}.")
+    if X is None and y is None:
+        X, y = to_numpy(fit._X[0]), to_numpy(fit._y[0])
+    Xn, yn, single = _check_data(spec, X, y, layout=fit.layout)
+    n = int(fit._X.shape[1])
+    if not single or Xn.shape[1] != n:
+        raise ValueError(f"X must be the (n, d) data of the fit (n={n}), got shape {np.shape(X)}.")
+    w0 = to_numpy(fit._w[0]) if fit.weighted else None
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     draw_seeds, fit_seed = ss.spawn(2)
     seeds = draw_seeds.spawn(B)
+    wb = None if w0 is None else np.broadcast_to(w0, (B, n)).copy()
     if kind == "parametric":
         Xb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy()
         yb = _draw(spec, fit.params.batched(), Xn, B, [draw_seeds])[0]
-    else:
-        idx = np.stack([np.random.default_rng(s).integers(0, fit.nobs, fit.nobs) for s in seeds])
+    elif w0 is None:
+        idx = np.stack([np.random.default_rng(s).integers(0, n, n) for s in seeds])
         Xb, yb = Xn[0][idx], yn[0][idx]
+    else:
+        total = max(int(np.rint(w0.sum())), 1)
+        wb = np.stack([np.random.default_rng(s).multinomial(total, w0 / w0.sum()) for s in seeds]).astype(float)
+        Xb, yb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy(), np.broadcast_to(yn[0], (B, n)).copy()
     opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
-            "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"]}
+            "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
+            "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns}
     opts.update(fit_kwargs)
     failed_data = np.zeros(B, dtype=bool)
     if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed
@@ -282,9 +298,10 @@ def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "paramet
                 failed_data[b] = True
         keep = ~failed_data
         Xb, yb = Xb[keep], yb[keep]
+        wb = None if wb is None else wb[keep]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MLEConvergenceWarning)
-        bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed,
+        bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb,
                        feature_names=fit.layout.feature_names, **opts)
     th = _align(spec, fit, bfit)
     ok = np.asarray(bfit._converged) & np.isfinite(bfit._loglik) & np.isfinite(th).all(-1)
@@ -297,7 +314,8 @@ def bootstrap(fit: MLEFit, X, y, n_resamples: int = 200, *, kind: str = "paramet
         warn_user(f"{int(failed.sum())} of {B} bootstrap refits failed (non-converged, non-finite or degenerate "
                       "resample); they are excluded from the bootstrap summaries and not redrawn.",
                       MLEConvergenceWarning)
-    config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy, **opts}
+    config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy,
+              **{key: v for key, v in opts.items() if key not in ("gate_columns", "expert_columns")}}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
 
 
@@ -347,6 +365,35 @@ class LRTResult(Result):
                 f"p_value={np.round(self.p_value, 4)}, n_failed={self.n_failed})")
 
 
+def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, weights,
+                  fit_kwargs: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Arrays and fit options from either interface: ``(X, y)`` or a formula on ``data`` (its union design, column
+    restrictions, names and case weights become :func:`moestat.fit_mle` options)."""
+    kw = dict(fit_kwargs)
+    if formula is None:
+        for name, value in (("data", data), ("gate_formula", gate_formula)):
+            if value is not None:
+                raise TypeError(f"{name}= needs formula=; with arrays pass X and y.")
+        if X is None or y is None:
+            raise TypeError("pass the data as X and y, or as formula= and data=.")
+        if isinstance(X, pd.DataFrame) and "feature_names" not in kw:
+            kw["feature_names"] = [str(c) for c in X.columns]
+        if weights is not None:
+            kw["weights"] = weights
+        return (np.asarray(as_numeric("X", X), dtype=float).copy(), np.asarray(as_numeric("y", y), dtype=float).copy(),
+                kw)
+    if X is not None or y is not None:
+        raise TypeError("pass either formula= and data= or arrays X and y, not both.")
+    if data is None:
+        raise TypeError("formula= needs data=, the frame its columns come from.")
+    inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights,
+                            missing=kw.pop("missing", "raise"))
+    kw.update(feature_names=inputs.names, gate_columns=inputs.gate_columns, expert_columns=inputs.expert_columns)
+    if inputs.weights is not None:
+        kw["weights"] = inputs.weights
+    return inputs.X, inputs.y, kw
+
+
 def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, restarts: int, seed,
               opts: dict) -> tuple[MLEFit, MLEFit]:
     s0, s1 = seed.spawn(2)
@@ -360,14 +407,19 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
 
 @renamed_arguments(B="n_resamples")
 @validate_arguments(k0=Integer(1), k1=Integer(2), n_resamples=Integer(1), restarts=Integer(1), seed=Seed())
-def test_n_experts(X, y, k0: int, k1: int, n_resamples: int = 99, *, gate: str = "softmax", expert: str = "linear",
-                   method: str = "em", restarts: int = 3, seed=None, **fit_kwargs) -> LRTResult:
+def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 99, *, formula: str | None = None,
+                   data=None, gate_formula: str | None = None, weights=None, gate: str = "softmax",
+                   expert: str = "linear", method: str = "em", restarts: int = 3, seed=None,
+                   **fit_kwargs) -> LRTResult:
     r"""Parametric bootstrap LRT of :math:`H_0: k = k_0` against :math:`k = k_1` (module docstring).
 
     Parameters
     ----------
     X : array (n, d) or (R, n, d); y : array (n,) or (R, n)
         One data set, or R data sets tested at once (all R x B refits are batched).
+    formula, data, gate_formula, weights
+        Or the data as a formula fit (:func:`moestat.fit_mle`); case weights stay with their rows in the
+        parametric bootstrap.
     k0, k1 : int
         Numbers of experts, ``k0 < k1``.
     n_resamples : int
@@ -390,8 +442,9 @@ def test_n_experts(X, y, k0: int, k1: int, n_resamples: int = 99, *, gate: str =
     if k1 <= k0:
         raise ValueError(f"k1 must exceed k0, got k0={k0}, k1={k1}.")
     B = check_int("n_resamples", n_resamples, minimum=2)
-    Xa = np.asarray(X, dtype=float)
-    d = Xa.shape[-1] if Xa.ndim >= 2 else 1
+    X, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
+                                     fit_kwargs=fit_kwargs)
+    d = X.shape[-1] if X.ndim >= 2 else 1
     spec0 = MoE(gate=gate, expert=expert, k=k0, d=d)
     spec1 = spec0.with_k(k1)
     Xn, yn, single = _check_data(spec1, X, y)
@@ -455,20 +508,23 @@ class SelectKResult(Result):
 
 
 @validate_arguments(criterion=Choice("bic", "icl", "aic"), restarts=Integer(1), seed=Seed())
-def select_k(X, y, ks: Sequence[int] = (1, 2, 3, 4), *, criterion: str = "bic", gate: str = "softmax",
+def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str | None = None, data=None,
+             gate_formula: str | None = None, weights=None, criterion: str = "bic", gate: str = "softmax",
              expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, **fit_kwargs) -> SelectKResult:
     r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).
 
     Returns a :class:`SelectKResult` whose ``table`` has one row per k with loglik, df, AIC, BIC, ICL,
     convergence, the number of small experts (mean weight < 0.05) and of experts whose sigma sits at the
     variance floor (a sign of a spurious, degenerate maximiser: raise ``sd_floor``); ``fits`` maps k to its
-    :class:`moestat.MLEFit`.  One data set (X of shape (n, d)).
+    :class:`moestat.MLEFit`.  One data set: ``X`` of shape (n, d) and ``y``, or ``formula`` and ``data`` (with
+    ``gate_formula`` and ``weights`` as in :func:`moestat.fit_mle`).
     """
     check_choice("criterion", criterion, ("bic", "icl", "aic"))
     ks = [check_int("ks", k) for k in ks]
     if not ks:
         raise ValueError("ks must list at least one number of experts.")
-    Xa = np.asarray(X, dtype=float)
+    Xa, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
+                                      fit_kwargs=fit_kwargs)
     if Xa.ndim != 2:
         raise ValueError(f"select_k needs X of shape (n, d), got shape {Xa.shape}.")
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)

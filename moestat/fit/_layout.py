@@ -61,9 +61,15 @@ class ParamLayout:
     spec : MoE
     feature_names : sequence of str, optional
         Names of the ``d`` input columns (default ``x1 .. xd``).
+    gate_columns, expert_columns : sequence of int, optional
+        The input columns the gate and the experts use (default: all ``d``).  A model whose gate and experts
+        have different covariates (a concomitant-variable gate, flexmix's ``concomitant=``) is the MoE on the
+        union of the columns with the coefficients of the other block's columns fixed at zero: they are not
+        in :math:`\theta`, and :meth:`unpack` writes zeros there.
     """
 
-    def __init__(self, spec: MoE, feature_names: Sequence[str] | None = None) -> None:
+    def __init__(self, spec: MoE, feature_names: Sequence[str] | None = None, *,
+                 gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None) -> None:
         self.spec = spec
         self.k, self.d = spec.k, spec.d
         if feature_names is None:
@@ -71,58 +77,89 @@ class ParamLayout:
         if len(feature_names) != self.d:
             raise ValueError(f"feature_names has {len(feature_names)} entries but d={self.d}.")
         self.feature_names = [str(f) for f in feature_names]
+        self.gate_columns = _columns("gate_columns", gate_columns, self.d)
+        self.expert_columns = _columns("expert_columns", expert_columns, self.d)
         self.ref_fixed = spec.gate in ("softmax", "topk")
         self.n_gate_rows = self.k - 1 if self.ref_fixed else self.k
         self.expert_slopes = spec.family.input_dependent
-        self.pe = self.d + 1 if self.expert_slopes else 1
-        self.n_gate = self.n_gate_rows * (self.d + 1)
+        self.pg = len(self.gate_columns) + 1
+        self.pe = len(self.expert_columns) + 1 if self.expert_slopes else 1
+        self.n_gate = self.n_gate_rows * self.pg
         self.n_expert = self.k * self.pe
         self.size = self.n_gate + self.n_expert + self.k
 
     @property
+    def full_columns(self) -> bool:
+        """True when gate and experts use every input column."""
+        all_cols = tuple(range(self.d))
+        return self.gate_columns == all_cols and self.expert_columns == all_cols
+
+    def _gate_cols(self) -> list[str]:
+        return ["const", *(self.feature_names[j] for j in self.gate_columns)]
+
+    def _expert_cols(self) -> list[str]:
+        return ["const", *(self.feature_names[j] for j in self.expert_columns)] if self.expert_slopes else ["const"]
+
+    @property
     def names(self) -> list[str]:
         """Term names, e.g. ``gate[0]:const``, ``expert[1]:x1``, ``expert[1]:log_sigma``."""
-        cols = ["const", *self.feature_names]
-        out = [f"gate[{i}]:{c}" for i in range(self.n_gate_rows) for c in cols]
-        ecols = cols if self.expert_slopes else ["const"]
-        out += [f"expert[{i}]:{c}" for i in range(self.k) for c in ecols]
-        out += [f"expert[{i}]:log_sigma" for i in range(self.k)]
-        return out
+        return [f"{block}[{i}]:{c}" for block, i, c in self.term_info()]
 
     def term_info(self) -> list[tuple[str, int, str]]:
         """(block, atom, coefficient) for each term, matching :attr:`names`."""
-        cols = ["const", *self.feature_names]
-        info = [("gate", i, c) for i in range(self.n_gate_rows) for c in cols]
-        ecols = cols if self.expert_slopes else ["const"]
-        info += [("expert", i, c) for i in range(self.k) for c in ecols]
+        info = [("gate", i, c) for i in range(self.n_gate_rows) for c in self._gate_cols()]
+        info += [("expert", i, c) for i in range(self.k) for c in self._expert_cols()]
         info += [("expert", i, "log_sigma") for i in range(self.k)]
         return info
+
+    def _scatter(self, coef: torch.Tensor, columns: tuple[int, ...]) -> torch.Tensor:
+        """Slopes on the chosen columns ``(..., m)`` -> all ``d`` columns, zeros elsewhere."""
+        if len(columns) == self.d:
+            return coef
+        out = torch.zeros(*coef.shape[:-1], self.d, dtype=coef.dtype, device=coef.device)
+        return out.index_copy(-1, torch.as_tensor(columns, dtype=torch.long, device=coef.device), coef)
+
+    def _gather(self, coef: torch.Tensor, columns: tuple[int, ...]) -> torch.Tensor:
+        if len(columns) == self.d:
+            return coef
+        return coef[..., list(columns)]
 
     def unpack(self, theta: torch.Tensor) -> BlockParams:
         """Blocks from ``theta`` of shape (..., P) (differentiable)."""
         lead = theta.shape[:-1]
         k, d = self.k, self.d
-        g = theta[..., : self.n_gate].reshape(*lead, self.n_gate_rows, d + 1)
+        g = theta[..., : self.n_gate].reshape(*lead, self.n_gate_rows, self.pg)
         if self.ref_fixed:
-            g = torch.cat([g, torch.zeros(*lead, 1, d + 1, dtype=theta.dtype, device=theta.device)], dim=-2)
+            g = torch.cat([g, torch.zeros(*lead, 1, self.pg, dtype=theta.dtype, device=theta.device)], dim=-2)
         e = theta[..., self.n_gate : self.n_gate + self.n_expert].reshape(*lead, k, self.pe)
         if self.expert_slopes:
-            ew, eb = e[..., 1:], e[..., 0]
+            ew, eb = self._scatter(e[..., 1:], self.expert_columns), e[..., 0]
         else:
             ew, eb = torch.zeros(*lead, k, d, dtype=theta.dtype, device=theta.device), e[..., 0]
         sd = torch.exp(theta[..., self.n_gate + self.n_expert :])
-        return BlockParams(g[..., 0], g[..., 1:], ew, eb, sd)
+        return BlockParams(g[..., 0], self._scatter(g[..., 1:], self.gate_columns), ew, eb, sd)
 
     def pack(self, p: BlockParams | Params) -> torch.Tensor:
-        """``theta`` (..., P) from blocks; softmax gates are first moved to the last-expert reference."""
-        gb, gw = p.gate_bias, p.gate_weight
+        """``theta`` (..., P) from blocks; softmax gates are first moved to the last-expert reference.  Slopes on
+        columns outside a block's columns are dropped (they are zero in a fit of this layout)."""
+        gb, gw = p.gate_bias, self._gather(p.gate_weight, self.gate_columns)
         if self.ref_fixed:
             gb = gb - gb[..., -1:]
             gw = gw - gw[..., -1:, :]
             gb, gw = gb[..., :-1], gw[..., :-1, :]
         g = torch.cat([gb.unsqueeze(-1), gw], dim=-1).flatten(-2)
         if self.expert_slopes:
-            e = torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1).flatten(-2)
+            ew = self._gather(p.expert_weight, self.expert_columns)
+            e = torch.cat([p.expert_bias.unsqueeze(-1), ew], dim=-1).flatten(-2)
         else:
             e = p.expert_bias
         return torch.cat([g, e, torch.log(p.noise_sd)], dim=-1)
+
+
+def _columns(name: str, columns: Sequence[int] | None, d: int) -> tuple[int, ...]:
+    if columns is None:
+        return tuple(range(d))
+    cols = tuple(int(c) for c in columns)
+    if len(set(cols)) != len(cols) or any(not 0 <= c < d for c in cols) or list(cols) != sorted(cols):
+        raise ValueError(f"{name} must be increasing, distinct column indices in [0, {d}), got {list(columns)}.")
+    return cols

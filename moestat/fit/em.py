@@ -34,6 +34,7 @@ All arrays carry leading axes (R, S) = (replicates, restarts); one tensor progra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,19 +117,21 @@ def _gate_logits(theta_g: torch.Tensor, Zt: torch.Tensor) -> torch.Tensor:
 
 
 def _newton_gate_step(Zt: torch.Tensor, ZZ: torch.Tensor | None, tau: torch.Tensor, theta: torch.Tensor,
-                      logw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      logw: torch.Tensor, obs_w: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     r"""One damped Newton (IRLS) step of the weighted multinomial logit, in the (B, k, n) layout.
 
     ``logw`` are the log gate weights at ``theta``; returns the new rows and their log gate weights.
-    See :func:`gate_newton` for the formulas.
+    ``tau`` are the case-weighted responsibilities :math:`c_t\tau_{ti}` and ``obs_w`` the case weights
+    :math:`c_t` (B, n) (None: all one).  See :func:`gate_newton` for the formulas.
     """
     B, km1, p = theta.shape
     m = km1 * p
     q0 = (tau * logw).sum((1, 2))
     pi = logw[:, :-1].exp()
-    grad = torch.bmm(tau[:, :-1] - pi, Zt.transpose(1, 2)).reshape(B, m)
-    W = -pi.unsqueeze(2) * pi.unsqueeze(1)  # (B, k-1, k-1, n)
-    W.diagonal(dim1=1, dim2=2).add_(pi.transpose(1, 2))
+    pi_w = pi if obs_w is None else pi * obs_w.unsqueeze(1)
+    grad = torch.bmm(tau[:, :-1] - pi_w, Zt.transpose(1, 2)).reshape(B, m)
+    W = -pi_w.unsqueeze(2) * pi.unsqueeze(1)  # (B, k-1, k-1, n)
+    W.diagonal(dim1=1, dim2=2).add_(pi_w.transpose(1, 2))
     H = _weighted_gram(W.reshape(B, km1 * km1, -1), Zt, ZZ).view(B, km1, km1, p, p)
     H = H.permute(0, 1, 3, 2, 4).reshape(B, m, m)
     scale = H.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)
@@ -213,11 +216,17 @@ def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch
 
 def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, var_floor: torch.Tensor,
            tol: float, max_iter: int, gate_steps: int = 2, gate_solver: str = "newton",
-           prox: float = 1e-8) -> EMState:
+           prox: float = 1e-8, gate_columns: Sequence[int] | None = None,
+           expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
     \mathrm{tol}\,(1 + |\ell_t|)`; converged pairs are frozen.  ``var_floor`` has shape (R,).
+
+    ``gate_columns`` / ``expert_columns`` restrict the gate and the experts to some input columns (the other
+    slopes stay zero; :class:`moestat.fit._layout.ParamLayout`).  Case weights ``weights`` (R, n) multiply each
+    observation's log-likelihood, :math:`\ell = \sum_t c_t \log p(y_t\mid x_t)`: every M-step then uses the
+    weighted responsibilities :math:`c_t\tau_{ti}` (integer weights give the fit of the data with repeated rows).
 
     Every per-observation array is laid out (pairs, k, n), observations last, so the reductions over
     experts run along a strided axis instead of a length-k inner axis (several times faster on CPU).
@@ -234,19 +243,29 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     B = R * S
     dependent = spec.family.input_dependent
     # flat (replicate, restart) pairs; each iteration works on the still-active pairs only
+    gcols = list(range(d)) if gate_columns is None else list(gate_columns)
+    ecols = list(range(d)) if expert_columns is None else list(expert_columns)
+    same_cols = gcols == ecols
     yf = y.repeat_interleave(S, dim=0)
     floor_f = var_floor.repeat_interleave(S, dim=0)
-    Zg = design(X, True).transpose(1, 2).repeat_interleave(S, dim=0).contiguous()  # gate design (B, d+1, n)
-    Ze = Zg if dependent else Zg[:, :1].contiguous()  # expert design (B, p, n)
+    wf = None if weights is None else weights.repeat_interleave(S, dim=0)
+    Zg = design(X[..., gcols], True).transpose(1, 2).repeat_interleave(S, dim=0).contiguous()  # gate (B, pg, n)
+    if not dependent:
+        Ze = Zg[:, :1].contiguous()  # expert design (B, pe, n)
+    elif same_cols:
+        Ze = Zg
+    else:
+        Ze = design(X[..., ecols], True).transpose(1, 2).repeat_interleave(S, dim=0).contiguous()
     ZZg = _second_moments(Zg)
-    ZZe = ZZg if dependent else None
+    ZZe = (ZZg if same_cols else _second_moments(Ze)) if dependent else None
     Zy = (Ze * yf.unsqueeze(1)).transpose(1, 2).contiguous()  # (B, n, p): z_t y_t
     eps = prox * n
     flat = init.map(lambda a: a.reshape(B, *a.shape[2:]))
     gb, gw = flat.gate_bias, flat.gate_weight
+    gw = gw[..., gcols]
     theta_g = torch.cat([(gb - gb[..., -1:]).unsqueeze(-1), gw - gw[..., -1:, :]], dim=-1)[..., :-1, :].contiguous()
     if dependent:
-        beta = torch.cat([flat.expert_bias.unsqueeze(-1), flat.expert_weight], dim=-1).contiguous()
+        beta = torch.cat([flat.expert_bias.unsqueeze(-1), flat.expert_weight[..., ecols]], dim=-1).contiguous()
     else:
         beta = flat.expert_bias.unsqueeze(-1).contiguous()
     p_e = beta.shape[-1]
@@ -262,20 +281,21 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     def blocks(theta_g: torch.Tensor, beta: torch.Tensor, var: torch.Tensor) -> BlockParams:
         zero = torch.zeros(*theta_g.shape[:-2], 1, theta_g.shape[-1], dtype=theta_g.dtype, device=theta_g.device)
         g = torch.cat([theta_g, zero], dim=-2)
+        ew = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device)
         if dependent:
-            ew, eb = beta[..., 1:], beta[..., 0]
-        else:
-            ew, eb = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device), beta[..., 0]
-        return BlockParams(g[..., 0], g[..., 1:], ew, eb, var.sqrt())
+            ew[..., ecols] = beta[..., 1:]
+        gw = torch.zeros(*g.shape[:-1], d, dtype=X.dtype, device=X.device)
+        gw[..., gcols] = g[..., 1:]
+        return BlockParams(g[..., 0], gw, ew, beta[..., 0], var.sqrt())
 
-    ya, Zga, Zea, ZZga, ZZea, Zya, fl = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f
+    ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()
     logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)  # (A, k, n)
     for it in range(max_iter + 1):
         resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
         logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
         lse = torch.logsumexp(logc, dim=1)
-        ll = lse.sum(-1)
+        ll = lse.sum(-1) if wa is None else (lse * wa).sum(-1)
         ll_all[idx] = ll
         history.append(ll_all.clone())
         keep = torch.isfinite(ll)
@@ -289,12 +309,15 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             theta_g[idx], beta[idx], var[idx] = tg_a, beta_a, var_a
             idx, logc, lse, ll, logw = idx[keep], logc[keep], lse[keep], ll[keep], logw[keep]
             ya, Zga, Zya, fl = ya[keep], Zga[keep], Zya[keep], fl[keep]
-            Zea = Zga if dependent else Zea[keep]
+            wa = None if wa is None else wa[keep]
+            Zea = Zga if dependent and same_cols else Zea[keep]
             ZZga = None if ZZga is None else ZZga[keep]
-            ZZea = ZZga if dependent else None
+            ZZea = (ZZga if same_cols else (None if ZZea is None else ZZea[keep])) if dependent else None
             tg_a, beta_a, var_a = tg_a[keep], beta_a[keep], var_a[keep]
         n_iter[idx] += 1
         tau = torch.exp(logc - lse.unsqueeze(1))  # (A, k, n) responsibilities
+        if wa is not None:
+            tau = tau * wa.unsqueeze(1)
         # expert M-step: proximal weighted least squares, then the floored proximal variance update
         gram = _weighted_gram(tau, Zea, ZZea) + eps * eye
         rhs = torch.bmm(tau, Zya) + eps * beta_a
@@ -308,7 +331,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
                 logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)
             else:
                 for _ in range(gate_steps):
-                    tg_a, logw = _newton_gate_step(Zga, ZZga, tau, tg_a, logw)
+                    tg_a, logw = _newton_gate_step(Zga, ZZga, tau, tg_a, logw, wa)
         ll_prev = ll
     theta_g[idx], beta[idx], var[idx] = tg_a, beta_a, var_a
 

@@ -26,9 +26,12 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .._torch import cpu_threads, resolve_device, resolve_dtype, to_tensor
@@ -52,12 +55,14 @@ from ..params import Params
 from ._layout import BlockParams, ParamLayout
 from ._optim import ClosureProblem, lbfgs
 from .em import design, em_fit, weighted_ls
+from .formula_fit import formula_inputs
 from .results import MLEFit
 
 METHODS = ("em", "gradient")
 
 
-def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.ndarray, np.ndarray, bool]:
+def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLayout | None = None
+                ) -> tuple[np.ndarray, np.ndarray, bool]:
     X, y = as_numeric("X", X), as_numeric("y", y)
     Xn = np.array(X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
     yn = np.array(y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
@@ -83,7 +88,7 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise") -> tuple[np.nda
         raise ValueError("X has no observations (n = 0).")
     if spec.k > n:
         raise ValueError(f"k={spec.k} experts exceed the n={n} observations; choose k <= n.")
-    P = ParamLayout(spec).size
+    P = (layout or ParamLayout(spec)).size
     if n < P and underdetermined == "warn":
         warn_user(f"n={n} observations are fewer than the {P} free parameters: the MLE is not identified "
                       "(estimates are one maximiser among many; standard errors are not available).",
@@ -127,7 +132,7 @@ def _as_init_list(init, spec: MoE, R: int) -> list[Params]:
 
 
 def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
-                  seeds: Sequence[np.random.SeedSequence]) -> BlockParams:
+                  seeds: Sequence[np.random.SeedSequence], expert_columns: Sequence[int] | None = None) -> BlockParams:
     r"""Random-subset starts, shape (R, S, ...).
 
     Each expert of each start is the least-squares fit through ``p + 1`` random observations
@@ -138,7 +143,8 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
     """
     R, n, d = X.shape
     k = spec.k
-    Z = design(X, spec.family.input_dependent)
+    cols = list(range(d)) if expert_columns is None else list(expert_columns)
+    Z = design(X[..., cols], spec.family.input_dependent)
     p = Z.shape[-1]
     m = min(p + 1, n)
     idx = np.stack([np.random.default_rng(s).integers(0, n, size=(S, k, m)) for s in seeds])
@@ -149,7 +155,9 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
     mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
     var = ((y[:, None, :, None] - mu) ** 2).mean(-2)
     zeros_k = torch.zeros(R, S, k, dtype=X.dtype, device=X.device)
-    ew = beta[..., 1:] if spec.family.input_dependent else torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
+    ew = torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
+    if spec.family.input_dependent:
+        ew[..., cols] = beta[..., 1:]
     return BlockParams(zeros_k, torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device), ew, beta[..., 0],
                        var.sqrt())
 
@@ -173,8 +181,8 @@ def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor)
 
 
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
-                 sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float) -> tuple[BlockParams, torch.Tensor,
-                                                                                 torch.Tensor, torch.Tensor]:
+                 sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float,
+                 weights: torch.Tensor | None = None) -> tuple[BlockParams, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Batched L-BFGS on :math:`-\ell_{rs}(\theta_{rs})/n` for every pair; returns params, loglik, converged, n_iter.
 
     The noise sd is parameterised as :math:`\sigma = (\sigma_{\min}^2 + e^{2\rho})^{1/2}` so the floor
@@ -203,9 +211,10 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     def negll(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         if cache.get("rows") is not rows:  # gather the active pairs' data once per active set
             r = rep_of[rows]
-            cache.update(rows=rows, Zt=Zt[r], y=y[r], fl2=floor2[rows])
+            cache.update(rows=rows, Zt=Zt[r], y=y[r], fl2=floor2[rows], w=None if weights is None else weights[r])
         logc = log_components(spec, unpack(v, cache["fl2"]), cache["Zt"], cache["y"])
-        return -torch.logsumexp(logc, dim=1).sum(-1) / n
+        lse = torch.logsumexp(logc, dim=1)
+        return -(lse if cache["w"] is None else lse * cache["w"]).sum(-1) / n
 
     res = lbfgs(ClosureProblem(negll, R * S, X.device), v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
     ll = (-res.loss * n).reshape(R, S)
@@ -216,12 +225,13 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
 
 def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, ll: torch.Tensor, conv: torch.Tensor,
                   n_iter: torch.Tensor, slow: torch.Tensor, layout: ParamLayout, floor: torch.Tensor, *,
-                  max_iter: int, gtol: float, ftol: float):
+                  max_iter: int, gtol: float, ftol: float, weights: torch.Tensor | None = None):
     """Continue the (replicate, restart) pairs flagged ``slow`` with batched L-BFGS from their EM state."""
     r_idx, s_idx = slow.nonzero(as_tuple=True)
     sub = pb.map(lambda a: a[r_idx, s_idx].unsqueeze(1))
     p2, ll2, conv2, it2 = gradient_fit(spec, X[r_idx], y[r_idx], sub, layout, sd_floor=floor[r_idx],
-                                       max_iter=max(max_iter, 1), gtol=gtol, ftol=ftol)
+                                       max_iter=max(max_iter, 1), gtol=gtol, ftol=ftol,
+                                       weights=None if weights is None else weights[r_idx])
     better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= ll[r_idx, s_idx])
     out = pb.map(lambda a: a.clone())
     for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
@@ -238,15 +248,16 @@ def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, 
 
 def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, layout: ParamLayout,
            floor: torch.Tensor, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
-           gtol: float, switch_after: int | None, screen: float | None):
+           gtol: float, switch_after: int | None, screen: float | None, weights: torch.Tensor | None = None):
     """EM (then L-BFGS for the slow starts) or L-BFGS from the starts ``init_b`` (R, S, ...)."""
     if method != "em":
         pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
-                                            gtol=gtol, ftol=0.01 * tol)
+                                            gtol=gtol, ftol=0.01 * tol, weights=weights)
         return pb, ll, conv, n_iter, None
     em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
     st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
-                gate_steps=gate_steps, gate_solver=gate_solver)
+                gate_steps=gate_steps, gate_solver=gate_solver, gate_columns=layout.gate_columns,
+                expert_columns=layout.expert_columns, weights=weights)
     pb, ll, conv, n_iter = st.params, st.loglik, st.converged, st.n_iter
     slow = ~conv & torch.isfinite(ll)
     if screen is not None:
@@ -254,7 +265,8 @@ def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, l
         slow &= ll >= best_now - screen
     if switch_after is not None and bool(slow.any()):
         pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
-                                             max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol)
+                                             max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol,
+                                             weights=weights)
     return pb, ll, conv, n_iter, st.history
 
 
@@ -262,20 +274,49 @@ def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, l
                     gate_steps=Integer(1), gtol=Real(0), device=Device(), dtype=Dtype(), seed=Seed(),
                     underdetermined=Choice("raise", "warn"), switch_after=Optional(Integer(0)),
                     screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)))
-def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="random", tol: float = 1e-8,
+def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = None, data=None, k: int | None = None,
+            gate_formula: str | None = None, weights=None, missing: str = "raise",
+            gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None, method: str = "em",
+            restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
             feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
             switch_after: int | None = 30, screen: float | None = 10.0, threads: int | None = 1) -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
+    Two interfaces: arrays (``fit_mle(spec, X, y)``) or a formula and a data frame
+    (``fit_mle(formula="y ~ x1 + np.log(x2)", data=df, k=2, gate_formula="~ w")``).
+
     Parameters
     ----------
-    spec : MoE
-        Gate, expert family, number of experts ``k`` and input dimension ``d``.
+    spec : MoE, optional
+        Gate, expert family, number of experts ``k`` and input dimension ``d``.  With ``formula``, optional: the
+        gate, expert family and ``k`` are taken from it (its ``d`` is replaced by the design's), else a softmax gate
+        and linear experts with ``k`` experts.
     X : array, shape (n, d) or (R, n, d)
         Inputs; with a leading axis, R independent data sets are fitted in one tensor program.
     y : array, shape (n,) or (R, n)
+    formula : str, optional
+        A Wilkinson formula for the experts, e.g. ``"y ~ x1 + I(x1**2) + C(group)"`` (:func:`moestat.build_design`,
+        formulaic): term names come from the frame and appear in ``param_names``, ``tidy()`` and ``summary()``;
+        ``predict`` and friends then take frames and find columns by name.
+    data : DataFrame, optional
+        The data the formulas read.
+    k : int, optional
+        Number of experts for a formula fit without ``spec``.
+    gate_formula : str, optional
+        The gate's own covariates, e.g. ``"~ w1 + w2"`` (concomitant variables, flexmix's ``concomitant=``);
+        default: the experts' covariates.  The fit is the MoE on the union of both designs with each block's
+        slopes fixed at zero on the other block's columns (:mod:`moestat.fit.formula_fit`).
+    weights : array, shape (n,) or (R, n), or a column name with ``formula``, optional
+        Case (frequency) weights :math:`c_t \ge 0`: the log-likelihood is :math:`\sum_t c_t\log p(y_t\mid x_t)`,
+        so integer weights give the fit of the data with each row repeated :math:`c_t` times (same estimates, same
+        observed-information standard errors, ``nobs`` = :math:`\sum_t c_t`).
+    missing : {"raise", "drop"}
+        Rows with NaN in a variable used: raise (default) or drop them (``settings["n_dropped"]`` says how many).
+    gate_columns, expert_columns : sequence of int, optional
+        Array interface: the columns of ``X`` the gate and the experts use (default: all); the other block's slopes
+        are fixed at zero.  ``gate_formula`` sets them for a formula fit.
     method : {"em", "gradient"}
         EM (softmax gate; linear or constant experts) or L-BFGS on the log-likelihood (any gate/expert).
     restarts : int
@@ -304,7 +345,8 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     seed : int or SeedSequence, optional
         Replicate ``r`` draws its random starts from ``SeedSequence(seed).spawn(R)[r]``.
     feature_names : sequence of str, optional
-        Column names used in term names (default ``x1 .. xd``).
+        Column names used in term names (default: the columns of a DataFrame ``X``, else ``x1 .. xd``); a frame
+        passed later to ``predict`` is read by these names, never by position.
     switch_after : int or None
         ``method="em"`` only: (replicate, restart) pairs that have not converged after this many EM
         iterations continue with batched L-BFGS from their EM state (EM converges linearly, and slowly
@@ -346,8 +388,15 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     >>> fit = ms.fit_mle(spec, data.X[0], data.y[0], seed=1)
     >>> fit.summary()  # doctest: +SKIP
     """
-    if not isinstance(spec, MoE):
-        raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
+    check_choice("missing", missing, ("raise", "drop"))
+    if feature_names is None and isinstance(X, pd.DataFrame):
+        feature_names = [str(c) for c in X.columns]
+    spec, X, y, weights, design, columns, n_dropped = _resolve_inputs(spec, X, y, formula=formula, data=data, k=k,
+                                                                      gate_formula=gate_formula, weights=weights,
+                                                                      missing=missing, gate_columns=gate_columns,
+                                                                      expert_columns=expert_columns)
+    if design is not None:
+        feature_names = columns[0]
     check_choice("method", method, METHODS)
     check_choice("gate_solver", gate_solver, ("newton", "cvxpy"))
     restarts = check_int("restarts", restarts, minimum=0)
@@ -359,8 +408,10 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
                          f"gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")
     max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
     check_choice("underdetermined", underdetermined, ("raise", "warn"))
-    Xn, yn, single = _check_data(spec, X, y, underdetermined)
+    layout = ParamLayout(spec, feature_names, gate_columns=columns[1], expert_columns=columns[2])
+    Xn, yn, single = _check_data(spec, X, y, underdetermined, layout)
     R = Xn.shape[0]
+    w_n = _check_weights(weights, yn)
     user = _as_init_list(init, spec, R)
     if restarts + len(user) == 0:
         raise ValueError("restarts=0 needs at least one start in init.")
@@ -375,7 +426,7 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
     X_fit = Xt if s_t is None else Xt / s_t
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     seeds = ss.spawn(R)
-    layout = ParamLayout(spec, feature_names)
+    w_t = None if w_n is None else to_tensor(w_n, device=dev, dtype=dt)
     floor = to_tensor(sd_floor * yn.std(axis=1), device=dev, dtype=dt)
     starts = []
     for p in user:
@@ -385,14 +436,14 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
             b.gate_weight, b.expert_weight = b.gate_weight * s_t, b.expert_weight * s_t
         starts.append(b)
     if restarts:
-        starts.append(random_starts(spec, X_fit, yt, restarts, seeds))
+        starts.append(random_starts(spec, X_fit, yt, restarts, seeds, layout.expert_columns))
     fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
     init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
     init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
     with cpu_threads(threads, dev):
         pb, ll, conv, n_iter, history = _solve(spec, X_fit, yt, init_b, layout, floor, method=method, tol=tol,
                                                max_iter=max_iter, gate_steps=gate_steps, gate_solver=gate_solver,
-                                               gtol=gtol, switch_after=switch_after, screen=screen)
+                                               gtol=gtol, switch_after=switch_after, screen=screen, weights=w_t)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)
@@ -405,8 +456,84 @@ def fit_mle(spec: MoE, X, y, *, method: str = "em", restarts: int = 5, init="ran
                 "switch_after": switch_after if method == "em" else None, "screen": screen if method == "em" else None,
                 "device": str(dev), "dtype": str(dt).replace("torch.", ""), "threads": threads,
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key),
-                "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale)}
+                "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
+                "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
+                "n_dropped": n_dropped}
     return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
-                  history=None if history is None else history[:, r_idx, best])
+                  history=None if history is None else history[:, r_idx, best], weights=w_t, design=design,
+                  response_name="y" if design is None else design.response_name)
+
+
+def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, data: Any, k: int | None,
+                    gate_formula: str | None, weights: Any, missing: str, gate_columns: Sequence[int] | None = None,
+                    expert_columns: Sequence[int] | None = None) -> tuple[MoE, Any, Any, Any, Any, tuple, int]:
+    """``(spec, X, y, weights, design, (names, gate_columns, expert_columns), n_dropped)`` for either interface."""
+    if formula is None:
+        for name, value in (("data", data), ("gate_formula", gate_formula)):
+            if value is not None:
+                raise TypeError(f"{name}= needs formula=; with arrays pass fit_mle(spec, X, y).")
+        if not isinstance(spec, MoE):
+            raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}; or fit by formula: "
+                            "fit_mle(formula='y ~ x', data=df, k=2).")
+        if X is None or y is None:
+            raise TypeError("fit_mle needs X and y (or formula= and data=).")
+        if k is not None and k != spec.k:
+            raise ValueError(f"k={k} disagrees with spec.k={spec.k}; pass one of them.")
+        X, y, weights, n_dropped = _drop_missing(X, y, weights, missing)
+        return spec, X, y, weights, None, (None, gate_columns, expert_columns), n_dropped
+    if gate_columns is not None or expert_columns is not None:
+        raise TypeError("gate_columns/expert_columns are for arrays; a formula fit sets them with gate_formula=.")
+    if X is not None or y is not None:
+        raise TypeError("pass either formula= and data= or arrays X and y, not both.")
+    if data is None:
+        raise TypeError("formula= needs data=, the frame its columns come from.")
+    if spec is not None and not isinstance(spec, MoE):
+        raise TypeError(f"spec must be a moestat.MoE or None, got {type(spec).__name__}.")
+    if spec is None and k is None:
+        raise TypeError("a formula fit needs k= (the number of experts) or spec=.")
+    if spec is not None and k is not None and k != spec.k:
+        raise ValueError(f"k={k} disagrees with spec.k={spec.k}; pass one of them.")
+    inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights, missing=missing)
+    d = inputs.X.shape[1]
+    spec = MoE(k=check_int("k", k), d=d) if spec is None else dataclasses.replace(spec, d=d)
+    return (spec, inputs.X, inputs.y, inputs.weights, inputs.design,
+            (inputs.names, inputs.gate_columns, inputs.expert_columns), inputs.design.n_dropped)
+
+
+def _drop_missing(X: Any, y: Any, weights: Any, missing: str) -> tuple[Any, Any, Any, int]:
+    """Array interface: with ``missing="drop"``, rows of one data set with NaN in X, y or weights go."""
+    if missing == "raise":
+        return X, y, weights, 0
+    Xn, yn = np.asarray(as_numeric("X", X), dtype=float), np.asarray(as_numeric("y", y), dtype=float)
+    if Xn.ndim != 2:
+        raise ValueError("missing='drop' works on one data set (X of shape (n, d)); a batch of replicates must "
+                         "have no missing values.")
+    bad = np.isnan(Xn).any(1) | np.isnan(yn)
+    if weights is not None:
+        bad |= np.isnan(np.asarray(weights, dtype=float))
+    if bad.all():
+        raise ValueError("missing='drop' leaves no rows: every row has a missing value.")
+    keep = ~bad
+    return Xn[keep], yn[keep], None if weights is None else np.asarray(weights, dtype=float)[keep], int(bad.sum())
+
+
+def _check_weights(weights: Any, yn: np.ndarray) -> np.ndarray | None:
+    """Case weights as (R, n) float64: finite, non-negative, the data's length, not all zero."""
+    if weights is None:
+        return None
+    w = np.asarray(as_numeric("weights", weights), dtype=np.float64)
+    R, n = yn.shape
+    if w.ndim == 1:
+        w = np.broadcast_to(w, (R, w.shape[0]))
+    if w.shape != (R, n):
+        raise ValueError(f"weights has shape {np.shape(weights)} but the data has n={n} observations"
+                         f"{'' if R == 1 else f' in each of R={R} replicates'}; pass one weight per row.")
+    if not np.isfinite(w).all():
+        raise ValueError("weights contains NaN or infinite values; pass finite case weights (or missing='drop').")
+    if (w < 0).any():
+        raise ValueError(f"weights must be >= 0, got a minimum of {w.min():g}; case weights count observations.")
+    if (w.sum(1) <= 0).any():
+        raise ValueError("weights are all zero in some replicate; at least one row must carry weight.")
+    return np.array(w, dtype=np.float64, order="C", copy=True)

@@ -42,6 +42,7 @@ from ..params import Params
 from ..report import Summary
 from ._layout import BlockParams, ParamLayout
 from .base import FitResult, check_reps
+from .formula_fit import transform_union
 
 COV_KINDS = ("oim", "sandwich", "opg")
 SMALL_WEIGHT = 0.05
@@ -85,10 +86,15 @@ class MLEFit(FitResult):
     def __init__(self, *, spec: MoE, layout: ParamLayout, X: torch.Tensor, y: torch.Tensor, blocks: BlockParams,
                  loglik: torch.Tensor, converged: torch.Tensor, n_iter: torch.Tensor, restart_loglik: torch.Tensor,
                  best_restart: torch.Tensor, sd_floor: torch.Tensor, single: bool, settings: dict,
-                 history: torch.Tensor | None = None) -> None:
+                 history: torch.Tensor | None = None, weights: torch.Tensor | None = None,
+                 design: Any = None, response_name: str = "y") -> None:
         self.spec = spec
         self.layout = layout
         self._X, self._y = X, y
+        self._w = torch.ones_like(y) if weights is None else weights
+        self.weighted = weights is not None
+        self.design = design
+        self.response_name = response_name
         self._blocks = blocks
         self._theta = layout.pack(blocks).detach()
         self.single = single
@@ -120,8 +126,12 @@ class MLEFit(FitResult):
         return int(self._X.shape[0])
 
     @property
-    def nobs(self) -> int:
-        return int(self._X.shape[1])
+    def nobs(self) -> int | float:
+        """Number of observations; with case weights their sum (statsmodels' ``nobs`` with ``freq_weights``)."""
+        if not self.weighted:
+            return int(self._X.shape[1])
+        total = float(to_numpy(self._w[0]).sum())
+        return round(total) if abs(total - round(total)) < 1e-9 else total
 
     @property
     def df_model(self) -> int:
@@ -170,7 +180,7 @@ class MLEFit(FitResult):
         it = torch.as_tensor(idx, device=self._X.device)
         out = MLEFit.__new__(MLEFit)
         out.__dict__.update(self.__dict__)
-        out._X, out._y = self._X[it], self._y[it]
+        out._X, out._y, out._w = self._X[it], self._y[it], self._w[it]
         out._blocks = self._blocks.map(lambda a: a[it])
         out._theta = self._theta[it]
         for name in ("_loglik", "_converged", "_n_iter", "_restart_loglik", "_best", "_floor"):
@@ -264,6 +274,11 @@ class MLEFit(FitResult):
 
         return f
 
+    def _meat(self) -> np.ndarray:
+        """:math:`J = \\sum_t c_t s_t s_t^\\top` (case weights :math:`c_t`; all one when unweighted)."""
+        s = to_numpy(self._score_obs())
+        return np.einsum("rni,rn,rnj->rij", s, to_numpy(self._w), s)
+
     def hessian(self) -> np.ndarray:
         """Hessian of the log-likelihood in :math:`\\theta`, (P, P) or (R, P, P) (torch autograd)."""
         return self._out(to_numpy(self._hessian()))
@@ -272,11 +287,12 @@ class MLEFit(FitResult):
         if self._hess is None:
             f = self._f_obs()
             try:
-                h = torch.func.vmap(torch.func.hessian(lambda t, X, y: f(t, X, y).sum()))(self._theta, self._X,
-                                                                                          self._y)
+                h = torch.func.vmap(torch.func.hessian(lambda t, X, y, w: (f(t, X, y) * w).sum()))(
+                    self._theta, self._X, self._y, self._w)
             except RuntimeError:  # an op without a batching rule: fall back to a loop over replicates
-                h = torch.stack([torch.autograd.functional.hessian(lambda t, r=r: f(t, self._X[r], self._y[r]).sum(),
-                                                                   self._theta[r]) for r in range(self.n_reps)])
+                h = torch.stack([torch.autograd.functional.hessian(
+                    lambda t, r=r: (f(t, self._X[r], self._y[r]) * self._w[r]).sum(), self._theta[r])
+                    for r in range(self.n_reps)])
             self._hess = h.detach()
         return self._hess
 
@@ -313,8 +329,7 @@ class MLEFit(FitResult):
         cov = np.full(H.shape, np.nan)
         ok = ~sing
         if kind == "opg":
-            s = to_numpy(self._score_obs())
-            J = np.einsum("rni,rnj->rij", s, s)
+            J = self._meat()
             ev = np.linalg.eigvalsh(J)
             ok = ev[:, 0] > 1e-10 * np.abs(ev[:, -1])
             cov[ok] = np.linalg.inv(J[ok])
@@ -323,9 +338,7 @@ class MLEFit(FitResult):
             if kind == "oim":
                 cov[ok] = Hinv
             else:
-                s = to_numpy(self._score_obs())[ok]
-                J = np.einsum("rni,rnj->rij", s, s)
-                cov[ok] = Hinv @ J @ Hinv
+                cov[ok] = Hinv @ self._meat()[ok] @ Hinv
         if (~ok).any() and not self._warned_singular:
             self._warned_singular = True
             bad = np.flatnonzero(~ok).tolist()
@@ -404,7 +417,7 @@ class MLEFit(FitResult):
 
     def _entropy(self) -> np.ndarray:
         tau = self._posterior_t(self._X, self._y)
-        return to_numpy(-(tau * torch.log(tau.clamp_min(1e-300))).sum((-1, -2)))
+        return to_numpy(-((tau * torch.log(tau.clamp_min(1e-300))).sum(-1) * self._w).sum(-1))
 
     @property
     def aic(self) -> Any:
@@ -424,6 +437,7 @@ class MLEFit(FitResult):
     # ---------------------------------------------------------- prediction
     def _data(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         dev, dt = self._X.device, self._X.dtype
+        X = self._by_name(X)
         Xt = to_tensor(np.asarray(X, dtype=float) if not isinstance(X, torch.Tensor) else X, device=dev, dtype=dt)
         if Xt.ndim == 1 and self.spec.d == 1:
             Xt = Xt[:, None]
@@ -442,6 +456,20 @@ class MLEFit(FitResult):
                 raise ValueError("y contains NaN or infinite values.")
             yt = yt.unsqueeze(0).expand(self.n_reps, -1)
         return Xt, yt
+
+    def _by_name(self, X: Any) -> Any:
+        """New inputs as the fit's columns: a frame goes through the formula (by column name) or, for an array fit,
+        its columns are picked by the fit's feature names; never by position."""
+        if not isinstance(X, pd.DataFrame):
+            return X
+        if self.design is not None:
+            return transform_union(self.design, X)
+        names = self.layout.feature_names
+        missing = [c for c in names if c not in X.columns]
+        if missing:
+            raise ValueError(f"X is a DataFrame without the fit's column(s) {missing} (the fit's columns are "
+                             f"{names}); pass a frame with those columns, or an array in that column order.")
+        return X[names].to_numpy(dtype=float, copy=True)
 
     def gate_probs(self, X: Any) -> Any:
         r"""Normalised mixture weights :math:`\tilde\pi_i(x)`, (m, k) or (R, m, k)."""
@@ -476,7 +504,8 @@ class MLEFit(FitResult):
         tau_w = np.asarray(self.gate_probs_train())
         sd = to_numpy(self._blocks.noise_sd)
         R, k = sd.shape
-        w = tau_w.reshape(R, -1, k).mean(1)
+        c = to_numpy(self._w)
+        w = (tau_w.reshape(R, -1, k) * c[..., None]).sum(1) / c.sum(1, keepdims=True)
         floor = np.asarray(self.at_floor).reshape(R, k)
         collapsed = np.asarray(self.collapsed).reshape(R, k)
         return pd.DataFrame({"rep": np.repeat(np.arange(R), k), "expert": np.tile(np.arange(k), R),
@@ -554,6 +583,7 @@ class MLEFit(FitResult):
         comp = comp[comp["rep"] == rep].drop(columns="rep").set_index("expert")
         ll = float(self._loglik[rep])
         header = {
+            "Dep. Variable": self.response_name,
             "Model": f"{self.spec.gate} gate / {self.spec.expert}", "Experts (k)": self.spec.k,
             "Observations": self.nobs, "Parameters": self.df_model, "Method": self.settings["method"],
             "Covariance": kind, "Log-likelihood": f"{ll:.4f}", "AIC": f"{np.atleast_1d(self.aic)[rep]:.3f}",
@@ -562,6 +592,8 @@ class MLEFit(FitResult):
             "Iterations": int(self._n_iter[rep]),
         }
         notes = []
+        if self.weighted:
+            notes.append("case weights: the log-likelihood is sum_t c_t log p(y_t | x_t); Observations is sum_t c_t.")
         if self.spec.gate in ("softmax", "topk"):
             notes.append(f"gate coefficients are relative to expert {self.spec.k - 1} (reference, fixed at 0).")
         if self.spec.gate == "sigmoid":
