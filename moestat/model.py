@@ -11,7 +11,9 @@ For parameters :math:`G` (see :class:`moestat.Params`), gate weights
 * Gaussian MoE conditional density (Jordan & Jacobs 1994), per-expert noise:
   :math:`p(y \mid x) = \sum_i \tilde\pi_i(x)\, \mathcal N(y; h(x;\eta_i), \sigma_i^2)`,
   where :math:`\tilde\pi` are the normalised weights of
-  :func:`moestat.gates.log_mixture_weights` (sigmoid gates divided by their sum).
+  :func:`moestat.gates.log_mixture_weights`: every registered gate except ``sigmoid`` already sums to one
+  over experts (softmax-family gates by their softmax, ``topk`` over its selected experts,
+  ``normalized_sigmoid`` over its active set); sigmoid gates are divided by their sum.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from ._torch import Array, is_torch, to_numpy, to_tensor
 from ._validation import check_choice, check_finite, check_int, check_nonnegative
 from .experts import ExpertFamily, get_expert
-from .gates import GATES, gate_logits, gate_weights, log_mixture_weights
+from .gates import GATES, Gate, gate_logits, gate_scores, gate_weights, get_gate, log_mixture_weights
 from .params import Params
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -75,8 +77,10 @@ class MoE:
 
     Parameters
     ----------
-    gate : {"softmax", "sigmoid", "topk"}
-        Gating function (:mod:`moestat.gates`).
+    gate : str
+        Gating function, a key of :data:`moestat.gates.GATES`: ``"softmax"``, ``"sigmoid"``, ``"topk"``,
+        ``"normalized_sigmoid"``, ``"laplace"``, ``"cosine"``, ``"perturbed_cosine"``, ``"quadratic"``,
+        ``"gaussian"`` (formulas in :mod:`moestat.gates` and docs/gates.md).
     expert : str
         Expert family name (:data:`moestat.experts.EXPERTS`).
     k : int
@@ -86,9 +90,15 @@ class MoE:
     noise_sd : float
         Standard deviation of the Gaussian noise (used when Params has no ``noise_sd``).
     top_k : int, optional
-        Number of active experts for ``gate="topk"``.
+        Number of active experts for ``gate="topk"`` (required) or routed experts for
+        ``gate="normalized_sigmoid"`` (optional; all routed experts when None).
     temperature : float
-        Gate temperature (logits are divided by it).
+        Gate temperature (the scores of every gate are divided by it).
+    n_shared : int
+        ``gate="normalized_sigmoid"`` only: the first ``n_shared`` experts are shared (always active).
+    gate_eps : float, optional
+        ``gate="perturbed_cosine"`` only: the constant added to both norms (default
+        :data:`moestat.gates.PERTURBED_COSINE_EPS`).
 
     Examples
     --------
@@ -103,6 +113,8 @@ class MoE:
     noise_sd: float = 0.1
     top_k: int | None = None
     temperature: float = 1.0
+    n_shared: int = 0
+    gate_eps: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("gate", self.gate, GATES)
@@ -112,14 +124,38 @@ class MoE:
         check_nonnegative("noise_sd", self.noise_sd)
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
-        if self.gate == "topk":
-            if self.top_k is None:
-                raise ValueError("gate='topk' needs top_k, the number of experts active per input.")
+        self._check_gate_options()
+
+    def _check_gate_options(self) -> None:
+        options = self.gating.options
+        users = {opt: " or ".join(f"gate={g!r}" for g, gate in GATES.items() if opt in gate.options)
+                 for opt in ("top_k", "n_shared", "eps")}
+        if self.gate == "topk" and self.top_k is None:
+            raise ValueError("gate='topk' needs top_k, the number of experts active per input.")
+        if self.top_k is not None and "top_k" not in options:
+            raise ValueError(f"top_k is only used with {users['top_k']}, not gate={self.gate!r}; drop it.")
+        check_int("n_shared", self.n_shared, minimum=0)
+        if self.n_shared and "n_shared" not in options:
+            raise ValueError(f"n_shared is only used with {users['n_shared']}, not gate={self.gate!r}; "
+                             "drop it.")
+        if self.n_shared >= self.k:
+            raise ValueError(f"n_shared={self.n_shared} leaves no routed expert among k={self.k}; "
+                             "choose n_shared < k.")
+        if self.top_k is not None:
             check_int("top_k", self.top_k)
-            if self.top_k > self.k:
+            routed = self.k - self.n_shared
+            if self.top_k > routed and self.n_shared == 0:
                 raise ValueError(f"top_k={self.top_k} exceeds k={self.k}; choose top_k <= k.")
-        elif self.top_k is not None:
-            raise ValueError(f"top_k is only used with gate='topk', not gate={self.gate!r}; drop it.")
+            if self.top_k > routed:
+                raise ValueError(f"top_k={self.top_k} exceeds the k - n_shared = {routed} routed experts; "
+                                 f"choose top_k <= {routed}.")
+        if self.gate_eps is not None:
+            if "eps" not in options:
+                raise ValueError(f"gate_eps is only used with {users['eps']}, not gate={self.gate!r}; "
+                                 "drop it.")
+            if isinstance(self.gate_eps, bool) or not (isinstance(self.gate_eps, (int, float))
+                                                      and 0 < self.gate_eps < math.inf):
+                raise ValueError(f"gate_eps must be a finite number > 0, got {self.gate_eps!r}; e.g. gate_eps=0.1.")
 
     # ------------------------------------------------------------- helpers
     @property
@@ -127,22 +163,30 @@ class MoE:
         """The expert family object."""
         return get_expert(self.expert)
 
+    @property
+    def gating(self) -> Gate:
+        """The registered :class:`moestat.gates.Gate` object of ``gate``."""
+        return get_gate(self.gate)
+
     def with_k(self, k: int) -> MoE:
         """The same specification with ``k`` experts (e.g. an over-specified fit)."""
         top_k = self.top_k
-        if top_k is not None and top_k > k:
-            raise ValueError(f"k={k} is smaller than top_k={top_k}.")
+        if top_k is not None and top_k + self.n_shared > k:
+            raise ValueError(f"k={k} is smaller than top_k={top_k}" + (f" + n_shared={self.n_shared}." if self.n_shared
+                                                                       else "."))
         return replace(self, k=check_int("k", k))
 
     def n_params(self, *, identified: bool = True) -> int:
         """Number of free mean parameters (gate + experts).
 
-        With ``identified=True`` the softmax/top-K gate loses the ``d + 1``
-        parameters fixed by the translation normalisation.
+        With ``identified=True`` the gate loses the dimension of its invariance
+        (:meth:`moestat.gates.Gate.n_redundant`): ``d + 1`` for the softmax, top-K, quadratic, Gaussian and
+        perturbed cosine gates (a common shift of every gate row), 1 for the Laplace gate (a common intercept
+        shift), ``1 + k`` for the cosine gate (also the norm of each :math:`w_i`), 0 for the sigmoid gates.
         """
         gate = self.k * (self.d + 1)
-        if identified and self.gate in ("softmax", "topk"):
-            gate -= self.d + 1
+        if identified:
+            gate -= self.gating.n_redundant(self.k, self.d)
         return gate + self.k * self.family.n_params(self.d)
 
     def check_params(self, params: Params) -> None:
@@ -166,12 +210,20 @@ class MoE:
         check_finite("X", X)
 
     # ---------------------------------------------------------- torch core
+    def gate_scores(self, X: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        r"""Torch-only gate scores :math:`s_i(x)` (:func:`moestat.gates.gate_scores`), shape (..., n, k).
+
+        For the softmax, top-K and (normalised) sigmoid gates these are the affine logits
+        :math:`w_i^\top x + b_i`; every gate's weights are :meth:`mean_from_linear`'s normalisation of them.
+        """
+        return gate_scores(self.gate, X, weight, bias, eps=self.gate_eps)
+
     def _logits(self, p: Params, X: torch.Tensor) -> torch.Tensor:
-        return gate_logits(X, p.gate_weight, p.gate_bias)
+        return self.gate_scores(X, p.gate_weight, p.gate_bias)
 
     def _gates(self, p: Params, X: torch.Tensor) -> torch.Tensor:
         return gate_weights(self.gate, self._logits(p, X), top_k=self.top_k,
-                            temperature=self.temperature)
+                            temperature=self.temperature, n_shared=self.n_shared)
 
     def _experts(self, p: Params, X: torch.Tensor) -> torch.Tensor:
         return self.family.evaluate(X, p.expert_weight, p.expert_bias)
@@ -192,14 +244,17 @@ class MoE:
             return bias.unsqueeze(-2).expand(*lead, X.shape[-2], bias.shape[-1])
         return gate_logits(X, p.expert_weight, p.expert_bias)
 
-    # Every estimator's layout meets the model's formulas here: the logits and the expert pre-activations
-    # (affine in x, computed in whatever layout an engine keeps) go in, the model's gate, activation and noise
+    # Every estimator's layout meets the model's formulas here: the gate scores (the affine logits of the
+    # input-affine gates; :meth:`gate_scores` for the others) and the expert pre-activations (affine in x,
+    # computed in whatever layout an engine keeps) go in, the model's gate normalisation, activation and noise
     # density are applied once.  ``dim`` is the expert axis.
     def mean_from_linear(self, logits: torch.Tensor, pre: torch.Tensor, *, dim: int = -1) -> torch.Tensor:
         r""":math:`f_G = \sum_i \pi_i\,\varphi(z_i)` from the gate logits :math:`\ell_i` and the expert
         pre-activations :math:`z_i = a_i^\top x + b_i` (the constant expert: :math:`z_i = b_i`, no activation),
-        both with the expert axis ``dim``."""
-        weights = gate_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=dim)
+        both with the expert axis ``dim``.  The logits are the gate's scores (:meth:`gate_scores`): an engine
+        that forms :math:`w_i^\top x + b_i` itself is right only for gates with ``gating.input_affine``."""
+        weights = gate_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=dim,
+                               n_shared=self.n_shared)
         return (weights * self.family.activation(pre)).sum(dim)
 
     def log_joint_from_linear(self, logits: torch.Tensor, pre: torch.Tensor, y: torch.Tensor,
@@ -208,7 +263,8 @@ class MoE:
         component's joint density (Jordan & Jacobs 1994), from logits and pre-activations with the expert axis
         on -2 and observations last (``y`` broadcasts against ``(..., 1, n)``, ``sd`` against ``(..., k, 1)``).
         Its log-sum-exp over experts is the mixture log-likelihood of each observation."""
-        logw = log_mixture_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=-2)
+        logw = log_mixture_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=-2,
+                                   n_shared=self.n_shared)
         return logw + normal_log_density(y - self.family.activation(pre), sd=sd)
 
     # ---------------------------------------------------------- public API

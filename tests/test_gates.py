@@ -87,7 +87,7 @@ def test_gate_errors():
     with pytest.raises(ValueError, match="top_k=9 exceeds"):
         gates.topk_softmax_gate(z, 9)
     with pytest.raises(ValueError, match="valid values"):
-        gates.gate_weights("gaussian", z)
+        gates.gate_weights("laplacian", z)
     with pytest.raises(ValueError, match="needs top_k"):
         gates.gate_weights("topk", z)
     with pytest.raises(ValueError, match="temperature"):

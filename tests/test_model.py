@@ -113,7 +113,7 @@ def test_with_k_and_n_params():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(gate="gaussian"), "valid values"),
+    (dict(gate="gausian"), "valid values"),
     (dict(expert="swish"), "valid names"),
     (dict(k=0), "k must be"),
     (dict(noise_sd=-0.1), "noise_sd"),

@@ -33,6 +33,7 @@ import torch
 
 from ..exceptions import warn_user
 from ..experts import ExpertFamily
+from ..gates import gate_logits
 from ..model import MoE
 from . import _native
 
@@ -54,6 +55,9 @@ def activation_second_derivative(family: ExpertFamily) -> Callable | None:
 
 
 KERNEL_MODES = ("eager", "native", "auto")
+
+#: Gates whose Z-derivatives :class:`MeanKernel` derives by hand; every other gate runs on :class:`ReferenceKernel`.
+FUSED_GATES = ("softmax", "sigmoid", "topk")
 
 #: Largest workspace (bytes) of one chunk of observations on a GPU (eager kernel, Gauss-Newton pair products).
 CUDA_WORKSPACE_BYTES = 2**30
@@ -96,13 +100,17 @@ class MeanKernel:
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool | str = False, chunk_bytes: int = 2**21,
-                  chunk_min_elems: int = 2**17) -> MeanKernel:
+                  chunk_min_elems: int = 2**17) -> MeanKernel | ReferenceKernel:
         """Kernel for ``spec``.
 
         ``compile`` (see :func:`kernel_mode`): ``False`` — the eager kernel; ``"native"`` or ``True`` — the
         fused C++ kernel (:mod:`moestat.fit._native`) for CPU tensors where it applies (sigmoid or softmax
-        gate, k <= 32, built-in expert), the eager kernel for everything else (CUDA tensors included)."""
+        gate, k <= 32, built-in expert), the eager kernel for everything else (CUDA tensors included).
+        Gates the fused kernels do not know (every gate but softmax, sigmoid and top-K) get the autograd
+        :class:`ReferenceKernel` whatever ``compile`` says."""
         mode = kernel_mode(compile)
+        if spec.gate not in FUSED_GATES:
+            return ReferenceKernel(spec)
         if mode in ("auto", "native") and not _native.compiler_available():
             warn_user(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which the native "
                           "kernel needs; using the eager kernel.", UserWarning)
@@ -328,6 +336,80 @@ class MeanKernel:
         return r, U, C.view(G, s, -1, n)
 
 
+class ReferenceKernel:
+    r"""The least-squares objective evaluated by the model itself, with autograd derivatives.
+
+    The reference path of :func:`moestat.fit_lse` for gates the fused kernels do not know (scores that are
+    not :math:`w_i^\top x + b_i`, or a normalisation :class:`MeanKernel` does not derive by hand): the mean is
+    :meth:`moestat.MoE.mean_from_linear` of :meth:`moestat.MoE.gate_scores` and the expert pre-activations, so
+    it is the model's own formula; gradients come from autograd, and the Gauss-Newton matrix and exact Hessian
+    of :meth:`LSProblem.gauss_newton` from ``torch.func`` (``jacrev``, ``hessian``) per problem instead of the
+    Kronecker pair products.  Same tensor layout and methods as :class:`MeanKernel`; slower, exact.
+    """
+
+    kronecker = False  # the residual Jacobian has no u (x) x~ structure: LSProblem asks for it directly
+
+    def __init__(self, spec: MoE) -> None:
+        self.spec, self.gate, self.k = spec, spec.gate, spec.k
+        self.note = (f"gate={spec.gate!r} is not one of the fused kernels' gates {list(FUSED_GATES)}: the objective, "
+                     "its gradient and Hessian ran on the autograd reference path (compile= has no effect)")
+
+    def kind(self, device: torch.device) -> str:
+        """``"autograd"`` on every device."""
+        return "autograd"
+
+    def _f(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """Differentiable mean (G, s, n) from ``theta`` (G, s, 2k, d+1) and augmented inputs ``X`` (G, n, d+1)."""
+        k, spec = self.k, self.spec
+        Xr = X[..., 1:].unsqueeze(1)
+        scores = spec.gate_scores(Xr, theta[..., :k, 1:], theta[..., :k, 0])
+        if spec.family.input_dependent:
+            pre = gate_logits(Xr, theta[..., k:, 1:], theta[..., k:, 0])
+        else:
+            pre = theta[..., k:, 0].unsqueeze(-2)
+        return spec.mean_from_linear(scores, pre)
+
+    def mean(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        r""":math:`f_\Theta(x_t)`, shape (G, s, n)."""
+        with torch.no_grad():
+            return self._f(theta, X)
+
+    def value(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        r"""Objective :math:`L = \frac1n\sum_t r_t^2`, shape (G, s)."""
+        with torch.no_grad():
+            return (self._f(theta, X) - y.unsqueeze(1)).square().mean(-1)
+
+    def value_grad(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Objective (G, s) and its autograd gradient (G, s, 2k, d+1)."""
+        with torch.enable_grad():
+            th = theta.detach().requires_grad_(True)
+            loss = (self._f(th, X) - y.unsqueeze(1)).square().mean(-1)
+            (grad,) = torch.autograd.grad(loss.sum(), th)
+        return loss.detach(), grad
+
+    def residual_derivatives(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *, exact: bool
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        r"""Per problem (``theta`` (A, 2k, d+1), ``X`` (A, n, d+1), ``y`` (A, n)): residuals r (A, n), their
+        Jacobian J (A, n, P) and, with ``exact``, the Hessian of :math:`\frac12\sum_t r_t^2`,
+        :math:`J^\top J + \sum_t r_t \nabla^2 r_t` (A, P, P); else None."""
+        from torch.func import hessian, jacrev, vmap
+
+        def resid(t: torch.Tensor, x: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
+            return self._f(t[None, None], x[None])[0, 0] - yy
+
+        def half_ss(t: torch.Tensor, x: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
+            return 0.5 * resid(t, x, yy).square().sum()
+
+        A, n = y.shape
+        P = theta[0].numel()
+        with torch.enable_grad():
+            r = self.mean(theta.unsqueeze(1), X)[:, 0] - y
+            J = vmap(jacrev(resid))(theta, X, y).reshape(A, n, P)
+            H = vmap(hessian(half_ss))(theta, X, y).reshape(A, P, P) if exact else None
+        return r, J, H
+
+
 def _pair_products(rows: torch.Tensor) -> torch.Tensor:
     """Products of all pairs of rows :math:`i \\le j` of ``rows`` (..., m, c), in the order of
     ``torch.triu_indices(m, m)``: shape (..., m(m+1)/2, c).  One broadcast multiply per row into
@@ -351,7 +433,7 @@ class LSProblem:
 
     Parameters
     ----------
-    kernel : MeanKernel
+    kernel : MeanKernel or ReferenceKernel
     X : Tensor, shape (R, n, d)
     y : Tensor, shape (R, n)
     S : int
@@ -362,8 +444,8 @@ class LSProblem:
         Box constraints (projection).
     """
 
-    def __init__(self, kernel: MeanKernel, X: torch.Tensor, y: torch.Tensor, S: int, free: torch.Tensor,
-                 lower: torch.Tensor | None = None, upper: torch.Tensor | None = None) -> None:
+    def __init__(self, kernel: MeanKernel | ReferenceKernel, X: torch.Tensor, y: torch.Tensor, S: int,
+                 free: torch.Tensor, lower: torch.Tensor | None = None, upper: torch.Tensor | None = None) -> None:
         R, n, d = X.shape
         self.kernel, self.R, self.S, self.n, self.p = kernel, R, S, n, d + 1
         self.X = torch.cat([torch.ones(R, n, 1, dtype=X.dtype, device=X.device), X], -1)
@@ -450,6 +532,8 @@ class LSProblem:
         on a GPU, where each chunk costs a dozen kernel launches and small ones leave the device idle.
         """
         self.n_evals += 1
+        if isinstance(self.kernel, ReferenceKernel):
+            return self._gauss_newton_reference(theta, exact)
         th = self._theta4(theta)
         G, s, two_k, p = th.shape
         A, n = G * s, self.n
@@ -482,6 +566,23 @@ class LSProblem:
             H = H[:, self.free_idx][:, :, self.free_idx]
         b = b.reshape(A, self.P)[:, self.free_idx]
         return loss / n, H.div_(n), b / n
+
+    def _gauss_newton_reference(self, theta: torch.Tensor, exact: bool
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`gauss_newton` for a :class:`ReferenceKernel`: J and the exact Hessian by ``torch.func``."""
+        kernel = self.kernel
+        assert isinstance(kernel, ReferenceKernel)
+        s, n = self._s, self.n
+        th = theta.reshape(-1, *self.shape)
+        X, y = self._Xg.repeat_interleave(s, 0), self._yg.repeat_interleave(s, 0)
+        r, J, Hx = kernel.residual_derivatives(th, X, y, exact=exact)
+        J = J[:, :, self.free_idx]
+        if Hx is None:
+            H = J.transpose(1, 2) @ J
+        else:
+            H = Hx[:, self.free_idx][:, :, self.free_idx]
+        b = (J.transpose(1, 2) @ r.unsqueeze(-1)).squeeze(-1)
+        return r.square().sum(1) / n, H / n, b / n
 
     def kink_tolerance(self, theta: torch.Tensor) -> torch.Tensor:
         r"""Largest one-sided gradient (sup-norm) at a non-smooth stationary point of an objective with kinks.

@@ -290,8 +290,11 @@ def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
 def _free_mask(spec: MoE, device: torch.device) -> torch.Tensor:
     k, p = spec.k, spec.d + 1
     free = torch.ones(2 * k, p, dtype=torch.bool, device=device)
-    if spec.gate in ("softmax", "topk"):
-        free[k - 1] = False  # translation normalisation: the last gate row is fixed at 0
+    gauge = spec.gating.gauge
+    if gauge == "row":
+        free[k - 1] = False  # translation normalisation: the last gate row is held (at 0 for softmax/top-K)
+    elif gauge == "intercept":
+        free[k - 1, 0] = False  # only a common intercept shift is free: hold the last atom's intercept
     if not spec.family.input_dependent:
         free[k:, 1:] = False  # constant experts have no slope
     return free
@@ -553,7 +556,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     lower, upper, box_record = _box_bounds(box, spec, dt, dev)
     # inputs far from unit scale are fitted as X / s (starts, steps and tolerances assume unit-order inputs) and
     # the slopes are mapped back: the fitted function is the same at every scale of the inputs
-    in_scale = input_scale(Xn)
+    # (exact only for gates affine in x: the others are fitted on the inputs as given)
+    in_scale = input_scale(Xn) if spec.gating.input_affine else None
     if in_scale is not None:
         Xn = Xn / in_scale
         truth = None if truth is None else _scale_weights(truth, in_scale)
@@ -687,6 +691,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         "batch_size": batch_size if optimizer == "sgd" else None,
         "seed": seed if isinstance(seed, (int, type(None))) else str(seed), "device": str(dev),
         "dtype": str(dt).replace("torch.", ""), "compile": compile_mode, "kernel": kernel.kind(dev),
+        "kernel_note": getattr(kernel, "note", None),
         "replicates_per_block": group, "n_evals": res.n_evals,
         "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
     }
