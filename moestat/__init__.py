@@ -12,6 +12,7 @@ from .diagnostics import design_check, lowest_objective, optimizer_invariance
 from .exceptions import (
     CheckpointWarning,
     ConvergenceWarning,
+    DegenerateFitWarning,
     MoestatWarning,
     RepresentationWarning,
     StudyConfigError,
@@ -99,6 +100,7 @@ __all__ = [
     "ClusterData",
     "ConvergenceWarning",
     "Dataset",
+    "DegenerateFitWarning",
     "ExpertFamily",
     "Family",
     "GBarResult",

@@ -11,6 +11,8 @@ and each kind has its own class to filter on:
   :class:`MLEConvergenceWarning` is the maximum-likelihood fitters' subclass);
 * :class:`SingularInformationWarning` — the observed information is singular: no standard errors;
 * :class:`UnderdeterminedWarning` — fewer observations than free parameters;
+* :class:`DegenerateFitWarning` — a fit that degenerated (a vanishing component, a variance at the floor or
+  collapsed onto tied responses, a separating gate direction);
 * :class:`RateWarning` — a rate fit that is possible but statistically fragile;
 * :class:`RepresentationWarning` — a truth whose exact set is larger than the families searched.
 
@@ -24,8 +26,8 @@ import os
 import sys
 import warnings
 
-__all__ = ["CheckpointWarning", "ConvergenceWarning", "MLEConvergenceWarning", "MoestatWarning", "RateWarning",
-           "RepresentationWarning", "SingularInformationWarning", "StudyConfigError",
+__all__ = ["CheckpointWarning", "ConvergenceWarning", "DegenerateFitWarning", "MLEConvergenceWarning",
+           "MoestatWarning", "RateWarning", "RepresentationWarning", "SingularInformationWarning", "StudyConfigError",
            "UnderdeterminedWarning"]
 
 
@@ -43,6 +45,10 @@ class MLEConvergenceWarning(ConvergenceWarning):
 
 class SingularInformationWarning(MoestatWarning):
     """The observed information is singular or not positive definite: standard errors are not reported."""
+
+
+class DegenerateFitWarning(MoestatWarning):
+    """A maximum-likelihood fit degenerated: what happened, to which expert, and what to do."""
 
 
 class UnderdeterminedWarning(MoestatWarning):

@@ -40,7 +40,7 @@ from ._validation import (
     renamed_arguments,
     validate_arguments,
 )
-from .exceptions import warn_user
+from .exceptions import DegenerateFitWarning, warn_user
 from .fit.formula_fit import formula_inputs
 from .fit.mle import _check_data, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
@@ -59,7 +59,8 @@ def _fitted_components(spec: MoE, p: Params, X: np.ndarray) -> tuple[np.ndarray,
     pt = p.to_torch("cpu", torch.float64)
     Xt = torch.as_tensor(X, dtype=torch.float64)
     logits = Xt @ pt.gate_weight.transpose(-1, -2) + pt.gate_bias.unsqueeze(-2)
-    w = log_mixture_weights(spec.gate, logits, top_k=spec.top_k, temperature=spec.temperature).exp()
+    w = log_mixture_weights(spec.gate, logits, top_k=spec.top_k, temperature=spec.temperature,
+                            n_shared=spec.n_shared).exp()
     mu = spec.family.evaluate(Xt, pt.expert_weight, pt.expert_bias)
     return to_numpy(w), to_numpy(mu), to_numpy(pt.noise_sd)
 
@@ -301,6 +302,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         wb = None if wb is None else wb[keep]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MLEConvergenceWarning)
+        warnings.simplefilter("ignore", DegenerateFitWarning)
         bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb,
                        feature_names=fit.layout.feature_names, **opts)
     th = _align(spec, fit, bfit)
@@ -399,6 +401,7 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
     s0, s1 = seed.spawn(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MLEConvergenceWarning)
+        warnings.simplefilter("ignore", DegenerateFitWarning)
         f0 = fit_mle(spec0, X, y, init=init0, restarts=restarts, seed=s0, **opts)
         start1 = split_start(spec0, f0.params.batched(), X, spec1.k)
         f1 = fit_mle(spec1, X, y, init=start1, restarts=restarts, seed=s1, **opts)
@@ -453,6 +456,13 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     s_data, s_draw, s_boot = ss.spawn(3)
     opts = {"method": method, "tol": 1e-6, "max_iter": 1000, **fit_kwargs}
     f0, f1 = _fit_pair(spec0, spec1, Xn, yn, init0="random", restarts=restarts, seed=s_data, opts=opts)
+    for kk, f in ((k0, f0), (k1, f1)):
+        found = f.degeneracy()
+        if not found.empty:
+            kinds = ", ".join(sorted(set(found["kind"].str.replace("_", " "))))
+            warn_user(f"the k={kk} fit to the data is degenerate ({kinds}; fit{0 if kk == k0 else 1}.degeneracy() "
+                      "lists it): the likelihood-ratio statistic compares a degenerate maximum and its p-value is not "
+                      "trustworthy; raise sd_floor, drop k, or use a family that fits the data.", DegenerateFitWarning)
     lr = 2 * (np.asarray(f1._loglik) - np.asarray(f0._loglik))
     ystar = _draw(spec0, f0.params.batched(), Xn, B, s_draw.spawn(R))  # (R, B, n)
     Xs = np.repeat(Xn, B, axis=0)
@@ -507,6 +517,9 @@ class SelectKResult(Result):
         return pd.DataFrame([{"criterion": self.criterion, "best_k": self.best_k}])
 
 
+_SPURIOUS = {"vanishing_component", "sigma_at_floor", "collapsed_variance", "tied_responses"}
+
+
 @validate_arguments(criterion=Choice("bic", "icl", "aic"), restarts=Integer(1), seed=Seed())
 def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str | None = None, data=None,
              gate_formula: str | None = None, weights=None, criterion: str = "bic", gate: str = "softmax",
@@ -514,9 +527,13 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).
 
     Returns a :class:`SelectKResult` whose ``table`` has one row per k with loglik, df, AIC, BIC, ICL,
-    convergence, the number of small experts (mean weight < 0.05) and of experts whose sigma sits at the
-    variance floor (a sign of a spurious, degenerate maximiser: raise ``sd_floor``); ``fits`` maps k to its
-    :class:`moestat.MLEFit`.  One data set: ``X`` of shape (n, d) and ``y``, or ``formula`` and ``data`` (with
+    convergence, the number of small experts (mean weight < 0.05), of experts whose sigma sits at the
+    variance floor, and ``degenerate`` (the kinds :meth:`moestat.MLEFit.degeneracy` found, empty when none);
+    ``fits`` maps k to its :class:`moestat.MLEFit`.  **Fits at a spurious maximum are skipped** when choosing k
+    (a vanishing component, a variance at the floor, collapsed, or collapsed onto tied responses; a
+    :class:`moestat.DegenerateFitWarning` names them), unless every fit is; a separating (step-like) gate is only
+    marked, since a sharp regime switch is a legitimate model.
+    One data set: ``X`` of shape (n, d) and ``y``, or ``formula`` and ``data`` (with
     ``gate_formula`` and ``weights`` as in :func:`moestat.fit_mle`).
     """
     check_choice("criterion", criterion, ("bic", "icl", "aic"))
@@ -531,14 +548,32 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     fits, rows = {}, []
     for k, s in zip(ks, ss.spawn(len(ks)), strict=True):
         spec = MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1])
-        f = fit_mle(spec, Xa, y, method=method, restarts=restarts, seed=s, **fit_kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateFitWarning)
+            f = fit_mle(spec, Xa, y, method=method, restarts=restarts, seed=s, **fit_kwargs)
         fits[k] = f
         g = f.glance().iloc[0]
+        found = f.degeneracy()
         rows.append({"k": k, "loglik": g["loglik"], "df": g["df"], "aic": g["aic"], "bic": g["bic"],
                      "icl": g["icl"], "converged": g["converged"], "n_small": g["n_small"],
-                     "n_at_floor": int(np.asarray(f.at_floor).sum())})
+                     "n_at_floor": int(np.asarray(f.at_floor).sum()),
+                     "degenerate": ", ".join(sorted(set(found["kind"]))) if not found.empty else ""})
     table = pd.DataFrame(rows)
-    best = int(table.loc[table[criterion].idxmin(), "k"])
+    # a step-like gate is marked but kept: a sharp regime switch is a legitimate model; the kinds that skip a fit are
+    # those whose likelihood maximum is spurious (a component with no data or a variance chasing zero)
+    skip = table["degenerate"].map(lambda kinds: bool(set(kinds.split(", ")) & _SPURIOUS))
+    usable = table[~skip]
+    if usable.empty:
+        usable = table
+        warn_user(f"every fit in ks={ks} is degenerate; the best {criterion} is reported but none is trustworthy "
+                  "(see the 'degenerate' column).", DegenerateFitWarning)
+    elif len(usable) < len(table):
+        bad = table[skip]
+        warn_user("select_k skipped degenerate fit(s): " + "; ".join(f"k={r.k} ({r.degenerate})"
+                                                                     for r in bad.itertuples())
+                  + f" (their fits[k].degeneracy() says which expert and why); the choice is among k in "
+                  f"{usable['k'].tolist()}.", DegenerateFitWarning)
+    best = int(usable.loc[usable[criterion].idxmin(), "k"])
     table["best"] = table["k"] == best
     table["criterion"], table["gate"], table["expert"], table["method"] = criterion, gate, expert, method
     return SelectKResult(table, best, criterion, fits)

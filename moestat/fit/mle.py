@@ -371,7 +371,10 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     Returns
     -------
     MLEFit
-        Estimates, standard errors, tests, information criteria (see :class:`moestat.MLEFit`).
+        Estimates, standard errors, tests, information criteria (see :class:`moestat.MLEFit`).  A fit that
+        degenerated (a vanishing component, a variance at the floor or collapsed onto tied responses, a separating
+        gate direction) warns with :class:`moestat.DegenerateFitWarning` saying which expert, what happened and what
+        to do; ``fit.degeneracy()`` lists the findings.
 
     Raises
     ------
@@ -397,6 +400,10 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                                                                       expert_columns=expert_columns)
     if design is not None:
         feature_names = columns[0]
+    if not spec.gating.input_affine:
+        raise ValueError(f"fit_mle supports gates whose logits are affine in x (softmax, sigmoid, topk, "
+                         f"normalized_sigmoid), not gate={spec.gate!r}: its likelihood engine builds affine logits. "
+                         "Fit this gate by least squares (fit_lse), which evaluates every gate of the registry.")
     check_choice("method", method, METHODS)
     check_choice("gate_solver", gate_solver, ("newton", "cvxpy"))
     restarts = check_int("restarts", restarts, minimum=0)
@@ -459,11 +466,13 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
                 "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
                 "n_dropped": n_dropped}
-    return MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
+    fit = MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
                   history=None if history is None else history[:, r_idx, best], weights=w_t, design=design,
                   response_name="y" if design is None else design.response_name)
+    fit._warn_degenerate()
+    return fit
 
 
 def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, data: Any, k: int | None,

@@ -35,7 +35,7 @@ from scipy import stats
 
 from .._torch import to_numpy, to_tensor
 from .._validation import check_choice
-from ..exceptions import MLEConvergenceWarning, SingularInformationWarning, warn_user
+from ..exceptions import DegenerateFitWarning, MLEConvergenceWarning, SingularInformationWarning, warn_user
 from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
@@ -48,6 +48,13 @@ COV_KINDS = ("oim", "sandwich", "opg")
 SMALL_WEIGHT = 0.05
 #: A component whose sigma is below this fraction of the largest one is flagged as collapsed (Hathaway's ratio).
 COLLAPSE_RATIO = 0.05
+#: A component carrying less than this share of the (weighted) observations is "vanishing".
+VANISHING_WEIGHT = 0.01
+#: A gate slope that moves the logit by more than this per standard deviation of its covariate makes the gate a
+#: step function (a separating direction: the likelihood keeps rising as the slope grows, as in logistic regression).
+SEPARATION_LOGIT_PER_SD = 20.0
+#: An expert puts at least this share of its responsibility on one repeated response value: collapsing onto ties.
+TIED_SHARE = 0.5
 
 
 @dataclass
@@ -223,6 +230,70 @@ class MLEFit(FitResult):
         return self._out(floor | small)
 
     # ------------------------------------------------------------ labels
+    def degeneracy(self) -> pd.DataFrame:
+        """What degenerated in each replicate's fit: one row per (rep, expert, kind) with a ``detail`` and ``advice``.
+
+        Kinds: ``"vanishing_component"`` (mean weight below ``VANISHING_WEIGHT``), ``"sigma_at_floor"``,
+        ``"collapsed_variance"`` (Hathaway's ratio, :attr:`collapsed`), ``"tied_responses"`` (at least half of the
+        expert's responsibility sits on one repeated value of y — a point mass the Gaussian density can only chase
+        with :math:`\\sigma \\to 0`), ``"separating_gate"`` (a gate slope moving the logit by more than
+        ``SEPARATION_LOGIT_PER_SD`` per SD of its covariate: the gate is a step, its slope and SE are not finite
+        in the limit).  Empty when nothing degenerated.
+        """
+        rows: list[dict[str, Any]] = []
+        comp = self.components()
+        y = to_numpy(self._y)
+        X = to_numpy(self._X)
+        tau = to_numpy(self._posterior_t(self._X, self._y)) * to_numpy(self._w)[..., None]  # (R, n, k)
+        gw = to_numpy(self._blocks.gate_weight)
+        ref = self.spec.gate in ("softmax", "topk")
+        names = self.layout.feature_names
+        for r in range(self.n_reps):
+            c = comp[comp["rep"] == r].set_index("expert")
+            values, counts = np.unique(y[r], return_counts=True)
+            tied = values[counts >= max(5, 0.02 * y.shape[1])]
+            sdx = X[r].std(0)
+            for i in range(self.spec.k):
+                base = {"rep": r, "expert": i}
+                if c.loc[i, "mean_weight"] < VANISHING_WEIGHT:
+                    rows.append({**base, "kind": "vanishing_component",
+                                 "detail": f"mean weight {c.loc[i, 'mean_weight']:.4f}",
+                                 "advice": "fit fewer experts (select_k)"})
+                for v in tied:
+                    share = tau[r, y[r] == v, i].sum() / max(tau[r, :, i].sum(), 1e-300)
+                    if share >= TIED_SHARE:
+                        rows.append({**base, "kind": "tied_responses",
+                                     "detail": f"{share:.0%} of its responsibility on y = {v:g} "
+                                               f"({int((y[r] == v).sum())} tied observations)",
+                                     "advice": "model the point mass (a count or hurdle family), or raise sd_floor"})
+                if c.loc[i, "sigma_at_floor"]:
+                    rows.append({**base, "kind": "sigma_at_floor", "detail": f"sigma {c.loc[i, 'sigma']:.3g} at "
+                                 "the variance floor", "advice": "raise sd_floor, constrain sigma or drop k"})
+                elif c.loc[i, "collapsed"]:
+                    rows.append({**base, "kind": "collapsed_variance",
+                                 "detail": f"sigma {c.loc[i, 'sigma']:.3g} < {COLLAPSE_RATIO} x the largest",
+                                 "advice": "more restarts, a higher sd_floor or fewer experts"})
+                if ref and i == self.spec.k - 1:
+                    continue
+                slope = gw[r, i] - (gw[r, -1] if ref else 0.0)
+                steep = np.abs(slope) * sdx
+                j = int(np.argmax(steep))
+                if steep[j] > SEPARATION_LOGIT_PER_SD:
+                    rows.append({**base, "kind": "separating_gate",
+                                 "detail": f"gate slope {slope[j]:.4g} on {names[j]} ({steep[j]:.0f} logits per SD)",
+                                 "advice": "a separating gate direction: the gate is a step and its slope diverges; "
+                                           "drop k, or read the split as a threshold, not a coefficient"})
+        return pd.DataFrame(rows, columns=["rep", "expert", "kind", "detail", "advice"])
+
+    def _warn_degenerate(self) -> None:
+        found = self.degeneracy()
+        if found.empty:
+            return
+        lines = [f"rep {row.rep} expert {row.expert}: {row.kind.replace('_', ' ')} ({row.detail}); {row.advice}"
+                 for row in found.head(6).itertuples()]
+        more = f" ... and {len(found) - 6} more (fit.degeneracy())" if len(found) > 6 else ""
+        warn_user("the fit degenerated: " + "; ".join(lines) + more + ".", DegenerateFitWarning)
+
     def relabel(self, perm) -> MLEFit:
         """The same fit with experts relabelled: expert ``i`` of the result is expert ``perm[i]`` of this fit.
 
@@ -476,7 +547,8 @@ class MLEFit(FitResult):
         Xt, _ = self._data(X)
         b = self._blocks
         logits = Xt @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
-        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature)
+        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature,
+                                 n_shared=self.spec.n_shared)
         return self._out(to_numpy(lw.exp()))
 
     def expert_means(self, X: Any) -> Any:
@@ -517,7 +589,8 @@ class MLEFit(FitResult):
         """Normalised mixture weights at the training inputs, (R, n, k)."""
         b = self._blocks
         logits = self._X @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
-        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature)
+        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature,
+                                 n_shared=self.spec.n_shared)
         return to_numpy(lw.exp())
 
     def to_frame(self, kind: str = "oim", alpha: float = 0.05) -> pd.DataFrame:

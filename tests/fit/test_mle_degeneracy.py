@@ -1,0 +1,85 @@
+"""Degenerate maximum-likelihood fits are detected and named at fit time, and select_k / the LRT say so."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import moestat as ms
+
+
+def _point_mass_data(n: int = 400, seed: int = 0):
+    """35% of the responses exactly 0 (a point mass, as in health-care use data), the rest a linear expert."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, n)
+    y = np.where(rng.uniform(size=n) < 0.35, 0.0, 2 + x + 0.5 * rng.normal(size=n))
+    return x[:, None], y
+
+
+def _switch_data(n: int = 400, seed: int = 0):
+    """Two experts split exactly at x = 0 with far-apart lines: the responsibilities separate, the gate is a step."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, n)
+    return x[:, None], np.where(x > 0, 2 + x, -2 - x) + 0.05 * rng.normal(size=n)
+
+
+def test_an_expert_collapsing_onto_tied_responses_is_named():
+    X, y = _point_mass_data()
+    with pytest.warns(ms.DegenerateFitWarning, match="tied responses .*y = 0"):
+        fit = ms.fit_mle(ms.MoE(k=2, d=1), X, y, seed=1)
+    found = fit.degeneracy()
+    assert "tied_responses" in set(found["kind"])
+    assert {"sigma_at_floor", "collapsed_variance"} & set(found["kind"])
+
+
+def test_a_separating_gate_direction_is_named():
+    X, y = _switch_data()
+    with pytest.warns(ms.DegenerateFitWarning, match="separating gate"):
+        fit = ms.fit_mle(ms.MoE(k=2, d=1), X, y, seed=1)
+    row = fit.degeneracy().iloc[0]
+    assert row["kind"] == "separating_gate" and "x1" in row["detail"]
+
+
+def test_a_healthy_fit_is_silent():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, 500)
+    first = rng.uniform(size=500) < 1 / (1 + np.exp(-2 * x))
+    y = np.where(first, 1 + 2 * x, -1 - x) + 0.3 * rng.normal(size=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ms.DegenerateFitWarning)
+        fit = ms.fit_mle(ms.MoE(k=2, d=1), x[:, None], y, seed=0)
+    assert fit.degeneracy().empty
+
+
+def test_a_vanishing_component_is_named():
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, 400)
+    y = 1 + 2 * x + 0.3 * rng.normal(size=400)
+    # one expert far from every response: no observation is ever responsible to it, its gate weight goes to zero
+    start = ms.Params([0.0, 0.0], [[0.0], [0.0]], [[2.0], [0.0]], [1.0, 100.0], noise_sd=[0.3, 0.3])
+    with pytest.warns(ms.DegenerateFitWarning, match="vanishing component"):
+        fit = ms.fit_mle(ms.MoE(k=2, d=1), x[:, None], y, init=start, restarts=0)
+    assert fit.degeneracy().set_index("expert").loc[1, "kind"] == "vanishing_component"
+
+
+def test_select_k_skips_spurious_fits_and_says_which():
+    X, y = _point_mass_data(seed=2)
+    with pytest.warns(ms.DegenerateFitWarning, match="skipped degenerate"):
+        sel = ms.select_k(X, y, ks=(1, 2), seed=0)
+    row = sel.table.set_index("k")
+    assert "tied_responses" in row.loc[2, "degenerate"] and row.loc[1, "degenerate"] == ""
+    assert sel.best_k == 1  # the k = 2 fit has the lower BIC, but only by chasing the point mass
+
+
+def test_select_k_marks_but_keeps_a_step_gate():
+    X, y = _switch_data(seed=6)
+    sel = ms.select_k(X, y, ks=(1, 2), seed=0)
+    assert sel.best_k == 2 and "separating_gate" in sel.table.set_index("k").loc[2, "degenerate"]
+
+
+def test_the_lrt_warns_when_a_fit_to_the_data_is_degenerate():
+    X, y = _point_mass_data(seed=4)
+    with pytest.warns(ms.DegenerateFitWarning, match="k=2 fit to the data is degenerate"):
+        ms.test_n_experts(X, y, k0=1, k1=2, n_resamples=3, seed=0)
