@@ -48,15 +48,39 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .model import normal_log_density
-
 Tensor = torch.Tensor
 
-__all__ = ["FAMILIES", "Family", "IRLSInfo", "dispersion_update", "get_family", "initial_beta", "irls_weighted"]
+__all__ = ["FAMILIES", "Family", "IRLSInfo", "dispersion_update", "get_family", "initial_beta", "irls_weighted",
+           "normal_log_density"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 _MAX_HALVINGS = 30  # step sizes 1, 1/2, ..., 2^-29 in the step-halving line search
 _ROUNDING = 64.0  # an increase below 64 ulps of the objective's terms is lost in rounding
 _INTEGER_TOL = 1e-8  # relative tolerance of the integer checks on counts (float round-off of m * y)
+
+
+def normal_log_density(resid: torch.Tensor, *, sd: torch.Tensor | float | None = None,
+                       var: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Gaussian log-density of residuals, the one formula every likelihood in moestat uses.
+
+    .. math:: \log\mathcal N(y; \mu, \sigma^2) = -\frac{(y - \mu)^2}{2\sigma^2} - \log\sigma
+              - \tfrac12\log(2\pi),
+
+    with ``resid`` :math:`= y - \mu`.  Pass the standard deviation ``sd`` (a tensor or a float) or the
+    variance ``var`` (a tensor; saves the square root in EM, whose M-step estimates variances); either must
+    broadcast against ``resid``.
+    """
+    if (sd is None) == (var is None):
+        raise TypeError("normal_log_density needs exactly one of sd= and var=.")
+    # the constants join the (small) scale term before it meets the (large) residual term: one full-size pass less
+    if var is not None:
+        return -0.5 * (resid * resid) / var - (0.5 * torch.log(var) + _HALF_LOG_2PI)
+    if sd is None:  # unreachable (checked above); narrows the type
+        raise TypeError("normal_log_density needs exactly one of sd= and var=.")
+    z = resid / sd
+    log_sd = torch.log(sd) if isinstance(sd, torch.Tensor) else math.log(sd)
+    return -0.5 * z * z - (log_sd + _HALF_LOG_2PI)
 
 
 # ------------------------------------------------------------------ response checks
@@ -524,8 +548,16 @@ def dispersion_update(y: Tensor, mu: Tensor, w: Tensor, *, floor: Tensor | float
 
     Parameters
     ----------
-    y : (R, n); mu : (R, S, n, k) expert means; w : (R, S, n, k) weights; floor : float or tensor broadcastable
-    to (R, S, k); old : (R, S, k), required when ``prox > 0``.
+    y : Tensor
+        The responses, (R, n).
+    mu : Tensor
+        The expert means, (R, S, n, k).
+    w : Tensor
+        The weights, (R, S, n, k).
+    floor : float or Tensor
+        The variance floor, broadcastable to (R, S, k).
+    old : Tensor, optional
+        The previous variances (R, S, k), required when ``prox > 0``.
     """
     if prox and old is None:
         raise ValueError("dispersion_update(prox > 0) needs old=, the previous variances (R, S, k).")

@@ -62,7 +62,10 @@ def _fitted_components(spec: MoE, p: Params, X: np.ndarray) -> tuple[np.ndarray,
     w = log_mixture_weights(spec.gate, logits, top_k=spec.top_k, temperature=spec.temperature,
                             n_shared=spec.n_shared).exp()
     mu = spec.family.evaluate(Xt, pt.expert_weight, pt.expert_bias)
-    return to_numpy(w), to_numpy(mu), to_numpy(pt.noise_sd)
+    if not spec.has_noise_sd:
+        mu = spec.glm.inverse_link(mu)
+    sd = pt.noise_sd if pt.noise_sd is not None else torch.ones_like(pt.gate_bias)
+    return to_numpy(w), to_numpy(mu), to_numpy(sd)
 
 
 def _draw(spec: MoE, p: Params, X: np.ndarray, B: int, seeds: Sequence[np.random.SeedSequence]) -> np.ndarray:
@@ -75,8 +78,13 @@ def _draw(spec: MoE, p: Params, X: np.ndarray, B: int, seeds: Sequence[np.random
         rng = np.random.default_rng(seeds[r])
         u = rng.uniform(size=(B, n))
         z = np.minimum((u[..., None] > cum[r][None]).sum(-1), spec.k - 1)
-        eps = rng.standard_normal((B, n))
-        out[r] = np.take_along_axis(np.broadcast_to(mu[r], (B, n, spec.k)), z[..., None], -1)[..., 0] + sd[r][z] * eps
+        mean = np.take_along_axis(np.broadcast_to(mu[r], (B, n, spec.k)), z[..., None], -1)[..., 0]
+        if spec.response == "poisson":
+            out[r] = rng.poisson(mean)
+        elif spec.response == "binomial":
+            out[r] = rng.uniform(size=(B, n)) < mean
+        else:
+            out[r] = mean + sd[r][z] * rng.standard_normal((B, n))
     return out
 
 
@@ -90,6 +98,9 @@ def split_start(spec_small: MoE, p: Params, X: np.ndarray, k_new: int, *, shift:
     pb = p.numpy().batched()
     w, _, _ = _fitted_components(spec_small, pb, X)
     blocks = {name: np.array(a) for name, a in pb.blocks()}
+    glm = "noise_sd" not in blocks  # GLM experts: split on the linear predictor's scale (a unit "sd")
+    if glm:
+        blocks["noise_sd"] = np.ones_like(blocks["gate_bias"])
     weights = w.mean(1)  # (R, k)
     R = weights.shape[0]
     rows = np.arange(R)
@@ -108,6 +119,8 @@ def split_start(spec_small: MoE, p: Params, X: np.ndarray, k_new: int, *, shift:
         blocks["noise_sd"] = np.concatenate([blocks["noise_sd"], sd[:, None]], 1)
         weights[rows, j] /= 2
         weights = np.concatenate([weights, weights[rows, j][:, None]], 1)
+    if glm:
+        del blocks["noise_sd"]
     out = Params(**blocks)
     return out if p.is_batched else out.select(0)
 
@@ -206,14 +219,15 @@ def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
         parts = [p_eb[..., None]]
         if lay.expert_slopes:
             parts.append(p_ew[..., list(lay.expert_columns)])
-        parts.append(np.log(p_sd)[..., None])
+        if lay.dispersion:
+            parts.append(np.log(p_sd)[..., None])
         return np.concatenate(parts, -1)
 
     a0 = atoms(ref.expert_weight, ref.expert_bias, ref.noise_sd)  # (k, c)
     ab = atoms(bp.expert_weight, bp.expert_bias, bp.noise_sd)  # (B, k, c)
     coef_se = se[lay.n_gate:lay.n_gate + lay.n_expert].reshape(spec.k, lay.pe)  # (const, x1..xd) per expert
     sig_se = se[lay.n_gate + lay.n_expert:][:, None]
-    scale = np.concatenate([coef_se, sig_se], -1)
+    scale = np.concatenate([coef_se, sig_se], -1) if lay.dispersion else coef_se
     scale = scale if np.isfinite(scale).all() else np.ones_like(a0)
     scale = np.maximum(scale, 1e-8)
     perms = optimal_assignment((((ab[:, None, :, :] - a0[None, :, None, :]) / scale[None, :, None, :]) ** 2)
@@ -225,6 +239,8 @@ def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
 def _blocks_from_params(p: Params):
     from .fit._layout import BlockParams
 
+    if p.noise_sd is None:  # GLM experts: the layout carries no noise sd
+        p = Params(p.gate_bias, p.gate_weight, p.expert_weight, p.expert_bias, noise_sd=np.ones(np.shape(p.gate_bias)))
     return BlockParams.from_params(p.to_torch("cpu", torch.float64))
 
 
@@ -448,7 +464,7 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     X, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
                                      fit_kwargs=fit_kwargs)
     d = X.shape[-1] if X.ndim >= 2 else 1
-    spec0 = MoE(gate=gate, expert=expert, k=k0, d=d)
+    spec0 = MoE(gate=gate, expert=expert, k=k0, d=d, response=fit_kwargs.pop("family", None) or "gaussian")
     spec1 = spec0.with_k(k1)
     Xn, yn, single = _check_data(spec1, X, y)
     R, n, _ = Xn.shape
@@ -538,6 +554,7 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     """
     check_choice("criterion", criterion, ("bic", "icl", "aic"))
     ks = [check_int("ks", k) for k in ks]
+    family = fit_kwargs.pop("family", None) or "gaussian"
     if not ks:
         raise ValueError("ks must list at least one number of experts.")
     Xa, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
@@ -547,7 +564,7 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     fits, rows = {}, []
     for k, s in zip(ks, ss.spawn(len(ks)), strict=True):
-        spec = MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1])
+        spec = MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1], response=family)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateFitWarning)
             f = fit_mle(spec, Xa, y, method=method, restarts=restarts, seed=s, **fit_kwargs)

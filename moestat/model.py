@@ -26,33 +26,9 @@ import torch
 from ._torch import Array, is_torch, to_numpy, to_tensor
 from ._validation import check_choice, check_finite, check_int, check_nonnegative
 from .experts import ExpertFamily, get_expert
+from .families import FAMILIES, Family, get_family, normal_log_density
 from .gates import GATES, Gate, gate_logits, gate_scores, gate_weights, get_gate, log_mixture_weights
 from .params import Params
-
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-def normal_log_density(resid: torch.Tensor, *, sd: torch.Tensor | float | None = None,
-                       var: torch.Tensor | None = None) -> torch.Tensor:
-    r"""Gaussian log-density of residuals, the one formula every likelihood in moestat uses.
-
-    .. math:: \log\mathcal N(y; \mu, \sigma^2) = -\frac{(y - \mu)^2}{2\sigma^2} - \log\sigma
-              - \tfrac12\log(2\pi),
-
-    with ``resid`` :math:`= y - \mu`.  Pass the standard deviation ``sd`` (a tensor or a float) or the
-    variance ``var`` (a tensor; saves the square root in EM, whose M-step estimates variances); either must
-    broadcast against ``resid``.
-    """
-    if (sd is None) == (var is None):
-        raise TypeError("normal_log_density needs exactly one of sd= and var=.")
-    # the constants join the (small) scale term before it meets the (large) residual term: one full-size pass less
-    if var is not None:
-        return -0.5 * (resid * resid) / var - (0.5 * torch.log(var) + _HALF_LOG_2PI)
-    if sd is None:  # unreachable (checked above); narrows the type
-        raise TypeError("normal_log_density needs exactly one of sd= and var=.")
-    z = resid / sd
-    log_sd = torch.log(sd) if isinstance(sd, torch.Tensor) else math.log(sd)
-    return -0.5 * z * z - (log_sd + _HALF_LOG_2PI)
 
 
 def _prepare(params: Params, X: Array, *extra: Array) -> tuple[Params, torch.Tensor, list[torch.Tensor], bool]:
@@ -99,6 +75,11 @@ class MoE:
     gate_eps : float, optional
         ``gate="perturbed_cosine"`` only: the constant added to both norms (default
         :data:`moestat.gates.PERTURBED_COSINE_EPS`).
+    response : {"gaussian", "poisson", "binomial"}
+        The experts' response distribution (:mod:`moestat.families`): Gaussian experts with noise sd, or GLM
+        experts with the canonical link, :math:`y \\mid \\text{expert } i \\sim F(g^{-1}(a_i^\\top x + b_i))`
+        (Jordan & Jacobs 1994, §3).  GLM experts are linear predictors: ``expert`` must be ``"linear"`` or
+        ``"constant"``.
 
     Examples
     --------
@@ -115,6 +96,7 @@ class MoE:
     temperature: float = 1.0
     n_shared: int = 0
     gate_eps: float | None = None
+    response: str = "gaussian"
 
     def __post_init__(self) -> None:
         check_choice("gate", self.gate, GATES)
@@ -122,6 +104,11 @@ class MoE:
         check_int("k", self.k)
         check_int("d", self.d)
         check_nonnegative("noise_sd", self.noise_sd)
+        if not isinstance(self.response, str) or self.response not in FAMILIES:
+            raise ValueError(f"response={self.response!r} is not supported; valid values are {sorted(FAMILIES)}.")
+        if self.response != "gaussian" and self.expert not in ("linear", "constant"):
+            raise ValueError(f"response={self.response!r} (GLM experts) needs expert='linear' or 'constant' (a "
+                             f"linear predictor with the canonical link), got expert={self.expert!r}.")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
         self._check_gate_options()
@@ -162,6 +149,22 @@ class MoE:
     def family(self) -> ExpertFamily:
         """The expert family object."""
         return get_expert(self.expert)
+
+    @property
+    def glm(self) -> Family:
+        """The experts' response family (:class:`moestat.families.Family`)."""
+        return get_family(self.response)
+
+    @property
+    def has_noise_sd(self) -> bool:
+        """Whether the experts have a noise sd (Gaussian experts) or a fixed dispersion (Poisson, binomial)."""
+        return self.response == "gaussian"
+
+    def expert_response_mean(self, pre: torch.Tensor) -> torch.Tensor:
+        r"""Each expert's mean response from its pre-activation: :math:`\varphi(z)` for Gaussian experts,
+        :math:`g^{-1}(z)` for GLM experts (their activation is the identity)."""
+        out = self.family.activation(pre)
+        return out if self.response == "gaussian" else self.glm.inverse_link(out)
 
     @property
     def gating(self) -> Gate:
@@ -226,7 +229,8 @@ class MoE:
                             temperature=self.temperature, n_shared=self.n_shared)
 
     def _experts(self, p: Params, X: torch.Tensor) -> torch.Tensor:
-        return self.family.evaluate(X, p.expert_weight, p.expert_bias)
+        out = self.family.evaluate(X, p.expert_weight, p.expert_bias)
+        return out if self.response == "gaussian" else self.glm.inverse_link(out)
 
     def _noise_sd(self, p: Params, like: torch.Tensor) -> torch.Tensor:
         if p.noise_sd is not None:
@@ -255,7 +259,7 @@ class MoE:
         that forms :math:`w_i^\top x + b_i` itself is right only for gates with ``gating.input_affine``."""
         weights = gate_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=dim,
                                n_shared=self.n_shared)
-        return (weights * self.family.activation(pre)).sum(dim)
+        return (weights * self.expert_response_mean(pre)).sum(dim)
 
     def log_joint_from_linear(self, logits: torch.Tensor, pre: torch.Tensor, y: torch.Tensor,
                               sd: torch.Tensor | float) -> torch.Tensor:
@@ -265,6 +269,8 @@ class MoE:
         Its log-sum-exp over experts is the mixture log-likelihood of each observation."""
         logw = log_mixture_weights(self.gate, logits, top_k=self.top_k, temperature=self.temperature, dim=-2,
                                    n_shared=self.n_shared)
+        if self.response != "gaussian":  # GLM experts: the family's log-density at the linear predictor; no sd
+            return logw + self.glm.log_density(y, self.family.activation(pre))
         return logw + normal_log_density(y - self.family.activation(pre), sd=sd)
 
     # ---------------------------------------------------------- public API
@@ -341,7 +347,9 @@ class MoE:
         if p.is_batched and Xt.ndim == 2:
             Xt, yt = Xt.unsqueeze(0), yt.unsqueeze(0)
         sd = self._noise_sd(p, Xt)
-        if bool((sd <= 0).any()):
+        if self.response != "gaussian":
+            self.glm.check_response(to_numpy(yt))
+        elif bool((sd <= 0).any()):
             raise ValueError("the Gaussian MoE likelihood needs noise_sd > 0 for every expert.")
         terms = torch.logsumexp(self.log_density_components(p, Xt, yt), dim=-1)
         out = terms.sum(-1) if reduce == "sum" else terms

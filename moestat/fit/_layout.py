@@ -12,7 +12,11 @@ Inference (observed information, sandwich, Wald tests, bootstrap) works on one f
 2. expert rows ``expert[i]:const, expert[i]:x1 ... expert[i]:xd`` (``const`` only for constant
    experts);
 3. ``expert[i]:log_sigma``, the log noise standard deviation of each expert (Wald intervals are
-   formed on the log scale, where the likelihood is closer to quadratic).
+   formed on the log scale, where the likelihood is closer to quadratic); absent for Poisson and binomial
+   experts, whose dispersion is fixed at 1.
+
+A gate or experts restricted to some input columns (``gate_columns`` / ``expert_columns``) have coefficients on
+those columns only; the other slopes are fixed at zero and are not in :math:`\theta`.
 
 Expert labels are 0-based, like :class:`moestat.Params` atoms.
 """
@@ -86,7 +90,8 @@ class ParamLayout:
         self.pe = len(self.expert_columns) + 1 if self.expert_slopes else 1
         self.n_gate = self.n_gate_rows * self.pg
         self.n_expert = self.k * self.pe
-        self.size = self.n_gate + self.n_expert + self.k
+        self.dispersion = spec.has_noise_sd
+        self.size = self.n_gate + self.n_expert + (self.k if self.dispersion else 0)
 
     @property
     def full_columns(self) -> bool:
@@ -109,7 +114,8 @@ class ParamLayout:
         """(block, atom, coefficient) for each term, matching :attr:`names`."""
         info = [("gate", i, c) for i in range(self.n_gate_rows) for c in self._gate_cols()]
         info += [("expert", i, c) for i in range(self.k) for c in self._expert_cols()]
-        info += [("expert", i, "log_sigma") for i in range(self.k)]
+        if self.dispersion:
+            info += [("expert", i, "log_sigma") for i in range(self.k)]
         return info
 
     def _scatter(self, coef: torch.Tensor, columns: tuple[int, ...]) -> torch.Tensor:
@@ -136,7 +142,10 @@ class ParamLayout:
             ew, eb = self._scatter(e[..., 1:], self.expert_columns), e[..., 0]
         else:
             ew, eb = torch.zeros(*lead, k, d, dtype=theta.dtype, device=theta.device), e[..., 0]
-        sd = torch.exp(theta[..., self.n_gate + self.n_expert :])
+        if self.dispersion:
+            sd = torch.exp(theta[..., self.n_gate + self.n_expert :])
+        else:  # GLM experts: dispersion fixed at 1, carried as a constant block
+            sd = torch.ones(*lead, k, dtype=theta.dtype, device=theta.device)
         return BlockParams(g[..., 0], self._scatter(g[..., 1:], self.gate_columns), ew, eb, sd)
 
     def pack(self, p: BlockParams | Params) -> torch.Tensor:
@@ -153,6 +162,8 @@ class ParamLayout:
             e = torch.cat([p.expert_bias.unsqueeze(-1), ew], dim=-1).flatten(-2)
         else:
             e = p.expert_bias
+        if not self.dispersion:
+            return torch.cat([g, e], dim=-1)
         return torch.cat([g, e, torch.log(p.noise_sd)], dim=-1)
 
 

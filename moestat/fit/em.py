@@ -10,6 +10,9 @@ One EM iteration (Jordan & Jacobs 1994 §4; McLachlan & Peel 2000 §5.13) is
 * **expert M-step** — for each expert a weighted least-squares fit
   :math:`(b_i, a_i) = (Z^\top T_i Z)^{-1} Z^\top T_i y` with :math:`T_i = \mathrm{diag}(\tau_{\cdot i})`,
   then :math:`\sigma_i^2 = \sum_t \tau_{ti}(y_t - \mu_i(x_t))^2 / \sum_t \tau_{ti}`;
+* **GLM experts** (``MoE(response="poisson" | "binomial")``, :mod:`moestat.families`) — the expert M-step maximises
+  each expert's responsibility-weighted GLM log-likelihood by a few proximal IRLS (Newton) steps with step halving
+  (:func:`moestat.families.irls_weighted`), which never lower it (a generalised EM step); there is no variance;
 * **gate M-step** — the weighted multinomial logistic regression
   :math:`\max_\beta \sum_t\sum_i \tau_{ti} \log\pi_i(x_t;\beta)`, a concave problem solved by
   damped Newton (IRLS) steps with a backtracking line search that never lowers the objective
@@ -40,11 +43,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..families import irls_weighted
 from ..model import MoE, normal_log_density
 from ._layout import BlockParams
 
 _LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 in the gate Newton step
 _GRAM_MAX_P2 = 64  # precompute z z^T per observation when (d+1)^2 is at most this
+_GLM_NEWTON_STEPS = 5  # IRLS steps per EM iteration for GLM experts (a generalised M-step)
 
 
 @dataclass
@@ -291,9 +296,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()
     logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)  # (A, k, n)
+    glm = None if spec.has_noise_sd else spec.glm
     for it in range(max_iter + 1):
-        resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
-        logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
+        if glm is None:
+            resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
+            logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
+        else:  # GLM experts: the family's log-density at the linear predictor
+            logc = logw + glm.log_density(ya.unsqueeze(1), torch.bmm(beta_a, Zea))
         lse = torch.logsumexp(logc, dim=1)
         ll = lse.sum(-1) if wa is None else (lse * wa).sum(-1)
         ll_all[idx] = ll
@@ -318,13 +327,19 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         tau = torch.exp(logc - lse.unsqueeze(1))  # (A, k, n) responsibilities
         if wa is not None:
             tau = tau * wa.unsqueeze(1)
-        # expert M-step: proximal weighted least squares, then the floored proximal variance update
-        gram = _weighted_gram(tau, Zea, ZZea) + eps * eye
-        rhs = torch.bmm(tau, Zya) + eps * beta_a
-        beta_a = torch.linalg.solve(gram, rhs.unsqueeze(-1)).squeeze(-1)
-        resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
-        ssq = (tau * resid * resid).sum(-1)
-        var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
+        if glm is not None:
+            # GLM experts: a few proximal IRLS (Newton) steps on each expert's weighted log-likelihood, which never
+            # lower it (step halving): a generalised M-step
+            beta_a = irls_weighted(Zea.transpose(1, 2), ya, tau.transpose(1, 2).unsqueeze(1), beta_a.unsqueeze(1),
+                                   glm, max_iter=_GLM_NEWTON_STEPS, prox=eps).squeeze(1)
+        else:
+            # expert M-step: proximal weighted least squares, then the floored proximal variance update
+            gram = _weighted_gram(tau, Zea, ZZea) + eps * eye
+            rhs = torch.bmm(tau, Zya) + eps * beta_a
+            beta_a = torch.linalg.solve(gram, rhs.unsqueeze(-1)).squeeze(-1)
+            resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
+            ssq = (tau * resid * resid).sum(-1)
+            var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
         if k > 1:
             if gate_solver == "cvxpy":
                 tg_a = gate_cvxpy(Zga.transpose(1, 2), tau.transpose(1, 2).unsqueeze(1), tg_a.unsqueeze(1)).squeeze(1)

@@ -50,6 +50,7 @@ from .._validation import (
     validate_arguments,
 )
 from ..exceptions import UnderdeterminedWarning, warn_user
+from ..families import initial_beta, irls_weighted
 from ..model import MoE
 from ..params import Params
 from ._layout import BlockParams, ParamLayout
@@ -98,7 +99,9 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLa
                          f"{spec.gate}/{spec.expert} MoE in d={spec.d}; the MLE is not identified. "
                          "Use fewer experts or more data.")
     sd = yn.std(axis=1)
-    if (sd <= 1e-12 * (1.0 + np.abs(yn).max(axis=1))).any():
+    if not spec.has_noise_sd:
+        spec.glm.check_response(yn)
+    elif (sd <= 1e-12 * (1.0 + np.abs(yn).max(axis=1))).any():
         raise ValueError("y is constant (zero variance) in at least one replicate; a Gaussian MoE cannot be "
                          "fitted to a constant response.")
     if spec.family.input_dependent:
@@ -126,7 +129,8 @@ def _as_init_list(init, spec: MoE, R: int) -> list[Params]:
         if p.noise_sd is None:
             import dataclasses
 
-            p = dataclasses.replace(p, noise_sd=np.full(p.gate_bias.shape, spec.noise_sd))
+            p = dataclasses.replace(p, noise_sd=np.full(p.gate_bias.shape, spec.noise_sd if spec.has_noise_sd
+                                                        else 1.0))
         out.append(p.numpy().batched(R) if not p.is_batched else p.numpy())
     return out
 
@@ -151,9 +155,14 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
     w = torch.full((R, S, k, n), 0.01 * m / n, dtype=X.dtype, device=X.device)
     w.scatter_(-1, torch.as_tensor(idx, device=X.device), 1.0)
     w = w.transpose(-1, -2)
-    beta = weighted_ls(Z, y, w, torch.zeros(R, S, k, p, dtype=X.dtype, device=X.device), 1e-10)
-    mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
-    var = ((y[:, None, :, None] - mu) ** 2).mean(-2)
+    if spec.has_noise_sd:
+        beta = weighted_ls(Z, y, w, torch.zeros(R, S, k, p, dtype=X.dtype, device=X.device), 1e-10)
+        mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
+        var = ((y[:, None, :, None] - mu) ** 2).mean(-2)
+    else:  # GLM experts: a few IRLS steps on the subset weights (ridge: a subset of p + 1 points may separate)
+        beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6), spec.glm, max_iter=10,
+                             ridge=1e-6)
+        var = torch.ones(R, S, k, dtype=X.dtype, device=X.device)
     zeros_k = torch.zeros(R, S, k, dtype=X.dtype, device=X.device)
     ew = torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
     if spec.family.input_dependent:
@@ -197,14 +206,19 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     rep_of = torch.arange(R * S, device=X.device) // S
     floor2 = (sd_floor**2).repeat_interleave(S)[:, None]
     theta0 = layout.pack(init)
-    sd0 = init.noise_sd.clamp_min(1.01 * sd_floor[:, None, None])
-    rho0 = 0.5 * torch.log(sd0**2 - (sd_floor**2)[:, None, None])
-    v0 = torch.cat([theta0[..., :-k], rho0], dim=-1).detach().reshape(R * S, -1)
+    if layout.dispersion:
+        sd0 = init.noise_sd.clamp_min(1.01 * sd_floor[:, None, None])
+        rho0 = 0.5 * torch.log(sd0**2 - (sd_floor**2)[:, None, None])
+        v0 = torch.cat([theta0[..., :-k], rho0], dim=-1).detach().reshape(R * S, -1)
+    else:  # GLM experts: no noise sd
+        v0 = theta0.detach().reshape(R * S, -1)
     Zt = design(X, True).transpose(1, 2)
     cache: dict = {}
 
     def unpack(v: torch.Tensor, fl2: torch.Tensor) -> BlockParams:
         p = layout.unpack(v)
+        if not layout.dispersion:
+            return p
         p.noise_sd = torch.sqrt(fl2 + torch.exp(2 * v[..., -k:]))
         return p
 
@@ -276,7 +290,8 @@ def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, l
                     screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)))
 def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = None, data=None, k: int | None = None,
             gate_formula: str | None = None, weights=None, missing: str = "raise",
-            gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None, method: str = "em",
+            gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
+            family: str | None = None, method: str = "em",
             restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
@@ -314,6 +329,12 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         observed-information standard errors, ``nobs`` = :math:`\sum_t c_t`).
     missing : {"raise", "drop"}
         Rows with NaN in a variable used: raise (default) or drop them (``settings["n_dropped"]`` says how many).
+    family : {"gaussian", "poisson", "binomial"}, optional
+        The experts' response distribution (``MoE(response=...)``): Gaussian experts, or GLM experts with the
+        canonical link (log for counts, logit for 0/1 responses), fitted by EM with IRLS expert steps or by
+        L-BFGS, with observed-information standard errors (:mod:`moestat.families`).  Default: the spec's
+        (``"gaussian"``).  Binomial responses are 0/1 (one trial per row; several trials: one row per trial, or
+        the counts as case weights).
     gate_columns, expert_columns : sequence of int, optional
         Array interface: the columns of ``X`` the gate and the experts use (default: all); the other block's slopes
         are fixed at zero.  ``gate_formula`` sets them for a formula fit.
@@ -400,6 +421,10 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                                                                       expert_columns=expert_columns)
     if design is not None:
         feature_names = columns[0]
+    if family is not None:
+        if family != spec.response and spec.response != "gaussian":
+            raise ValueError(f"family={family!r} disagrees with spec.response={spec.response!r}; pass one of them.")
+        spec = dataclasses.replace(spec, response=family)
     if not spec.gating.input_affine:
         raise ValueError(f"fit_mle supports gates whose logits are affine in x (softmax, sigmoid, topk, "
                          f"normalized_sigmoid), not gate={spec.gate!r}: its likelihood engine builds affine logits. "
@@ -434,7 +459,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     seeds = ss.spawn(R)
     w_t = None if w_n is None else to_tensor(w_n, device=dev, dtype=dt)
-    floor = to_tensor(sd_floor * yn.std(axis=1), device=dev, dtype=dt)
+    floor = to_tensor(sd_floor * yn.std(axis=1) if spec.has_noise_sd else np.zeros(R), device=dev, dtype=dt)
     starts = []
     for p in user:
         b = BlockParams.from_params(p.to_torch(dev, dt)).map(lambda a: a.unsqueeze(1))

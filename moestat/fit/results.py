@@ -154,6 +154,8 @@ class MLEFit(FitResult):
     def params(self) -> Params:
         """Estimates as :class:`moestat.Params` (softmax gates in the last-expert reference)."""
         p = self._blocks.to_params().numpy()
+        if not self.spec.has_noise_sd:  # GLM experts have no noise sd
+            p = Params(p.gate_bias, p.gate_weight, p.expert_weight, p.expert_bias)
         return p.select(0) if self.single else p
 
     @property
@@ -259,7 +261,7 @@ class MLEFit(FitResult):
                     rows.append({**base, "kind": "vanishing_component",
                                  "detail": f"mean weight {c.loc[i, 'mean_weight']:.4f}",
                                  "advice": "fit fewer experts (select_k)"})
-                for v in tied:
+                for v in (tied if self.spec.has_noise_sd else ()):  # counts tie by nature; a GLM expert fits them
                     share = tau[r, y[r] == v, i].sum() / max(tau[r, :, i].sum(), 1e-300)
                     if share >= TIED_SHARE:
                         rows.append({**base, "kind": "tied_responses",
@@ -468,7 +470,8 @@ class MLEFit(FitResult):
 
         Returns
         -------
-        WaldTest with a :math:`\chi^2_r` p-value.
+        WaldTest
+            The statistic with its :math:`\chi^2_r` p-value.
         """
         M = self._restriction(R)
         qv = np.broadcast_to(np.asarray(q, dtype=float), (M.shape[0],))
@@ -555,7 +558,10 @@ class MLEFit(FitResult):
         """Expert regression functions :math:`h(x;\\eta_i)`, (m, k) or (R, m, k)."""
         Xt, _ = self._data(X)
         b = self._blocks
-        return self._out(to_numpy(self.spec.family.evaluate(Xt, b.expert_weight, b.expert_bias)))
+        pre = Xt @ b.expert_weight.transpose(-1, -2) + b.expert_bias.unsqueeze(-2)
+        if not self.spec.family.input_dependent:
+            pre = b.expert_bias.unsqueeze(-2).expand_as(pre)
+        return self._out(to_numpy(self.spec.expert_response_mean(pre)))
 
     def predict(self, X: Any) -> Any:
         r"""Conditional mean of the fitted density, :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)`.
@@ -580,6 +586,8 @@ class MLEFit(FitResult):
         w = (tau_w.reshape(R, -1, k) * c[..., None]).sum(1) / c.sum(1, keepdims=True)
         floor = np.asarray(self.at_floor).reshape(R, k)
         collapsed = np.asarray(self.collapsed).reshape(R, k)
+        if not self.spec.has_noise_sd:
+            sd = np.full_like(sd, np.nan)
         return pd.DataFrame({"rep": np.repeat(np.arange(R), k), "expert": np.tile(np.arange(k), R),
                              "mean_weight": w.ravel(), "sigma": sd.ravel(),
                              "small": w.ravel() < SMALL_WEIGHT, "sigma_at_floor": floor.ravel(),
@@ -657,7 +665,9 @@ class MLEFit(FitResult):
         ll = float(self._loglik[rep])
         header = {
             "Dep. Variable": self.response_name,
-            "Model": f"{self.spec.gate} gate / {self.spec.expert}", "Experts (k)": self.spec.k,
+            "Model": f"{self.spec.gate} gate / {self.spec.expert}"
+                     + ("" if self.spec.has_noise_sd else f" {self.spec.response} (link {self.spec.glm.link})"),
+            "Experts (k)": self.spec.k,
             "Observations": self.nobs, "Parameters": self.df_model, "Method": self.settings["method"],
             "Covariance": kind, "Log-likelihood": f"{ll:.4f}", "AIC": f"{np.atleast_1d(self.aic)[rep]:.3f}",
             "BIC": f"{np.atleast_1d(self.bic)[rep]:.3f}",
@@ -682,7 +692,8 @@ class MLEFit(FitResult):
             notes.append(f"expert(s) {comp.index[comp['collapsed']].tolist()} have a collapsed variance (sigma "
                          f"< {COLLAPSE_RATIO} x the largest): likely a spurious maximiser; refit with more restarts, a "
                          "higher sd_floor or fewer experts.")
-        return Summary(header, coef, comp, notes)
+        kind_name = {"gaussian": "Gaussian", "poisson": "Poisson", "binomial": "Binomial"}[self.spec.response]
+        return Summary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood")
 
     def __repr__(self) -> str:
         reps = "" if self.single else f"R={self.n_reps}, "
