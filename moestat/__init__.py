@@ -16,6 +16,7 @@ from .exceptions import (
     MoestatWarning,
     RepresentationWarning,
     StudyConfigError,
+    StudyFailureWarning,
     UnderdeterminedWarning,
 )
 from .experts import EXPERTS, ExpertFamily, get_expert
@@ -75,7 +76,7 @@ from .simperf import jackknife_mcse, n_reps_for, performance_measures
 from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
 from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
 from .solve_n import SolveNResult, solve_n
-from .study import Study
+from .study import Study, StudyFailureError
 
 
 def __getattr__(name: str):
@@ -125,6 +126,8 @@ __all__ = [
     "SolveNResult",
     "Study",
     "StudyConfigError",
+    "StudyFailureError",
+    "StudyFailureWarning",
     "UnderdeterminedWarning",
     "WindowSensitivity",
     "__version__",

@@ -13,14 +13,22 @@ Both registries accept new entries (:func:`register_estimator`, :func:`register_
 a study also accepts the functions themselves (module-level, so that worker processes can
 import them) and, for experiments that are not "simulate, fit, score", a whole cell callable
 (:class:`CellContext` in, tidy frame out).
+
+Failed fits are rows, never silently redrawn: every row carries ``status`` (``"ok"``,
+``"not_converged"`` or ``"error"``, :data:`STATUSES`) and ``message``.  When the batched fit of a
+cell raises, the built-in cell refits each replicate alone (:func:`estimator_cell`), so one bad
+replicate costs one row, not the cell; a metric that raises marks the cell's rows ``"error"`` and
+keeps the fits' columns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import pickle
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ._validation import Choice, Constraint, Real
 from .checkpoint import write_atomic
 from .model import MoE
 from .params import Params
@@ -40,8 +49,12 @@ from .simulators.regression import Dataset, simulate
 
 # ---------------------------------------------------------------------------- truths
 
-TRUTH_SIM_KEYS = ("inputs", "low", "high", "model")
-"""Simulation knobs a truth entry may carry (passed to :func:`moestat.simulate`)."""
+TRUTH_SIM_KEYS = ("inputs", "low", "high", "model", "design")
+"""Simulation knobs a truth entry may carry (passed to :func:`moestat.simulate`; ``design`` is ``"random"``,
+``"linspace"`` or an (n, d) array given as a list of rows)."""
+
+STATUSES = ("ok", "not_converged", "error")
+"""Values of the ``status`` column: the fit converged, it did not, or it (or a metric on it) raised."""
 
 EXPLICIT_TRUTH_KEYS = ("gate", "expert", "k", "d", "noise_sd", "top_k", "temperature", "params")
 """Keys of an explicit truth (an :class:`~moestat.MoE` and its parameters)."""
@@ -161,13 +174,8 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
     uses_truth = init == "near_truth" or (isinstance(init, (list, tuple)) and "near_truth" in init)
     if uses_truth and truth is not None:
         opts.setdefault("truth", truth.params)
-        extra = spec.k - truth.spec.k
-        if extra > 0 and "duplicate" not in opts:
-            dup = list(truth.info.get("duplicate", []))
-            if len(dup) < extra:
-                raise ValueError(f"the fit has {extra} more experts than the truth; give options.duplicate, the "
-                                 f"{extra} true atoms (0-based) that get an extra fitted copy.")
-            opts["duplicate"] = dup[:extra]
+        if spec.k > truth.spec.k and "duplicate" not in opts:
+            opts["duplicate"] = default_duplicate(spec, truth)
     with warnings.catch_warnings():
         # convergence is recorded per replicate in the frame (converged, status, n_iter columns)
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -188,34 +196,69 @@ def lse_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
     return est
 
 
+def default_duplicate(spec: MoE, truth: Truth) -> list[int]:
+    """The true atoms that get the ``k - k*`` extra fitted copies of a near-truth start: the truth's recorded
+    default (``truth.info["duplicate"]``, set by the presets), else an error asking for ``options.duplicate``."""
+    extra = spec.k - truth.spec.k
+    if extra <= 0:
+        return []
+    dup = [int(j) for j in truth.info.get("duplicate", [])]
+    if len(dup) < extra:
+        raise ValueError(f"the fit has {extra} more experts than the truth; give options.duplicate, the "
+                         f"{extra} true atoms (0-based) that get an extra fitted copy.")
+    return dup[:extra]
+
+
 def _lse_options_target() -> Callable[..., Any]:
     from .fit.lse import fit_lse
 
     return fit_lse
 
 
+class _Invariance(Constraint):
+    """The ``invariance`` option: an optimizer name or a table with an ``optimizer`` key (and ``starts``)."""
+
+    description = ("an optimizer name (e.g. 'lm') or a table with an 'optimizer' key and optionally "
+                   "starts = 'all' or 'best'")
+
+    def accepts_type(self, value: Any) -> bool:
+        return isinstance(value, (str, Mapping))
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return True
+        return (isinstance(value, Mapping) and "optimizer" in value
+                and value.get("starts", "all") in INVARIANCE_STARTS)
+
+
 lse_estimator.forwards_to = _lse_options_target  # type: ignore[attr-defined]
 lse_estimator.extra_options = ("invariance",)  # type: ignore[attr-defined]
+lse_estimator.extra_constraints = {"invariance": _Invariance()}  # type: ignore[attr-defined]
 
 #: Arguments a study passes to every estimator itself (not options of a fit entry).
 STUDY_SUPPLIED = ("spec", "X", "y", "truth", "seed", "device")
 
 
 def estimator_options(fn: Callable[..., Any]) -> tuple[set[str] | None, dict[str, Any]]:
-    """Option names an estimator accepts (None: any, it takes ``**options`` it does not forward to a known fitter)
-    and the constraint table of the fitter it forwards them to (empty if none)."""
+    """Option names an estimator accepts (None: any, it takes ``**options`` it does not forward to a known fitter;
+    the fitter's arguments count, less the estimator's ``excluded_options``) and the constraint table of its
+    options: the fitter's, updated with the estimator's own ``extra_constraints`` (a dict, or a function returning
+    one; empty if none)."""
     params = inspect.signature(fn).parameters
     named = {k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     names = named - set(STUDY_SUPPLIED)
+    extra = getattr(fn, "extra_constraints", {})
+    own = dict(extra() if callable(extra) else extra)
     forwards = getattr(fn, "forwards_to", None)
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return names, {}
+        return names, own
     if forwards is None:
-        return None, {}
+        return None, own
     target = forwards()
     names |= set(inspect.signature(target).parameters) - set(STUDY_SUPPLIED)
     names |= set(getattr(fn, "extra_options", ()))
-    return names, dict(getattr(target, "parameter_constraints", {}))
+    names -= set(getattr(fn, "excluded_options", ()))
+    return names, {**dict(getattr(target, "parameter_constraints", {})), **own}
 
 
 INVARIANCE_STARTS = ("all", "best")
@@ -247,7 +290,8 @@ def estimate_from_fit(fit: Any) -> Estimate:
     for name in ("status", "n_iter", "grad_norm", "cond", "hit_bound", "hessian_min_eig"):
         value = getattr(fit, name, None)
         if value is not None and arr(value).shape == (R,):
-            info[name] = arr(value)
+            # the optimiser's stop reason (gtol, ftol, max_iter, ...) is column ``stop``: ``status`` is the study's
+            info["stop" if name == "status" else name] = arr(value)
     restarts = getattr(fit, "restarts", None)
     if isinstance(restarts, pd.DataFrame) and "start" in restarts and "best" in restarts:
         best = restarts[restarts["best"]].sort_values("rep")
@@ -258,7 +302,186 @@ def estimate_from_fit(fit: Any) -> Estimate:
                     settings)
 
 
-ESTIMATORS: dict[str, Callable[..., Estimate]] = {"lse": lse_estimator, "ols": ols_estimator}
+# ------------------------------------------------------------------- maximum likelihood
+
+MLE_INITS = ("random", "near_truth")
+"""Values of the ``mle`` estimator's ``init`` option."""
+
+SE_KINDS = ("auto", "oim", "sandwich", "opg", "none")
+"""Values of the ``mle`` estimator's ``se`` option (``auto``: ``oim`` when the fit is comparable to the truth)."""
+
+ISOLATED_KEY = 2**31 - 1
+"""Spawn-key entry of the fit seed of a replicate refitted alone (after its cell's batched fit raised)."""
+
+
+class _AtomList(Constraint):
+    """A list of non-negative integer atom indices (``duplicate``)."""
+
+    description = "a list of non-negative integer atom indices, e.g. [0] or [0, 1]"
+
+    def accepts_type(self, value: Any) -> bool:
+        return isinstance(value, (list, tuple))
+
+    def accepts(self, value: Any) -> bool:
+        return self.accepts_type(value) and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in value)
+
+
+def truth_with_noise(truth: Truth) -> Params:
+    """The true parameters with one noise sd per expert (the spec's ``noise_sd`` where the Params carry none)."""
+    p = truth.params.numpy()
+    if p.noise_sd is None:
+        p = dataclasses.replace(p, noise_sd=np.full(np.shape(p.gate_bias), float(truth.spec.noise_sd)))
+    return p
+
+
+def near_truth_mle_start(spec: MoE, truth: Truth, R: int, duplicate: Sequence[int] | None, scale: float,
+                         seed: np.random.SeedSequence) -> tuple[Params, list[int]]:
+    r"""Near-truth starts of the likelihood fit, one per replicate, with noise sds.
+
+    The mean parameters are :func:`moestat.fit.init.near_truth`'s (the least-squares near-truth start): true atom
+    :math:`j` split into :math:`m_j` copies keeps its gate weight (softmax :math:`\beta_{0j} - \log m_j`, sigmoid
+    :math:`\operatorname{logit}(\sigma(\beta_{0j})/m_j)`), then :math:`N(0, \text{scale}^2)` noise on every free
+    coordinate (replicate ``r`` from child ``r`` of ``seed``).  Every copy of atom :math:`j` starts at the true
+    noise sd :math:`\sigma_j`.  Returns the batched starts and the duplicated atoms used.
+    """
+    from .fit.init import check_duplicate, near_truth
+
+    dup = check_duplicate(default_duplicate(spec, truth) if duplicate is None else list(duplicate),
+                          truth.spec.k, spec.k)
+    start = near_truth(spec, truth.params.numpy(), R, 1, duplicate=dup, scale=scale, seed=seed)
+    order = list(range(truth.spec.k)) + dup
+    sd = np.asarray(truth_with_noise(truth).noise_sd, dtype=np.float64)[..., order]
+    return dataclasses.replace(start, noise_sd=np.broadcast_to(sd, np.shape(start.gate_bias)).copy()), dup
+
+
+def comparable(spec: MoE, truth_spec: MoE) -> bool:
+    """True when the fitted model has the truth's parameter vector (same gate, experts, k, d, top-K, temperature):
+    the fit's :math:`\\hat\\theta` then estimates the true :math:`\\theta` term by term."""
+    return all(getattr(spec, a) == getattr(truth_spec, a) for a in ("gate", "expert", "k", "d", "top_k",
+                                                                     "temperature"))
+
+
+def parameter_columns(fit: Any, truth: Truth, se: str) -> dict[str, np.ndarray]:
+    r"""Per-replicate estimates, standard errors and true values of every term of :math:`\theta`.
+
+    The fit is first relabelled to the truth (:meth:`moestat.MLEFit.align_to`, Hungarian matching), then
+    ``est:<term>`` is :math:`\hat\theta_j`, ``se:<term>`` its standard error (``se`` = ``"oim"``, ``"sandwich"``
+    or ``"opg"``, :meth:`moestat.MLEFit.bse`; NaN where the information is singular) and ``true:<term>`` the true
+    :math:`\theta_j` in the same parameterisation (softmax gates against the last expert, ``log_sigma``).
+    """
+    aligned = fit.align_to(truth_with_noise(truth))
+    theta = np.atleast_2d(np.asarray(aligned.theta, dtype=float))
+    std = np.atleast_2d(np.asarray(aligned.bse(se), dtype=float))
+    true = aligned.layout.pack(truth_with_noise(truth).to_torch("cpu", torch.float64)).cpu().numpy()
+    out: dict[str, np.ndarray] = {}
+    for j, name in enumerate(aligned.param_names):
+        out[f"est:{name}"] = theta[:, j]
+        out[f"se:{name}"] = std[:, j]
+        out[f"true:{name}"] = np.full(theta.shape[0], float(true[j]))
+    return out
+
+
+def _best_start(restart_loglik: Any) -> np.ndarray:
+    """Index of the start with the highest finite log-likelihood per replicate (the one fit_mle keeps)."""
+    ll = np.atleast_2d(np.asarray(restart_loglik, dtype=float))
+    return np.argmax(np.where(np.isfinite(ll), ll, -np.inf), axis=-1)
+
+
+def mle_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | None = None,
+                  seed: np.random.SeedSequence | None = None, device: str = "auto", init: str = "random",
+                  duplicate: Sequence[int] | None = None, init_scale: float = 0.05, se: str = "auto",
+                  **options: Any) -> Estimate:
+    r"""The maximum-likelihood estimator :func:`moestat.fit_mle` as a study estimator.
+
+    Maximises :math:`\ell(\theta) = \sum_t \log \sum_i \tilde\pi_i(x_t)\,\mathcal N(y_t; h(x_t;\eta_i),
+    \sigma_i^2)` (Jordan & Jacobs 1994) for all replicates in one batched call; ``options`` are
+    :func:`moestat.fit_mle`'s (``method``, ``restarts``, ``tol``, ``max_iter``, ``sd_floor``, ``switch_after``, ...).
+
+    ``init="random"`` (default) is :func:`moestat.fit_mle`'s own random-subset starts.  ``init="near_truth"``
+    starts at the truth, noise sds included (:func:`near_truth_mle_start`): for ``k > k*`` the atoms
+    ``duplicate`` (default: the preset's ``truth.info["duplicate"]``) are split with their gate weight kept, as the
+    least-squares near-truth start does, and every free coordinate gets :math:`N(0, \text{init\_scale}^2)` noise
+    (``init_scale = 0`` is the exact truth; copies of one atom then stay identical under EM).  With
+    ``near_truth`` the random restarts default to 0 (``restarts`` adds them).
+
+    ``se`` (``"auto"``: ``"oim"`` when the fitted model has the truth's parameter vector, else ``"none"``)
+    records ``est:<term>``, ``se:<term>`` and ``true:<term>`` for every term of :math:`\theta`
+    (:func:`parameter_columns`), the input of :meth:`moestat.Study.performance`'s bias, coverage and
+    model-SE measures.  Per-replicate columns: ``loglik``, ``n_iter``, ``best_restart``, ``n_collapsed``
+    (components flagged by :attr:`moestat.MLEFit.collapsed`).  Seeds: the fit uses child ``(0,)`` and the
+    near-truth perturbation child ``(1,)`` of the cell's fit seed.
+    """
+    from .exceptions import MLEConvergenceWarning, SingularInformationWarning
+    from .fit.mle import fit_mle
+
+    if init not in MLE_INITS:
+        raise ValueError(f"options.init must be one of {list(MLE_INITS)} for estimator 'mle', got {init!r}.")
+    if se not in SE_KINDS:
+        raise ValueError(f"options.se must be one of {list(SE_KINDS)}, got {se!r}.")
+    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    fit_seed = np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, 0))
+    opts = dict(options)
+    settings: dict[str, Any] = {"init": init}
+    R = int(np.shape(X)[0])
+    if init == "near_truth":
+        if truth is None:
+            raise ValueError("options.init='near_truth' needs the truth; use init='random' without one.")
+        start, dup = near_truth_mle_start(spec, truth, R, duplicate, init_scale,
+                                          np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, 1)))
+        opts.setdefault("restarts", 0)
+        settings.update(duplicate=",".join(map(str, dup)), init_scale=init_scale)
+        fit_init: Any = start
+    elif duplicate is not None:
+        raise ValueError("options.duplicate only applies to init='near_truth' (it names the true atoms split "
+                         "into the extra fitted experts).")
+    else:
+        fit_init = "random"
+    with warnings.catch_warnings():
+        # non-convergence and singular information are recorded per replicate (converged, status, se:* = NaN)
+        warnings.simplefilter("ignore", MLEConvergenceWarning)
+        warnings.simplefilter("ignore", SingularInformationWarning)
+        fit = fit_mle(spec, X, y, init=fit_init, seed=fit_seed, device=device, **opts)
+        kind = se if se != "auto" else ("oim" if truth is not None and comparable(spec, truth.spec) else "none")
+        info: dict[str, np.ndarray] = {
+            "loglik": np.atleast_1d(np.asarray(fit.loglik, dtype=float)),
+            "n_iter": np.atleast_1d(np.asarray(fit.n_iter)),
+            "best_restart": _best_start(fit.restart_loglik),
+            "n_collapsed": np.atleast_2d(np.asarray(fit.collapsed)).sum(-1),
+        }
+        if kind != "none" and truth is not None and comparable(spec, truth.spec):
+            info.update(parameter_columns(fit, truth, kind))
+        elif kind != "none":
+            kind = "none (fit not comparable to the truth)"
+    skip = {"seed_entropy", "seed_spawn_key", "device", "threads"}
+    settings.update({k: v for k, v in fit.settings.items() if k not in skip and k not in settings})
+    settings["se"] = kind
+    return Estimate(fit.params.numpy(), np.atleast_1d(np.asarray(fit.objective, dtype=float)),
+                    np.atleast_1d(np.asarray(fit.converged, dtype=bool)), info, settings)
+
+
+def _mle_options_target() -> Callable[..., Any]:
+    from .fit.mle import fit_mle
+
+    return fit_mle
+
+
+def _mle_constraints() -> dict[str, Constraint]:
+    """Constraints of the ``mle`` estimator's own options and of the fit_mle options its table leaves out."""
+    from .fit.mle import METHODS
+
+    return {"init": Choice(*MLE_INITS), "se": Choice(*SE_KINDS), "init_scale": Real(0), "duplicate": _AtomList(),
+            "method": Choice(*METHODS), "gate_solver": Choice("newton", "cvxpy")}
+
+
+mle_estimator.forwards_to = _mle_options_target  # type: ignore[attr-defined]
+mle_estimator.extra_constraints = _mle_constraints  # type: ignore[attr-defined]
+# fit_mle's formula interface builds spec, X and y itself; a study supplies them
+mle_estimator.excluded_options = ("formula", "data", "k", "gate_formula", "weights", "missing")  # type: ignore[attr-defined]
+
+
+ESTIMATORS: dict[str, Callable[..., Estimate]] = {"lse": lse_estimator, "ols": ols_estimator,
+                                                 "mle": mle_estimator}
 """Estimator registry: name -> function (see the module docstring for the signature)."""
 
 
@@ -533,6 +756,28 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
     return cols
 
 
+def gaussian_voronoi_metric(ctx: MetricContext, kind: str = "auto", variance: bool = True, strict: bool = False,
+                            translation: str = "center", cell_distance: str = "euclidean",
+                            rbar: Mapping[Any, float] | None = None) -> dict[str, np.ndarray]:
+    r"""The Voronoi loss of the softmax-gated Gaussian MoE (Nguyen, Nguyen & Ho, NeurIPS 2023) of each fit.
+
+    :math:`D_1` for :math:`k = k^*`, :math:`D_2` with the cell-size exponents :math:`\bar r(|A_j|)` for
+    :math:`k > k^*` (:func:`moestat.metrics.gaussian_voronoi.gaussian_voronoi_frame`; options as there, ``rbar``
+    as a table ``{4 = 8.0}``).  Columns: ``gaussian_voronoi`` (the loss), ``cell_sizes`` (the sizes
+    :math:`|A_j|` in true-atom order, e.g. ``"2-1"``: fit rates per pattern with
+    ``fit_rate(frame, "gaussian_voronoi", by="cell_sizes")``), ``voronoi_kind`` (``exact``/``over``) and
+    ``n_empty_cells``.  The noise variances come from the fitted parameters (maximum likelihood) or, for fits
+    without them (least squares), from the fitted spec's ``noise_sd``.
+    """
+    from .metrics.gaussian_voronoi import gaussian_voronoi_frame
+
+    frame = gaussian_voronoi_frame((ctx.fit_spec, ctx.fit.params), (ctx.truth_spec, ctx.truth), kind=kind,
+                                   variance=variance, strict=strict, translation=translation,
+                                   cell_distance=cell_distance, rbar=None if rbar is None else dict(rbar))
+    return {"gaussian_voronoi": frame["loss"].to_numpy(float), "cell_sizes": frame["cell_sizes"].to_numpy(object),
+            "voronoi_kind": frame["kind"].to_numpy(object), "n_empty_cells": frame["n_empty"].to_numpy(int)}
+
+
 METRICS: dict[str, Callable[..., Any]] = {
     "D1": _voronoi("D1"),
     "D2": _voronoi("D2"),
@@ -541,6 +786,7 @@ METRICS: dict[str, Callable[..., Any]] = {
     "parameter_errors": parameter_error_metric,
     "loss": gate_matched_loss,
     "representation": representation_metric,
+    "gaussian_voronoi": gaussian_voronoi_metric,
 }
 """Metric registry: name -> function (see the module docstring for the signature)."""
 
@@ -627,31 +873,52 @@ def resolve_k(k: int | str | None, k_true: int) -> int:
     return int(k)
 
 
-def estimator_cell(ctx: CellContext) -> pd.DataFrame:
-    """The built-in cell: simulate R data sets, fit them in one batched estimator call, score them.
+def failure_message(exc: BaseException) -> str:
+    """One line for a failed fit: ``Type: message (file:line in function)``, naming the innermost frame."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(tb[-1].filename).name}:{tb[-1].lineno} in {tb[-1].name})" if tb else ""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}{where}"
 
-    Returns one row per replicate with the objective, convergence flag, the estimator's
-    diagnostics, the fit's wall time and one column per metric value.
-    """
-    truth = ctx.truth()
-    data = ctx.data()
-    spec = ctx.fit_spec()
+
+def status_from(converged: Any) -> np.ndarray:
+    """``"ok"`` where a fit converged, ``"not_converged"`` elsewhere (object array)."""
+    return np.where(np.asarray(converged, dtype=bool), "ok", "not_converged").astype(object)
+
+
+def error_rows(reps: Sequence[int], message: str) -> pd.DataFrame:
+    """Rows of replicates whose fit raised: ``status = "error"``, the message, a NaN objective."""
+    m = len(reps)
+    return pd.DataFrame({"rep": np.asarray(reps, dtype=np.int64), "objective": np.full(m, np.nan),
+                         "converged": np.zeros(m, dtype=bool), "status": np.full(m, "error", dtype=object),
+                         "message": np.full(m, message, dtype=object)})
+
+
+def _run_estimator(ctx: CellContext, spec: MoE, truth: Truth, data: Dataset,
+                   seed: np.random.SeedSequence) -> tuple[Estimate, float]:
     est = ctx.fit_cfg.get("estimator", "lse")
     fn = ESTIMATORS[est] if isinstance(est, str) else est
     t0 = time.perf_counter()
-    fit = fn(spec, data.X, data.y, truth=truth, seed=ctx.fit_seed, device=ctx.device,
-             **ctx.fit_cfg.get("options", {}))
-    wall = time.perf_counter() - t0
-    R = ctx.reps
+    fit = fn(spec, data.X, data.y, truth=truth, seed=seed, device=ctx.device, **ctx.fit_cfg.get("options", {}))
+    return fit, time.perf_counter() - t0
+
+
+def _score(ctx: CellContext, spec: MoE, truth: Truth, data: Dataset, fit: Estimate, wall: float,
+           reps: np.ndarray) -> pd.DataFrame:
+    """The rows of fitted replicates ``reps``: fit columns, settings, metrics, ``status`` and ``message``.
+
+    A metric that raises marks every row ``"error"`` (its message in ``message``); the fit's columns and the
+    other metrics are kept."""
+    R = len(reps)
     cols: dict[str, Any] = {
-        "rep": np.arange(R),
+        "rep": np.asarray(reps, dtype=np.int64),
         "objective": np.asarray(fit.objective, dtype=float),
         "converged": np.asarray(fit.converged, dtype=bool),
     }
     for name, value in fit.info.items():
         cols[name] = np.asarray(value)
     cols["fit_wall_time"] = np.full(R, wall / R)
-    skip = {"gate", "expert", "k", "d", "seed", "truth", "device", "n", "rep", "progress", "history"}
+    skip = {"gate", "expert", "k", "d", "seed", "truth", "device", "n", "rep", "progress", "history", "status",
+            "message"}
     for name, value in fit.settings.items():
         if name in cols or name in skip or value is None:
             continue
@@ -661,14 +928,20 @@ def estimator_cell(ctx: CellContext) -> pd.DataFrame:
         fits.append((fit.alt, "_alt"))
         cols["objective_alt"] = np.asarray(fit.alt.objective, dtype=float)
         cols["converged_alt"] = np.asarray(fit.alt.converged, dtype=bool)
-        if "status" in fit.alt.info:
-            cols["status_alt"] = np.asarray(fit.alt.info["status"])
+        cols["status_alt"] = status_from(fit.alt.converged)
+        if "stop" in fit.alt.info:
+            cols["stop_alt"] = np.asarray(fit.alt.info["stop"])
+    failed: list[str] = []
     for est_m, suffix in fits:
         mctx = MetricContext(est_m, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed,
                              cache_dir=ctx.cache_dir)
         for m in ctx.metrics:
             fn_m = METRICS[m] if isinstance(m, str) else m
-            value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))
+            try:
+                value = fn_m(mctx, **ctx.metric_options.get(metric_name(m), {}))
+            except Exception as exc:  # recorded in the rows; the study decides (max_failures) whether to go on
+                failed.append(f"metric {metric_name(m) + suffix!r} failed: {failure_message(exc)}")
+                continue
             if isinstance(value, Mapping):
                 for col, v in value.items():
                     cols[col + suffix] = np.asarray(v)
@@ -678,4 +951,47 @@ def estimator_cell(ctx: CellContext) -> pd.DataFrame:
         if np.shape(v) != (R,):
             raise ValueError(f"cell column {col!r} has shape {np.shape(v)}; estimators and metrics must return "
                              f"one value per replicate, shape ({R},).")
-    return pd.DataFrame(cols)
+    frame = pd.DataFrame(cols)
+    at = frame.columns.get_loc("converged") + 1
+    frame.insert(at, "status", np.full(R, "error", dtype=object) if failed else status_from(frame["converged"]))
+    frame.insert(at + 1, "message", np.full(R, "; ".join(failed), dtype=object))
+    return frame
+
+
+def _isolated(ctx: CellContext, spec: MoE, truth: Truth, data: Dataset, r: int, batched: str) -> pd.DataFrame:
+    """Replicate ``r`` refitted alone (after the cell's batched fit raised), seeded by ``(..., ISOLATED_KEY, r)``."""
+    note = f"refit alone after the batched fit of the cell failed ({batched})"
+    seed = np.random.SeedSequence(ctx.fit_seed.entropy, spawn_key=(*ctx.fit_seed.spawn_key, ISOLATED_KEY, r))
+    sub = data.select(r)
+    try:
+        fit, wall = _run_estimator(ctx, spec, truth, sub, seed)
+    except Exception as exc:  # this replicate's own failure: an error row
+        own = failure_message(exc)
+        return error_rows([r], f"{own} (also when refitted alone)" if own == batched else f"{own}; {note}")
+    frame = _score(ctx, spec, truth, sub, fit, wall, np.array([r]))
+    frame["message"] = [f"{m}; {note}" if m else note for m in frame["message"]]
+    return frame
+
+
+def estimator_cell(ctx: CellContext) -> pd.DataFrame:
+    """The built-in cell: simulate R data sets, fit them in one batched estimator call, score them.
+
+    Returns one row per replicate with the objective, convergence flag, ``status`` and ``message``, the
+    estimator's diagnostics, the fit's wall time and one column per metric value.
+
+    When the batched fit raises, every replicate is refitted alone (its fit seed then is
+    ``SeedSequence(entropy, spawn_key=(*fit_key, ISOLATED_KEY, r))``, recorded in ``message``): the replicates
+    that fit alone get their rows, those that raise again get ``status = "error"`` rows with the message.
+    """
+    truth = ctx.truth()
+    data = ctx.data()
+    spec = ctx.fit_spec()
+    try:
+        fit, wall = _run_estimator(ctx, spec, truth, data, ctx.fit_seed)
+    except Exception as exc:  # isolate the failing replicates; they become rows
+        batched = failure_message(exc)
+        if ctx.reps == 1:
+            return error_rows([0], batched)
+        return pd.concat([_isolated(ctx, spec, truth, data, r, batched) for r in range(ctx.reps)],
+                         ignore_index=True)
+    return _score(ctx, spec, truth, data, fit, wall, np.arange(ctx.reps))

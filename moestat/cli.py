@@ -1,13 +1,15 @@
 """The ``moestat`` command line.
 
 * ``moestat simulate`` — draw data from a paper preset and print a tidy frame;
-* ``moestat study run STUDY.toml --out DIR [--resume] [--workers N] [--device auto|cpu|cuda]`` and
-  ``moestat study check STUDY.toml``;
+* ``moestat study run STUDY.toml --out DIR [--resume] [--workers N] [--device auto|cpu|cuda]``,
+  ``moestat study check STUDY.toml``, ``moestat study performance DIR`` (performance measures with Monte Carlo
+  SEs) and ``moestat study report DIR`` (``DIR/report.md``: ADEMP, failures, performance, rates, figures);
 * ``moestat rates DIR --y D1 --by gate,expert`` — the rate table (printed, CSV and PNG);
 * ``moestat vignette list`` and ``moestat vignette run NAME [--quick | --size SIZE] [--out DIR] [--workers N]``.
 
 Exit codes: 0 success; 2 a usage or input error (message on stderr, prefixed ``moestat: error:``);
-130 interrupted (finished work is kept); 1 an unexpected failure (traceback).
+3 a study stopped by failed fits (``max_failures``; finished cells are kept); 130 interrupted (finished work is
+kept); 1 an unexpected failure (traceback).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
                           "--overwrite to recompute every cell.")
     executor = "processes" if args.workers and args.workers > 1 else None
     print(f"{study!r}\nwriting to {out}", flush=True)
+    from .study import StudyFailureError
+
     try:
         frame = study.run(out, resume=not args.overwrite, executor=executor, workers=args.workers,
                           progress=not args.quiet, device=args.device)
@@ -74,6 +78,9 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: finished cells are saved in {out}; rerun with --resume to continue.",
               file=sys.stderr)
         return 130
+    except StudyFailureError as exc:
+        print(f"moestat: error: {exc}", file=sys.stderr)
+        return 3
     _print_summary(frame)
     print(f"\nwrote {len(frame)} rows: {out / 'results.parquet'}, {out / 'results.csv'}, "
           f"{out / 'provenance.json'}")
@@ -83,12 +90,14 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
 def _print_summary(frame: pd.DataFrame) -> None:
     skip = {"rep", "seed", "k", "n", "wall_time", "fit_wall_time", "objective", "converged"}
     numeric = [c for c in frame.select_dtypes("number").columns
-               if c not in skip and not c.startswith("truth_") and frame[c].nunique() > 1]
+               if c not in skip and not c.startswith(("truth_", "est:", "se:", "true:")) and frame[c].nunique() > 1]
     keys = [c for c in ("truth", "fit", "n") if c in frame.columns]
     cols = [c for c in ("objective", *numeric) if c in frame.columns][:6]
     agg = frame.groupby(keys, sort=False)[cols].mean()
     if "converged" in frame.columns:
         agg["converged"] = frame.groupby(keys, sort=False)["converged"].mean()
+    if "status" in frame.columns:
+        agg["failed"] = frame.groupby(keys, sort=False)["status"].agg(lambda s: int((s != "ok").sum()))
     print("\nmeans over replicates:")
     print(agg.to_string(float_format=lambda v: f"{v:.4g}"))
 
@@ -104,10 +113,50 @@ def _cmd_study_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _study_of(folder: Path):
+    from .study import Study
+
+    if not folder.is_dir():
+        raise _UsageError(f"{folder} is not a folder; give the --out folder of `moestat study run`.")
+    toml = folder / "study.toml"
+    if not toml.is_file():
+        raise _UsageError(f"{folder} has no study.toml; give the --out folder of `moestat study run`.")
+    return Study.from_toml(toml)
+
+
+def _cmd_study_performance(args: argparse.Namespace) -> int:
+    from .study import load_results
+
+    folder = Path(args.dir)
+    study = _study_of(folder)
+    frame = load_results(folder, partial=args.partial)
+    metrics = [m for m in (args.metrics or "").split(",") if m] or None
+    table = study.performance(frame, metrics, confidence_level=args.confidence_level,
+                              converged_only=args.converged_only)
+    with pd.option_context("display.max_rows", None, "display.float_format", "{:.4g}".format):
+        print(table.to_string(index=False))
+    out = Path(args.out) if args.out else folder / "performance.csv"
+    table.to_csv(out, index=False)
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _cmd_study_report(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    folder = Path(args.dir)
+    study = _study_of(folder)
+    path = study.report(folder, confidence_level=args.confidence_level, partial=args.partial)
+    print(f"wrote {path} (figures in {folder / 'report'}, tables performance.csv and rates.csv)")
+    return 0
+
+
 # --------------------------------------------------------------------------- rates
 
 def _cmd_rates(args: argparse.Namespace) -> int:
     from .study import load_results
+    from .study_report import successful_rows
 
     try:
         from .rates import fit_rate
@@ -118,7 +167,7 @@ def _cmd_rates(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    frame = load_results(args.results, partial=args.partial)
+    frame = successful_rows(load_results(args.results, partial=args.partial), what="moestat rates")
     by = [b for b in (args.by or "").split(",") if b]
     missing = [c for c in [args.y, args.x, *by, *([args.units] if args.units else [])] if c not in frame.columns]
     if missing:
@@ -247,6 +296,30 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Validate a study file and list its cells without running them.")
     check.add_argument("study", metavar="STUDY.toml", help="study file")
     check.set_defaults(func=_cmd_study_check)
+    perf = study_sub.add_parser("performance", help="performance measures with Monte Carlo SEs of a finished study",
+                                description="Per cell (truth x fit x n): bias, empirical SE, MSE, model SE, "
+                                            "coverage ... of the parameters (estimators that record them, e.g. "
+                                            "mle) and mean, empirical SE, RMSE, log mean, mean log of each "
+                                            "metric, each with its Monte Carlo SE; printed and written as CSV.")
+    perf.add_argument("dir", metavar="DIR", help="the study's output folder (--out of study run)")
+    perf.add_argument("--metrics", default=None, metavar="COLS",
+                      help="comma-separated metric columns (default: the study's metrics)")
+    perf.add_argument("--confidence-level", type=float, default=0.95,
+                      help="level of the coverage intervals (default 0.95)")
+    perf.add_argument("--converged-only", action="store_true", help="use only rows with status ok")
+    perf.add_argument("--partial", action="store_true", help="use the finished cells of an unfinished study")
+    perf.add_argument("--out", metavar="CSV", default=None, help="CSV file to write (default DIR/performance.csv)")
+    perf.set_defaults(func=_cmd_study_performance)
+    report = study_sub.add_parser("report", help="write DIR/report.md: ADEMP, failures, performance, rates",
+                                  description="Write DIR/report.md with the ADEMP sections (from the study's "
+                                              "[ademp] table or derived from its configuration), failure counts, "
+                                              "the performance table with Monte Carlo SEs, the rate table with "
+                                              "verdicts and log-log figures (DIR/report/*.png).")
+    report.add_argument("dir", metavar="DIR", help="the study's output folder (--out of study run)")
+    report.add_argument("--confidence-level", type=float, default=0.95,
+                        help="level of the coverage and exponent intervals (default 0.95)")
+    report.add_argument("--partial", action="store_true", help="report the finished cells of an unfinished study")
+    report.set_defaults(func=_cmd_study_report)
     study.set_defaults(func=None, _sub_parser=study)
 
     rates = sub.add_parser("rates", help="estimate convergence exponents from a study's results",

@@ -27,8 +27,8 @@ import sys
 import warnings
 
 __all__ = ["CheckpointWarning", "ConvergenceWarning", "DegenerateFitWarning", "MLEConvergenceWarning",
-           "MoestatWarning", "RateWarning", "RepresentationWarning", "SingularInformationWarning", "StudyConfigError",
-           "UnderdeterminedWarning"]
+           "MoestatWarning", "RateWarning", "RepresentationWarning", "SingularInformationWarning",
+           "StudyConfigError", "StudyFailureWarning", "UnderdeterminedWarning"]
 
 
 class MoestatWarning(UserWarning):
@@ -62,6 +62,11 @@ class RateWarning(MoestatWarning):
 
 class RepresentationWarning(MoestatWarning):
     """The exact set of this truth is larger than the families searched: errors are upper bounds."""
+
+
+class StudyFailureWarning(MoestatWarning):
+    """A finished study holds failed replicates (rows with ``status`` ``"error"`` or ``"not_converged"``), or a
+    rate fit skipped error rows."""
 
 
 class CheckpointWarning(MoestatWarning):

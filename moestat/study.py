@@ -26,6 +26,10 @@ Reproducibility and fault tolerance
   including Dask's ``Client.get_executor()``.  Cells are independent and seeded by key, so the frame
   is the same for every executor (bit for bit at an equal number of torch threads per cell; set
   ``threads``).  Only ``wall_time``-type columns differ between runs.
+* Failures.  A fit that raises or does not converge is a row (``status`` ``"error"`` or
+  ``"not_converged"``, ``message``), stored and resumed like any other, never silently redrawn.  Without
+  ``max_failures`` the first error stops the study (:class:`StudyFailureError`, finished cells kept); with it,
+  failed replicates (errors and non-converged fits) are counted and the study stops once there are more.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from .cells import (
     ESTIMATORS,
     EXPLICIT_TRUTH_KEYS,
     METRICS,
+    STATUSES,
     TRUTH_SIM_KEYS,
     CellContext,
     Estimate,
@@ -70,12 +75,14 @@ from .cells import (
     preset_keys,
     register_estimator,
     register_metric,
+    status_from,
 )
 from .checkpoint import write_atomic, write_frame
-from .exceptions import CheckpointWarning, StudyConfigError, warn_user
+from .exceptions import CheckpointWarning, StudyConfigError, StudyFailureWarning, warn_user
 from .experts import EXPERTS, get_expert
 from .gates import GATES
 from .simulators.presets import PRESETS
+from .study_report import successful_rows
 
 __all__ = [
     "ESTIMATORS",
@@ -85,17 +92,27 @@ __all__ = [
     "MetricContext",
     "Study",
     "StudyConfigError",
+    "StudyFailureError",
+    "StudyFailureWarning",
     "load_results",
     "register_estimator",
     "register_metric",
+    "successful_rows",
 ]
 
 STUDY_KEYS = ("name", "description", "seed", "reps", "n", "truth", "fit", "metrics", "metric_options",
-              "device", "threads", "cell")
+              "device", "threads", "cell", "max_failures", "ademp")
+ADEMP_KEYS = ("aims", "data_generating_mechanisms", "estimands", "methods", "performance_measures")
+"""Keys of a study's ``[ademp]`` table (Morris, White & Crowther 2019): each a string or a list of strings."""
 FIT_KEYS = ("label", "estimator", "gate", "expert", "k", "top_k", "temperature", "options", "grid")
 FORMAT_VERSION = 1
 _RESERVED = ("study", "cell", "truth", "fit", "n", "rep", "seed", "data_seed", "fit_seed", "device",
-             "estimator", "gate", "expert", "k", "objective", "converged", "wall_time")
+             "estimator", "gate", "expert", "k", "objective", "converged", "status", "message", "wall_time")
+
+
+class StudyFailureError(RuntimeError):
+    """A study stopped because of failed fits: the first error (no ``max_failures``) or more failed replicates
+    than ``max_failures`` allows.  Finished cells, the failed ones included, stay in the checkpoint folder."""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -215,7 +232,8 @@ class Study:
         "truth_gate": "sigmoid", "seed": 0}`` (any keyword of the preset).  Or explicit:
         ``{"gate", "expert", "k", "d", "noise_sd", "params": {"gate_bias": ..., "gate_weight": ...,
         "expert_weight": ..., "expert_bias": ...}}``.  Simulation knobs ``inputs``, ``low``,
-        ``high``, ``model`` go to :func:`moestat.simulate`.  Optional ``label``, and ``stream``: truths
+        ``high``, ``model`` and ``design`` (``"random"``, ``"linspace"`` or an (n, d) array as a list of rows,
+        which needs a single n) go to :func:`moestat.simulate`.  Optional ``label``, and ``stream``: truths
         with the same stream share their data seeds (same inputs and noise draws; e.g. a sigmoid- and a
         softmax-gated truth with the same parameters, so that fits of the two gates are paired); it may
         name keys of the entry, e.g. ``"{expert}"`` with a grid over ``expert`` and ``truth_gate``.
@@ -241,6 +259,15 @@ class Study:
     cell : callable or str, optional
         A custom cell ``fn(ctx: CellContext) -> DataFrame`` replacing "simulate, fit, score" (an
         import path ``"package.module:function"`` in TOML).  Its frame needs a ``rep`` column.
+    max_failures : int or float, optional
+        Failed replicates (rows whose ``status`` is ``"error"`` or ``"not_converged"``) the study tolerates: a
+        count (``0``: none) or a fraction in (0, 1] of all ``cells x reps`` rows.  The study stops with
+        :class:`StudyFailureError` as soon as there are more (finished cells stay on disk).  ``None`` (default):
+        non-converged fits never stop the study and the first error stops it.
+    ademp : dict, optional
+        The study's plan in Morris, White & Crowther's (2019) ADEMP structure: ``aims``,
+        ``data_generating_mechanisms``, ``estimands``, ``methods``, ``performance_measures`` (each a string or a
+        list of strings); :meth:`report` fills the sections left out from the configuration.
 
     Notes
     -----
@@ -271,6 +298,8 @@ class Study:
     device: str = "auto"
     threads: int | None = None
     cell: Any = None
+    max_failures: int | float | None = None
+    ademp: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.truths = self._validate_truths()
@@ -303,6 +332,9 @@ class Study:
             elif not callable(self.cell):
                 raise StudyConfigError(f"study.cell must be a callable or 'package.module:function', "
                                        f"got {type(self.cell).__name__}.")
+        self._check_designs()
+        self._check_max_failures()
+        self.ademp = self._validate_ademp()
 
     # ----------------------------------------------------------------- validation
     def _validate_truths(self) -> list[dict[str, Any]]:
@@ -399,6 +431,69 @@ class Study:
         if dup:
             raise StudyConfigError(f"study.{what}: labels must be unique, {dup} repeat; give each entry a 'label'.")
 
+    def _check_designs(self) -> None:
+        """A fixed design must fit every n of the grid: an array has exactly n rows (so a single n), and
+        ``"linspace"`` with d > 1 needs n = m**d."""
+        from .simulators.regression import fixed_design
+
+        for e in self.truths:
+            design = e.get("design")
+            if design is None or (isinstance(design, str) and design == "random"):
+                continue
+            where = f"study.truth[{e['_source']}].design"
+            if not isinstance(design, (str, list, tuple, np.ndarray)):
+                raise StudyConfigError(f"{where} must be 'random', 'linspace' or an (n, d) array given as a list of "
+                                       f"rows, got {type(design).__name__}.")
+            if e.get("inputs", "uniform") != "uniform":
+                raise StudyConfigError(f"{where} is fixed, so inputs={e['inputs']!r} (random inputs) does not apply; "
+                                       "drop inputs or use design='random'.")
+            d = _cells.build_truth(e).spec.d
+            for n in self.n:
+                try:
+                    fixed_design(design, n, d, float(e.get("low", -1.0)), float(e.get("high", 1.0)))
+                except (TypeError, ValueError) as exc:
+                    hint = (" A design array fixes n: give the study a single n equal to its number of rows."
+                            if not isinstance(design, str) else "")
+                    raise StudyConfigError(f"{where} at n={n}: {exc}{hint}") from None
+
+    def _check_max_failures(self) -> None:
+        m = self.max_failures
+        if m is None:
+            return
+        if isinstance(m, bool) or not isinstance(m, (int, float, np.integer, np.floating)):
+            raise StudyConfigError(f"study.max_failures must be a count (an integer >= 0) or a fraction in (0, 1], "
+                                   f"got {m!r}.")
+        if isinstance(m, (int, np.integer)):
+            if m < 0:
+                raise StudyConfigError(f"study.max_failures must be a count >= 0 or a fraction in (0, 1], got {m!r}.")
+            self.max_failures = int(m)
+        elif not (np.isfinite(m) and 0 < m <= 1):
+            raise StudyConfigError(f"study.max_failures={m!r} is a float, so it is a fraction of all replicates and "
+                                   "must lie in (0, 1]; give an integer for a count (e.g. max_failures = 5).")
+        else:
+            self.max_failures = float(m)
+
+    def failure_limit(self) -> int | None:
+        """The number of failed replicates the study tolerates (``max_failures`` as a count), or None."""
+        m = self.max_failures
+        if m is None:
+            return None
+        if isinstance(m, int):
+            return m
+        return int(np.floor(float(m) * len(self.cells) * self.reps + 1e-9))
+
+    def _validate_ademp(self) -> dict[str, Any] | None:
+        if self.ademp is None:
+            return None
+        _check_keys("study.ademp", self.ademp, ADEMP_KEYS)
+        out: dict[str, Any] = {}
+        for key, value in self.ademp.items():
+            ok = isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
+            if not ok:
+                raise StudyConfigError(f"study.ademp.{key} must be a string or a list of strings, got {value!r}.")
+            out[key] = value if isinstance(value, str) else list(value)
+        return out
+
     def _validate_n(self) -> list[int]:
         n = [self.n] if isinstance(self.n, (int, np.integer)) else self.n
         if isinstance(n, (str, bytes)) or not isinstance(n, Iterable):
@@ -428,6 +523,10 @@ class Study:
             out["metric_options"] = _jsonable(self.metric_options)
         if self.cell is not None:
             out["cell"] = _jsonable(self.cell)
+        if self.max_failures is not None:
+            out["max_failures"] = self.max_failures
+        if self.ademp:
+            out["ademp"] = dict(self.ademp)
         out["truth"] = strip(self.truth)
         out["fit"] = strip(self.fit)
         return out
@@ -564,9 +663,14 @@ class Study:
             write_provenance(ckpt, self._provenance(cells, dev, status="running"), device=dev)
         todo = [c for c in cells if c["id"] not in done]
         t_start = time.perf_counter()
+        tally = _Failures(self, ckpt)
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=self.name, unit="cell",
                    disable=not progress)
         try:
+            for c in cells:
+                if c["id"] in done:
+                    tally.add(c["id"], done[c["id"]])
+            tally.check(len(done))
             cache_dir = None if ckpt is None else str(ckpt / "cache")
             for cid, frame in self._execute(todo, dev, executor, workers, cache_dir):
                 frame = _roundtrip(frame)
@@ -574,6 +678,14 @@ class Study:
                     write_frame(frame, ckpt / "cells" / f"{cid}.parquet")
                 done[cid] = frame
                 bar.update(1)
+                tally.add(cid, frame)
+                tally.check(len(done))
+        except StudyFailureError:
+            if ckpt is not None:
+                prov = self._provenance(cells, dev, status="stopped")
+                prov["failures"] = tally.record()
+                write_provenance(ckpt, prov, device=dev)
+            raise
         finally:
             bar.close()
         result = pd.concat([done[c["id"]] for c in cells], ignore_index=True)
@@ -583,8 +695,10 @@ class Study:
             prov = self._provenance(cells, dev, status="complete")
             prov["run_wall_time_s"] = time.perf_counter() - t_start
             prov["cells_resumed"] = len(cells) - len(todo)
+            prov["failures"] = tally.record()
             write_provenance(ckpt, prov, device=dev)
             write_json_atomic(ckpt / "cells.json", {"cells": [c["id"] for c in cells]})
+        tally.warn(len(result))
         return result
 
     def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None,
@@ -621,6 +735,63 @@ class Study:
             if owned:
                 executor.shutdown(wait=True, cancel_futures=True)
 
+    # ----------------------------------------------------------------- summaries
+    def _results(self, results: pd.DataFrame | str | os.PathLike, partial: bool = False) -> pd.DataFrame:
+        if isinstance(results, pd.DataFrame):
+            return results
+        if isinstance(results, (str, os.PathLike)):
+            return load_results(results, partial=partial)
+        raise TypeError(f"results must be the study's frame (Study.run) or its folder, got {type(results).__name__}.")
+
+    def performance(self, results: pd.DataFrame | str | os.PathLike, metrics: Sequence[str] | None = None, *,
+                    by: Sequence[str] = ("truth", "fit", "n"), confidence_level: float = 0.95,
+                    converged_only: bool = False, partial: bool = False) -> pd.DataFrame:
+        r"""Performance measures with Monte Carlo SEs per cell (:func:`moestat.study_report.performance`).
+
+        Parameter rows (bias, empirical SE, MSE, model SE, coverage, ... of every term of :math:`\theta`, from the
+        ``est:``/``se:``/``true:`` columns the ``mle`` estimator records) and metric rows (mean, empirical SE,
+        RMSE with closed-form MCSEs; ``log_mean`` and ``mean_log`` with jackknife MCSEs) in one tidy frame
+        ``[*by, kind, quantity, measure, estimate, mcse, n_reps]``.  Error rows are skipped with a warning.
+
+        Parameters
+        ----------
+        results : DataFrame or path
+            The frame of :meth:`run`, or the study's folder.
+        metrics : list of str, optional
+            Metric columns (default: the columns this study's metrics wrote,
+            :func:`moestat.study_report.metric_columns`).
+        by, confidence_level, converged_only, partial
+            Grouping columns; level of the coverage intervals; use only ``status == "ok"`` rows; read the
+            finished cells of an unfinished study folder.
+        """
+        from .study_report import metric_columns, performance
+
+        frame = self._results(results, partial)
+        cols = metric_columns(frame, [metric_name(m) for m in self.metrics]) if metrics is None else metrics
+        return performance(frame, cols, by=by, confidence_level=confidence_level, converged_only=converged_only)
+
+    def rates(self, results: pd.DataFrame | str | os.PathLike, y: str,
+              by: str | Sequence[str] | None = ("truth", "fit"), *, partial: bool = False, **options: Any) -> Any:
+        """:func:`moestat.fit_rate` of metric ``y`` over the study's rows whose fit did not raise (error rows are
+        skipped with a :class:`StudyFailureWarning` that says how many); ``options`` go to ``fit_rate``."""
+        from .rates import fit_rate
+
+        frame = successful_rows(self._results(results, partial))
+        return fit_rate(frame, y, by=None if by is None else list([by] if isinstance(by, str) else by), **options)
+
+    def report(self, results: pd.DataFrame | str | os.PathLike, directory: str | os.PathLike | None = None, *,
+               confidence_level: float = 0.95, partial: bool = False) -> Path:
+        """Write the study's ADEMP report ``report.md`` (:func:`moestat.study_report.write_report`) into
+        ``directory`` (default: the study folder ``results``); returns its path."""
+        from .study_report import write_report
+
+        if directory is None:
+            if isinstance(results, pd.DataFrame):
+                raise TypeError("report(frame) needs directory=, the folder to write report.md into.")
+            directory = results
+        return write_report(directory, self, self._results(results, partial), confidence_level=confidence_level,
+                            partial=partial)
+
     def _check_owner(self, ckpt: Path) -> None:
         """Refuse to resume into a folder that another study (another ``name``) wrote."""
         prov = ckpt / "provenance.json"
@@ -655,6 +826,69 @@ class Study:
     def __repr__(self) -> str:
         return (f"Study(name={self.name!r}, truths={[t['label'] for t in self.truths]}, "
                 f"fits={[f['label'] for f in self.fits]}, n={self.n}, reps={self.reps}, cells={len(self.cells)})")
+
+
+# ------------------------------------------------------------------ failures
+
+class _Failures:
+    """Failed replicates of a run (resumed cells included) against the study's ``max_failures``."""
+
+    def __init__(self, study: Study, ckpt: Path | None) -> None:
+        self.study, self.ckpt = study, ckpt
+        self.limit = study.failure_limit()
+        self.errors = self.not_converged = 0
+        self.first: list[str] = []
+        self.first_error: tuple[str, int, int, str] | None = None
+
+    def add(self, cell_id: str, frame: pd.DataFrame) -> None:
+        status = frame["status"].astype(str) if "status" in frame.columns else pd.Series([], dtype=str)
+        err, nc = status == "error", status == "not_converged"
+        self.errors += int(err.sum())
+        self.not_converged += int(nc.sum())
+        rows = frame[err | nc]
+        for rep, st, msg in zip(rows["rep"], status[err | nc], rows.get("message", [""] * len(rows)), strict=True):
+            if len(self.first) < 3:
+                self.first.append(f"{cell_id} rep {int(rep)}: {st}" + (f" ({msg})" if msg else ""))
+        if err.any() and self.first_error is None:
+            self.first_error = (cell_id, int(err.sum()), len(frame), str(frame.loc[err, "message"].iloc[0]))
+
+    @property
+    def total(self) -> int:
+        return self.errors + self.not_converged
+
+    def _kept(self, n_done: int) -> str:
+        if self.ckpt is None:
+            return "Run with a checkpoint folder to keep finished cells."
+        return (f"The {n_done} finished cells, the failed ones included, are kept in {str(self.ckpt)!r} (delete a "
+                "cell's file under cells/ to recompute it); rerun with resume=True (--resume) to continue.")
+
+    def check(self, n_done: int) -> None:
+        """Raise :class:`StudyFailureError` when the failures exceed what the study tolerates."""
+        if self.limit is None:
+            if self.first_error is not None:
+                cid, k, r, msg = self.first_error
+                raise StudyFailureError(
+                    f"study cell {cid}: {msg} ({k} of {r} replicates failed). The study stops at the first failed "
+                    "fit because max_failures is not set; set max_failures (a count, or a fraction such as 0.05) "
+                    f"to keep failed fits as rows and go on. {self._kept(n_done)}")
+            return
+        if self.total > self.limit:
+            total = len(self.study.cells) * self.study.reps
+            raise StudyFailureError(
+                f"study {self.study.name!r} stopped: {self.total} failed replicates ({self.errors} errors, "
+                f"{self.not_converged} not converged) exceed max_failures={self.study.max_failures!r} ({self.limit} "
+                f"of the study's {total} replicates). First failures: {'; '.join(self.first)}. Raise max_failures or "
+                f"fix the cause. {self._kept(n_done)}")
+
+    def record(self) -> dict[str, Any]:
+        return {"errors": self.errors, "not_converged": self.not_converged, "max_failures": self.study.max_failures,
+                "limit": self.limit, "first": list(self.first)}
+
+    def warn(self, rows: int) -> None:
+        if self.total:
+            warn_user(f"study {self.study.name!r}: {self.total} of {rows} replicates failed ({self.errors} errors, "
+                      f"{self.not_converged} not converged); they are rows of the frame (columns status, message), "
+                      f"e.g. {self.first[0]}.", StudyFailureWarning)
 
 
 # ------------------------------------------------------------------ cell execution
@@ -705,7 +939,21 @@ def _stored_cell(path: Path, cell_id: str, reps: int) -> pd.DataFrame | None:
     if set(counts.index) != set(range(reps)) or counts.nunique() > 1:
         reject(f"does not hold every replicate 0..{reps - 1} equally often")
         return None
-    return frame
+    return _upgrade_cell(frame)
+
+
+def _upgrade_cell(frame: pd.DataFrame) -> pd.DataFrame:
+    """A cell stored before failures were rows: its optimiser stop reason (``status``/``status_alt``: gtol, ftol,
+    max_iter, ...) becomes ``stop``/``stop_alt`` and ``status``/``message`` are added from ``converged``, so a
+    resumed run's frame has the columns of a fresh one (the cell's numbers are unchanged)."""
+    if "message" in frame.columns and "status" in frame.columns:
+        return frame
+    frame = frame.copy()
+    if "status" in frame.columns and not set(map(str, frame["status"])) <= set(STATUSES):
+        frame = frame.rename(columns={"status": "stop", "status_alt": "stop_alt"})
+        if "converged_alt" in frame.columns:
+            frame.insert(frame.columns.get_loc("converged_alt") + 1, "status_alt", status_from(frame["converged_alt"]))
+    return _roundtrip(_with_status(frame, str(frame["cell"].iloc[0]) if len(frame) else "?"))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -759,15 +1007,31 @@ def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
         t0 = time.perf_counter()
         try:
             frame = fn(ctx)
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"study cell {cell['id']}: {exc}") from exc
+        except Exception as exc:  # a failed cell is rows (status "error"); Study.run decides whether to go on
+            frame = _cells.error_rows(range(ctx.reps), _cells.failure_message(exc))
         wall = time.perf_counter() - t0
     finally:
         if threads:
             torch.set_num_threads(old_threads)
     if not isinstance(frame, pd.DataFrame) or "rep" not in frame.columns:
         raise TypeError(f"study cell {cell['id']}: the cell function must return a DataFrame with a 'rep' column.")
-    return _decorate(frame.reset_index(drop=True), ctx, payload, wall)
+    return _decorate(_with_status(frame.reset_index(drop=True), cell["id"]), ctx, payload, wall)
+
+
+def _with_status(frame: pd.DataFrame, cell_id: str) -> pd.DataFrame:
+    """Add ``status`` (from ``converged``, else ``"ok"``) and ``message`` where a (custom) cell left them out."""
+    if "status" in frame.columns:
+        bad = sorted(set(map(str, frame["status"])) - set(STATUSES))
+        if bad:
+            raise ValueError(f"study cell {cell_id}: column 'status' holds {bad}; it is reserved for "
+                             f"{list(STATUSES)}. Rename the cell's column.")
+    else:
+        at = frame.columns.get_loc("converged") + 1 if "converged" in frame.columns else len(frame.columns)
+        frame.insert(at, "status", status_from(frame["converged"]) if "converged" in frame.columns
+                     else np.full(len(frame), "ok", dtype=object))
+    if "message" not in frame.columns:
+        frame.insert(frame.columns.get_loc("status") + 1, "message", np.full(len(frame), "", dtype=object))
+    return frame
 
 
 def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wall: float) -> pd.DataFrame:
@@ -793,7 +1057,7 @@ def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wa
             cols[f"truth_{k}"] = getattr(truth.spec, k)
     for k in (*TRUTH_SIM_KEYS, "stream"):
         if t.get(k) is not None:
-            cols[f"truth_{k}"] = _scalar(t[k])
+            cols[f"truth_{k}"] = _scalar(t[k]) if k != "design" or isinstance(t[k], str) else _design_id(t[k])
     f = ctx.fit_cfg
     spec = ctx.fit_spec()
     cols["estimator"] = metric_name(f.get("estimator", "lse")) if payload.get("fn") is None else \
@@ -820,6 +1084,12 @@ def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wa
                ["/".join(map(str, (*keys, int(r)))) for r in reps])
     out["wall_time"] = wall / max(R, 1)
     return out
+
+
+def _design_id(design: Any) -> str:
+    """A short name of a fixed design array for the frame: its shape and a hash of its values."""
+    arr = np.ascontiguousarray(np.asarray(design, dtype=np.float64))
+    return f"array{list(arr.shape)}:{hashlib.sha1(arr.tobytes()).hexdigest()[:10]}"
 
 
 # ----------------------------------------------------------------------- file I/O

@@ -50,3 +50,27 @@ def sleepy_cell(ctx) -> pd.DataFrame:
 
     time.sleep(60.0)
     return pd.DataFrame({"rep": np.arange(ctx.reps), "objective": np.zeros(ctx.reps)})
+
+
+def picky_ols(spec, X, y, *, truth=None, seed=None, device="cpu", y0_above=float("inf"), y0_below=float("-inf")):
+    """The 'ols' estimator, except that it raises for a batch holding a replicate whose first response exceeds
+    ``y0_above``, and flags replicates whose first response is below ``y0_below`` as not converged (failures of
+    known replicates, for the failure-row tests)."""
+    from moestat.cells import ols_estimator
+
+    bad = np.flatnonzero(y[:, 0] > y0_above)
+    if bad.size:
+        raise ValueError(f"y[0] = {y[bad[0], 0]:.3f} is above {y0_above}")
+    est = ols_estimator(spec, X, y, truth=truth, seed=seed, device=device)
+    est.converged = ~(y[:, 0] < y0_below)
+    return est
+
+
+def broken_metric(ctx) -> np.ndarray:
+    """A metric that always raises (for the metric-failure test)."""
+    raise RuntimeError("this metric is broken")
+
+
+def raising_cell(ctx) -> pd.DataFrame:
+    """A custom cell that raises (a whole-cell failure)."""
+    raise RuntimeError(f"cell at n={ctx.n} cannot run")

@@ -68,8 +68,9 @@ def test_errors_have_messages_and_exit_codes(tmp_path, capsys):
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize("argv", [[], ["study"], ["study", "run"], ["study", "check"], ["rates"], ["vignette"],
-                                  ["vignette", "list"], ["vignette", "run"], ["simulate"]])
+@pytest.mark.parametrize("argv", [[], ["study"], ["study", "run"], ["study", "check"], ["study", "performance"],
+                                  ["study", "report"], ["rates"], ["vignette"], ["vignette", "list"],
+                                  ["vignette", "run"], ["simulate"]])
 def test_help_everywhere(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--help"])
@@ -222,3 +223,21 @@ def test_study_run_refuses_bad_workers_and_a_file_as_out(study_toml, tmp_path, c
     afile.write_text("x")
     assert main(["study", "run", str(study_toml), "--out", str(afile), "--quiet"]) == 2
     assert "is a file; give a folder" in capsys.readouterr().err
+
+
+def test_study_stopped_by_failed_fits_exits_3_and_keeps_its_cells(tmp_path, capsys):
+    """A fit that raises stops a study without max_failures: exit code 3, the message names the cell, the failed
+    cell is kept on disk and the folder is not a complete study."""
+    toml = tmp_path / "fail.toml"
+    toml.write_text("name = 'fail'\nn = [20]\nreps = 2\n[truth]\npreset = 'sigmoid_vs_softmax'\nexpert = 'linear'\n"
+                    "d = 4\n[fit]\nestimator = 'ols'\n")
+    out = tmp_path / "out"
+    assert main(["study", "run", str(toml), "--out", str(out), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("moestat: error: study cell ") and "max_failures is not set" in err
+    cells = list((out / "cells").glob("*.parquet"))
+    assert len(cells) == 1 and set(pd.read_parquet(cells[0])["status"]) == {"error"}
+    assert main(["study", "report", str(out)]) == 2  # an unfinished study: say how to finish it
+    assert "unfinished study (status 'stopped'" in capsys.readouterr().err
+    assert main(["study", "report", str(out), "--partial"]) == 0
+    assert "0 fits ok, 0 not converged, 2 errors" in (out / "report.md").read_text()

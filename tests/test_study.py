@@ -17,7 +17,7 @@ import pytest
 
 import moestat as ms
 import moestat.study as study_mod
-from moestat.study import Study, StudyConfigError, load_results
+from moestat.study import Study, StudyConfigError, StudyFailureError, StudyFailureWarning, load_results
 from tests.study_cells import LINEAR_TRUTH, normal_equations_cell, slope_error
 
 TIMING = ["wall_time", "fit_wall_time"]
@@ -377,8 +377,8 @@ def test_toml_roundtrip(tmp_path):
     (dict(truth={"preset": "sigmoid_vs_softmax", "expert": "relux"}), r"expert='relux' is not valid; valid values"),
     (dict(truth={"gate": "softmax", "expert": "linear", "k": 1}), r"missing \['d', 'params'\]"),
     (dict(fit={"gate": "sigmod"}),
-     r"study.fit\[0\].gate='sigmod' is not valid; valid values are \['softmax', 'sigmoid', 'topk'\]"),
-    (dict(fit={"estimator": "nls"}), r"estimator='nls' is not known; valid values are \['lse', 'ols'"),
+     r"study.fit\[0\].gate='sigmod' is not valid; valid values are \['softmax', 'sigmoid', 'topk'"),
+    (dict(fit={"estimator": "nls"}), r"estimator='nls' is not known; valid values are \['lse', 'mle', 'ols'"),
     (dict(fit={"k": "nine"}), r"k='nine' is not valid; use a positive integer, 'truth' or 'truth\+m'"),
     (dict(fit={"lr": 0.1}), r"unknown key 'lr'; valid keys are .*'options'"),
     (dict(fit=[{"label": "a"}, {"label": "a"}]), r"labels must be unique, \['a'\] repeat"),
@@ -415,9 +415,11 @@ def test_toml_errors(tmp_path):
 
 
 def test_cell_errors_name_the_cell():
+    """Without max_failures the first failed fit stops the study, naming the cell and the estimator's message."""
     s = Study(truth={"preset": "sigmoid_vs_softmax", "expert": "linear", "d": 4}, fit={"estimator": "ols"},
               n=[20], reps=2)
-    with pytest.raises(ValueError, match=r"study cell .*__n20__.*'ols' fits the one-expert linear model"):
+    with pytest.raises(StudyFailureError, match=r"study cell .*__n20__.*'ols' fits the one-expert linear model.*"
+                                                r"2 of 2 replicates failed.*max_failures is not set"):
         s.run(progress=False)
 
 
@@ -491,3 +493,228 @@ def test_load_results_reads_only_a_complete_matching_study(tmp_path):
     (tmp_path / "cells.json").write_text(json.dumps({"cells": listed["cells"][:-1]}))
     with pytest.raises(ValueError, match=r"results.parquet does not hold the .* cells the study lists"):
         load_results(tmp_path)
+
+
+# ------------------------------------------------------------------ fixed designs
+
+def _lin_truth():
+    spec = ms.MoE(gate="softmax", expert="linear", k=1, d=3, noise_sd=0.5)
+    p = LINEAR_TRUTH["params"]
+    return spec, ms.Params(*(np.asarray(p[b], dtype=float) for b in
+                            ("gate_bias", "gate_weight", "expert_weight", "expert_bias")))
+
+
+def test_default_design_is_bit_identical_to_the_documented_draws():
+    """design='random' (the default) draws X then the noise from replicate r's stream, exactly as before fixed
+    designs existed: recomputed here by hand from SeedSequence(seed).spawn(R)[r] (pins the default output)."""
+    spec, params = _lin_truth()
+    for model in ("regression", "mixture"):
+        data = ms.simulate(spec, params, n=30, reps=3, seed=9, model=model)
+        assert np.array_equal(data.X, ms.simulate(spec, params, n=30, reps=3, seed=9, model=model,
+                                                  design="random").X)
+        for r, child in enumerate(np.random.SeedSequence(9).spawn(3)):
+            rng = np.random.default_rng(child)
+            X = rng.uniform(-1.0, 1.0, size=(30, 3))
+            eps = rng.standard_normal(30)
+            assert np.array_equal(data.X[r], X)
+            if model == "regression":  # one expert: f(x) = a^T x + b exactly
+                assert np.array_equal(data.y[r], X @ params.expert_weight[0] + params.expert_bias[0] + 0.5 * eps)
+
+
+@pytest.mark.parametrize("model", ["regression", "mixture"])
+def test_fixed_designs_share_inputs_and_draw_responses_per_replicate(model):
+    spec = ms.MoE(gate="softmax", expert="linear", k=2, d=1)
+    truth = ms.Params([1.0, 0.0], [[3.0], [0.0]], [[1.0], [-1.0]], [0.5, -0.5], noise_sd=[0.3, 0.3])
+    lin = ms.simulate(spec, truth, n=11, reps=4, seed=2, design="linspace", model=model)
+    assert lin.X.shape == (4, 11, 1) and lin.y.shape == (4, 11)
+    np.testing.assert_array_equal(lin.X[2, :, 0], np.linspace(-1, 1, 11))  # the same grid in every replicate
+    assert all(np.array_equal(lin.X[0], lin.X[r]) for r in range(4))
+    assert not np.allclose(lin.y[0], lin.y[1])  # responses are drawn per replicate
+    again = ms.simulate(spec, truth, n=11, reps=4, seed=2, design="linspace", model=model)
+    np.testing.assert_array_equal(again.y, lin.y)  # reproducible
+    np.testing.assert_array_equal(ms.simulate(spec, truth, n=11, reps=2, seed=2, design="linspace",
+                                              model=model).y, lin.y[:2])  # adding replicates changes none
+    own = np.linspace(0.0, 2.0, 11)[:, None]
+    arr = ms.simulate(spec, truth, n=11, reps=3, seed=2, design=own, model=model)
+    assert all(np.array_equal(arr.X[r], own) for r in range(3))
+    if model == "regression":  # the noise is the replicate stream's first 11 normals (no input draws precede it)
+        eps = np.random.default_rng(np.random.SeedSequence(2).spawn(4)[1]).standard_normal(11)
+        np.testing.assert_allclose(lin.y[1] - spec.mean(truth, lin.X[1]), 0.3 * eps, atol=1e-12)  # sd: params.noise_sd
+
+
+def test_linspace_grid_for_several_inputs_and_design_errors():
+    spec2 = ms.MoE(gate="softmax", expert="linear", k=1, d=2)
+    p2 = ms.Params([0.0], [[0.0, 0.0]], [[1.0, 2.0]], [0.0])
+    X = ms.simulate(spec2, p2, n=9, seed=0, design="linspace", low=0.0, high=2.0).X[0]
+    # the full 3 x 3 grid on {0, 1, 2}^2, last column fastest
+    expect = np.array([[a, b] for a in (0.0, 1.0, 2.0) for b in (0.0, 1.0, 2.0)])
+    np.testing.assert_array_equal(X, expect)
+    with pytest.raises(ValueError, match=r"n must be m\*\*2; n=10 is not \(nearby valid n: \[4, 9, 16\]\)"):
+        ms.simulate(spec2, p2, n=10, seed=0, design="linspace")
+    spec, params = _lin_truth()
+    with pytest.raises(ValueError, match=r"design='grid' is not supported; valid values are \['linspace', 'random'\]"):
+        ms.simulate(spec, params, n=5, seed=0, design="grid")
+    with pytest.raises(ValueError, match=r"design array has shape \(4, 3\) but the simulation needs \(n, d\) = "
+                                         r"\(5, 3\)"):
+        ms.simulate(spec, params, n=5, seed=0, design=np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        ms.simulate(spec, params, n=2, seed=0, design=np.full((2, 3), np.nan))
+    with pytest.raises(TypeError, match="design must be 'random', 'linspace' or a numeric array"):
+        ms.simulate(spec, params, n=1, seed=0, design=[["a", "b", "c"]])
+    with pytest.raises(ValueError, match="inputs='gaussian' draws random inputs, but design is fixed"):
+        ms.simulate(spec, params, n=8, seed=0, design="linspace", inputs="gaussian")
+
+
+def test_study_truth_with_a_fixed_design():
+    design = np.linspace(-1, 1, 24).reshape(8, 3).tolist()
+    s = Study(truth={**LINEAR_TRUTH, "design": design}, fit={"estimator": "ols"}, n=[8], reps=3, seed=1,
+              threads=1)
+    df = s.run(progress=False)
+    assert df["truth_design"].str.startswith("array[8, 3]:").all()
+    assert "design" in Study.from_toml(s.to_toml()).truths[0]  # the array survives the TOML round trip
+    with pytest.raises(StudyConfigError, match=r"study.truth\[0\].design at n=9: design array has shape \(8, 3\).*"
+                                               r"single n equal to its number of rows"):
+        Study(truth={**LINEAR_TRUTH, "design": design}, fit={"estimator": "ols"}, n=[8, 9], reps=2)
+    with pytest.raises(StudyConfigError, match=r"design at n=10: design='linspace' with d=3 .* n must be m\*\*3"):
+        Study(truth={**LINEAR_TRUTH, "design": "linspace"}, fit={"estimator": "ols"}, n=[8, 10], reps=2)
+
+
+# ------------------------------------------------------------------ failures are rows
+
+def _first_responses(study: Study, n: int) -> np.ndarray:
+    """y[r, 0] of every replicate of the study's LINEAR_TRUTH cells at n, simulated independently of the runner."""
+    spec, params = _lin_truth()
+    key = next(c["data_key"] for c in study.cells if c["n"] == n)
+    data = ms.simulate(spec, params, n=n, reps=study.reps, seed=np.random.SeedSequence(study.seed, spawn_key=key))
+    return data.y[:, 0]
+
+
+def _picky(**options) -> Study:
+    return Study(truth=LINEAR_TRUTH, fit={"label": "picky", "estimator": "tests.study_cells:picky_ols",
+                                          "options": options}, n=[40], reps=6, seed=21, threads=1,
+                 max_failures=6, metrics=[slope_error])
+
+
+def test_a_raising_replicate_is_a_row_and_the_others_are_refitted_alone():
+    probe = _picky()
+    y0 = np.sort(_first_responses(probe, 40))
+    cut = float((y0[-3] + y0[-2]) / 2)  # the two replicates with the largest y[0] fail
+    s = _picky(y0_above=cut)
+    with pytest.warns(StudyFailureWarning, match=r"2 of 6 replicates failed \(2 errors, 0 not converged\)"):
+        df = s.run(progress=False)
+    failing = _first_responses(s, 40) > cut
+    assert list(df["status"]) == ["error" if f else "ok" for f in failing]
+    err = df[df["status"] == "error"]
+    # each error row carries its own replicate's error (and the batched call's when that differs)
+    assert err["message"].str.contains(r"ValueError: y\[0\] = .* is above .*(?:also when refitted alone|refit alone "
+                                       r"after the batched fit)").all()
+    assert all(f"{v:.3f}" in m for v, m in zip(_first_responses(s, 40)[failing], err["message"], strict=True))
+    assert err["objective"].isna().all() and err["slope_error"].isna().all()
+    assert err["data_seed"].tolist() == [f"0/{s.cells[0]['data_key'][1]}/40/{r}" for r in err["rep"]]
+    ok = df[df["status"] == "ok"]
+    assert ok["message"].str.startswith("refit alone after the batched fit of the cell failed").all()
+    # OLS is deterministic: a replicate refitted alone has the objective of the plain batched OLS fit
+    plain = Study(truth=LINEAR_TRUTH, fit={"label": "picky", "estimator": "ols"}, n=[40], reps=6, seed=21,
+                  threads=1).run(progress=False)
+    np.testing.assert_allclose(ok["objective"], plain.loc[ok.index, "objective"], rtol=1e-10)
+
+
+def test_not_converged_rows_and_max_failures_stop_and_resume(tmp_path):
+    probe = _picky()
+    y0 = np.sort(_first_responses(probe, 40))
+    low = float((y0[2] + y0[3]) / 2)  # three replicates flagged not converged
+    s = Study(truth=LINEAR_TRUTH, fit={"label": "picky", "estimator": "tests.study_cells:picky_ols",
+                                       "options": {"y0_below": low}}, n=[40, 80], reps=6, seed=21, threads=1,
+              max_failures=2)
+    with pytest.raises(StudyFailureError, match=r"stopped: 3 failed replicates \(0 errors, 3 not converged\) "
+                                                r"exceed max_failures=2 .*rep .*: not_converged"):
+        s.run(tmp_path, progress=False)
+    prov = json.loads((tmp_path / "provenance.json").read_text())["config"]
+    assert prov["status"] == "stopped" and prov["failures"]["not_converged"] == 3
+    stored = sorted((tmp_path / "cells").glob("*.parquet"))
+    assert len(stored) == 1  # the finished (failing) cell is kept
+    first = pd.read_parquet(stored[0])
+    assert (first["status"] == "not_converged").sum() == 3 and not first["converged"].all()
+    # a larger budget (a fraction of the 12 replicates) resumes: the stored cell is reused, not recomputed
+    t_stored = stored[0].stat().st_mtime_ns
+    relaxed = Study(**{**_kw(s), "max_failures": 0.75})
+    with pytest.warns(StudyFailureWarning, match="not converged"):
+        df = relaxed.run(tmp_path, progress=False)
+    assert stored[0].stat().st_mtime_ns == t_stored
+    assert len(df) == 12 and set(df["status"]) == {"ok", "not_converged"}
+    _same(df[df["n"] == 40].reset_index(drop=True), first)
+
+
+def _kw(s: Study) -> dict:
+    return dict(truth=s.truth, fit=s.fit, n=s.n, reps=s.reps, seed=s.seed, threads=s.threads,
+                metrics=s.metrics, max_failures=s.max_failures)
+
+
+def test_a_raising_metric_or_cell_marks_rows_as_errors():
+    s = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[30], reps=3, seed=2, threads=1, max_failures=3,
+              metrics=[slope_error, "tests.study_cells:broken_metric"])
+    with pytest.warns(StudyFailureWarning, match="3 errors"):
+        df = s.run(progress=False)
+    assert (df["status"] == "error").all() and df["converged"].all()
+    assert df["message"].str.contains("metric 'broken_metric' failed: RuntimeError: this metric is broken").all()
+    assert df["slope_error"].notna().all()  # the fits and the other metrics are kept
+    c = Study(truth=LINEAR_TRUTH, n=[30], reps=2, seed=2, cell="tests.study_cells:raising_cell", max_failures=2)
+    with pytest.warns(StudyFailureWarning):
+        rows = c.run(progress=False)
+    assert rows["message"].str.contains("RuntimeError: cell at n=30 cannot run").all() and len(rows) == 2
+    with pytest.raises(StudyFailureError, match=r"exceed max_failures=1 "):
+        Study(**{**_kw(c), "cell": c.cell, "max_failures": 1}).run(progress=False)
+
+
+def test_cells_stored_before_status_rows_are_upgraded_on_resume(tmp_path):
+    """A cell file of the earlier format (optimiser stop reason in 'status', no 'message') resumes with 'stop'
+    holding the stop reason and 'status'/'message' derived from 'converged'."""
+    s = _ols_study(n=[50], fit={"estimator": "ols"})
+    fresh = s.run(tmp_path, progress=False)
+    path = next((tmp_path / "cells").glob("*.parquet"))
+    old = pd.read_parquet(path).drop(columns=["status", "message"])
+    old.insert(old.columns.get_loc("converged") + 1, "status", ["gtol", "max_iter"] * 3)
+    old.loc[1::2, "converged"] = False
+    old.to_parquet(path, index=False)
+    with pytest.warns(StudyFailureWarning, match="3 not converged"):
+        df = s.run(tmp_path, progress=False)
+    assert list(df["stop"]) == ["gtol", "max_iter"] * 3
+    assert list(df["status"]) == ["ok", "not_converged"] * 3 and (df["message"] == "").all()
+    assert set(fresh.columns) | {"stop"} == set(df.columns)
+
+
+def test_max_failures_and_ademp_configuration_errors():
+    base = dict(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[10], reps=2)
+    for bad, match in [(-1, r"max_failures must be a count >= 0"), (1.5, r"max_failures=1.5 is a float, so it is a "
+                       r"fraction .* \(0, 1\]"), ("all", "max_failures must be a count"), (True, "must be a count")]:
+        with pytest.raises(StudyConfigError, match=match):
+            Study(**base, max_failures=bad)
+    assert Study(**base, max_failures=0.5).failure_limit() == 1  # half of 1 cell x 2 replicates
+    with pytest.raises(StudyConfigError, match=r"study.ademp: unknown key 'aim'; valid keys are \['aims', "):
+        Study(**base, ademp={"aim": "x"})
+    with pytest.raises(StudyConfigError, match=r"study.ademp.methods must be a string or a list of strings"):
+        Study(**base, ademp={"methods": 3})
+    s = Study(**base, max_failures=0.25, ademp={"aims": "a", "estimands": ["x", "y"]})
+    back = Study.from_toml(s.to_toml())
+    assert back.max_failures == 0.25 and back.ademp == {"aims": "a", "estimands": ["x", "y"]}
+    assert [c["id"] for c in back.cells] == [c["id"] for c in Study(**base).cells]  # ids do not depend on them
+
+
+def test_successful_rows_skips_error_rows_with_a_count():
+    frame = pd.DataFrame({"n": [10, 10, 20], "status": ["ok", "error", "not_converged"], "D1": [1.0, np.nan, 0.5]})
+    with pytest.warns(StudyFailureWarning, match=r"skips 1 error row\(s\) of 3"):
+        kept = study_mod.successful_rows(frame)
+    assert list(kept["status"]) == ["ok", "not_converged"]
+
+
+def test_study_rates_skip_error_rows_with_a_count():
+    s = Study(truth=LINEAR_TRUTH, fit={"label": "picky", "estimator": "tests.study_cells:picky_ols",
+                                       "options": {"y0_above": 1.5}}, n=[40, 80, 160], reps=4, seed=21, threads=1,
+              max_failures=12, metrics=[slope_error])
+    with pytest.warns(StudyFailureWarning):
+        df = s.run(progress=False)
+    n_err = int((df["status"] == "error").sum())
+    assert 0 < n_err < len(df)  # y[0] ~ N(f(x0), 0.25) exceeds 1.5 in some replicates only (seed 21)
+    with pytest.warns(StudyFailureWarning, match=rf"skips {n_err} error row\(s\) of {len(df)}"):
+        res = s.rates(df, "slope_error", warn=False)
+    assert len(res.data) == len(df) - n_err and list(res.table["fit"]) == ["picky"]

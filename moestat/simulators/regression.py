@@ -8,11 +8,14 @@ Two generative models share one regression function :math:`f_G` (:class:`moestat
   :math:`Z \mid X \sim \mathrm{Categorical}(\tilde\pi(X))`, then
   :math:`Y \mid X, Z=i \sim \mathcal N(h(X;\eta_i), \sigma_i^2)`.
 
-Inputs are :math:`X \sim U[\mathrm{low}, \mathrm{high}]^d` (the papers' default,
-:math:`U[-1,1]^d`) or :math:`N(0, I_d)`.  Replicate ``r`` draws from its own
-stream ``numpy.random.default_rng(SeedSequence(seed).spawn(R)[r])``: adding
-replicates never changes earlier ones, and one replicate can be re-drawn alone by
-passing its child sequence as ``seed=[child]``.
+Inputs are random (``design="random"``, the default): :math:`X \sim U[\mathrm{low}, \mathrm{high}]^d`
+(the papers' default, :math:`U[-1,1]^d`) or :math:`N(0, I_d)`, drawn afresh for every replicate.  A
+**fixed design** keeps the same inputs in every replicate and draws only the responses:
+``design="linspace"`` (an evenly spaced grid on :math:`[\mathrm{low}, \mathrm{high}]`; for ``d > 1`` the
+full factorial grid of ``m = n^{1/d}`` points per column) or a user array of shape ``(n, d)``.  Replicate
+``r`` draws from its own stream ``numpy.random.default_rng(SeedSequence(seed).spawn(R)[r])``: adding
+replicates never changes earlier ones, and one replicate can be re-drawn alone by passing its child
+sequence as ``seed=[child]``.
 """
 
 from __future__ import annotations
@@ -110,11 +113,64 @@ def draw_inputs(rng: np.random.Generator, n: int, d: int, inputs: str, low: floa
     return rng.standard_normal(size=(n, d))
 
 
+DESIGNS = ("random", "linspace")
+"""Named input designs of :func:`simulate` (besides a user array)."""
+
+
+def linspace_design(n: int, d: int, low: float = -1.0, high: float = 1.0) -> np.ndarray:
+    r"""The evenly spaced fixed design: ``linspace(low, high, n)`` for ``d = 1``; the full factorial grid for ``d > 1``.
+
+    For ``d > 1`` every column takes the ``m`` values ``linspace(low, high, m)`` with :math:`m^d = n`, and the rows
+    are all :math:`m^d` combinations (the last column varies fastest).  Repeating one linspace in every column
+    would make the columns collinear (a singular design), so ``n`` must be a perfect ``d``-th power.
+
+    Returns
+    -------
+    ndarray, shape (n, d)
+    """
+    n, d = check_int("n", n), check_int("d", d)
+    if not high > low:
+        raise ValueError(f"design='linspace' needs high > low, got low={low}, high={high}.")
+    if d == 1:
+        return np.linspace(low, high, n)[:, None]
+    m = round(n ** (1.0 / d))
+    if m**d != n:
+        near = sorted({max(m - 1, 1) ** d, m**d, (m + 1) ** d})
+        raise ValueError(f"design='linspace' with d={d} is the full grid of m points per column, so n must be "
+                         f"m**{d}; n={n} is not (nearby valid n: {near}). Choose such an n or pass the design as an "
+                         "(n, d) array.")
+    axis = np.linspace(low, high, m)
+    grid = np.meshgrid(*([axis] * d), indexing="ij")
+    return np.stack([g.ravel() for g in grid], axis=-1)
+
+
+def fixed_design(design: str | np.ndarray, n: int, d: int, low: float, high: float) -> np.ndarray | None:
+    """The (n, d) input matrix of a fixed design, or None for ``design="random"`` (see :func:`simulate`)."""
+    if isinstance(design, str):
+        check_choice("design", design, DESIGNS)
+        return None if design == "random" else linspace_design(n, d, low, high)
+    if isinstance(design, torch.Tensor):
+        design = design.detach().cpu().numpy()
+    try:
+        X = np.array(design, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"design must be 'random', 'linspace' or a numeric array of shape (n, d), got "
+                        f"{type(design).__name__} ({exc}).") from None
+    if X.ndim == 1 and d == 1:
+        X = X[:, None]
+    if X.shape != (n, d):
+        raise ValueError(f"design array has shape {X.shape} but the simulation needs (n, d) = ({n}, {d}); pass one row "
+                         "per observation and one column per input (or n=len(design)).")
+    if not np.isfinite(X).all():
+        raise ValueError("design array contains NaN or infinite values; every input must be finite.")
+    return X
+
+
 @validate_arguments(n=Integer(1), reps=Optional(Integer(1)), seed=Seed(), inputs=Choice("uniform", "gaussian"),
                     low=Real(), high=Real(), model=Choice("regression", "mixture"))
 def simulate(spec: MoE, params: Params, n: int, reps: int | None = None, seed: SeedLike = None, *,
              inputs: str = "uniform", low: float = -1.0, high: float = 1.0,
-             model: str = "regression") -> Dataset:
+             model: str = "regression", design: str | np.ndarray = "random") -> Dataset:
     r"""Simulate R replicate data sets of size n from a true MoE.
 
     Parameters
@@ -135,6 +191,13 @@ def simulate(spec: MoE, params: Params, n: int, reps: int | None = None, seed: S
         :math:`Y = f_G(X) + \varepsilon` with noise sd ``spec.noise_sd`` (or
         ``params.noise_sd`` if every expert shares one value), or the Gaussian MoE
         generative model with per-expert noise.
+    design : {"random", "linspace"} or array of shape (n, d)
+        ``"random"`` (default): inputs drawn per replicate as ``inputs`` says.  A fixed design uses the
+        same inputs in every replicate and draws only the responses (the noise, and for ``model="mixture"``
+        the latent experts) from the replicate's stream: ``"linspace"`` is :func:`linspace_design`
+        (``linspace(low, high, n)`` for ``d = 1``; the full grid of :math:`m = n^{1/d}` points per column on
+        :math:`[\mathrm{low}, \mathrm{high}]` for ``d > 1``, so ``n`` must be an ``m**d``); an array is used as
+        given.  ``inputs="gaussian"`` only applies to the random design.
 
     Returns
     -------
@@ -157,6 +220,10 @@ def simulate(spec: MoE, params: Params, n: int, reps: int | None = None, seed: S
     check_choice("model", model, ("regression", "mixture"))
     if inputs == "uniform" and not high > low:
         raise ValueError(f"high must exceed low for uniform inputs, got low={low}, high={high}.")
+    fixed = fixed_design(design, n, spec.d, low, high)
+    if fixed is not None and inputs != "uniform":
+        raise ValueError(f"inputs={inputs!r} draws random inputs, but design is fixed (the same inputs in every "
+                         "replicate); use design='random' with inputs='gaussian', or drop inputs.")
     if reps is None and params.is_batched and not isinstance(seed, (list, tuple)):
         reps = params.n_reps
     seeds = replicate_seeds(seed, reps)
@@ -166,7 +233,10 @@ def simulate(spec: MoE, params: Params, n: int, reps: int | None = None, seed: S
                          "pass unbatched params or reps=params.n_reps.")
     p = params.numpy().batched(R) if not params.is_batched else params.numpy()
     rngs = [np.random.default_rng(s) for s in seeds]
-    X = np.stack([draw_inputs(g, n, spec.d, inputs, low, high) for g in rngs])
+    if fixed is None:
+        X = np.stack([draw_inputs(g, n, spec.d, inputs, low, high) for g in rngs])
+    else:
+        X = np.repeat(fixed[None], R, axis=0)
     Xt = to_tensor(X)
     pt = p.to_torch("cpu", torch.float64)
     noise = np.stack([g.standard_normal(n) for g in rngs])
