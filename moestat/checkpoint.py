@@ -6,6 +6,9 @@ a run killed at any moment loses at most the cells in progress and never leaves 
 
 * every file is written to a temporary name beside its target, flushed to disk (``fsync``) and renamed over
   the target (:func:`write_frame`): a reader sees the old file or the whole new one, never a torn one;
+* beside every file sits its SHA-256 (``<file>.sha256``); :func:`read_frame` refuses a file whose bytes no
+  longer match (a bit flipped on disk, a file edited or copied over), so a resumed run recomputes such a cell
+  instead of trusting it.  A file without a checksum (written before checksums) is read as it is;
 * a cell's file name carries a hash of the configuration it was computed under (the store's ``config`` and
   the cell's own ``key``), so a changed setting recomputes the cell instead of reusing a stale one, and two
   configurations (say a quick and a full run) can share one folder.
@@ -27,7 +30,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["CellStore", "config_hash", "write_atomic", "write_frame"]
+from .exceptions import CheckpointWarning, warn_user
+
+__all__ = ["CellStore", "ChecksumError", "config_hash", "read_frame", "write_atomic", "write_frame"]
+
+
+class ChecksumError(ValueError):
+    """A checkpoint file's bytes do not match the SHA-256 recorded beside it."""
 
 
 def write_atomic(path: Path, write: Callable[[str], object]) -> None:
@@ -44,8 +53,21 @@ def write_atomic(path: Path, write: Callable[[str], object]) -> None:
         raise
 
 
+def _checksum_path(p: Path) -> Path:
+    return p.with_name(p.name + ".sha256")
+
+
+def _file_digest(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_frame(frame: pd.DataFrame, path: str | os.PathLike[str]) -> None:
-    """Write ``frame`` atomically as parquet or CSV (by the suffix of ``path``), without the index."""
+    """Write ``frame`` atomically as parquet or CSV (by the suffix of ``path``), without the index, and its
+    SHA-256 beside it (``<path>.sha256``, also atomic)."""
     p = Path(path)
     if p.suffix == ".parquet":
         write_atomic(p, lambda tmp: frame.to_parquet(tmp, index=False))
@@ -53,6 +75,27 @@ def write_frame(frame: pd.DataFrame, path: str | os.PathLike[str]) -> None:
         write_atomic(p, lambda tmp: frame.to_csv(tmp, index=False))
     else:
         raise ValueError(f"path must end in .parquet or .csv, got {str(path)!r}.")
+    digest = _file_digest(p)
+    write_atomic(_checksum_path(p), lambda tmp: Path(tmp).write_text(digest + "\n"))
+
+
+def read_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read a frame written by :func:`write_frame`, checking its SHA-256 when one is recorded beside it.
+
+    Raises
+    ------
+    ChecksumError
+        If the file's bytes differ from the recorded checksum (the file was damaged or replaced).
+    """
+    p = Path(path)
+    sidecar = _checksum_path(p)
+    if sidecar.is_file():
+        recorded = sidecar.read_text().strip()
+        actual = _file_digest(p)
+        if actual != recorded:
+            raise ChecksumError(f"{p.name} does not match its recorded SHA-256 ({recorded[:12]}..., file "
+                                f"{actual[:12]}...): the file was damaged or replaced after it was written.")
+    return pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
 
 
 def _canonical(value: Any) -> Any:
@@ -121,7 +164,7 @@ class CellStore:
         if not p.is_file():
             raise FileNotFoundError(f"cell {name!r} is not stored in {str(self.directory)!r} under this "
                                     "configuration; run the job (with resume=True) to compute it.")
-        return pd.read_parquet(p) if self.fmt == "parquet" else pd.read_csv(p)
+        return read_frame(p)
 
     def write(self, name: str, frame: pd.DataFrame, key: Mapping[str, Any] | None = None) -> None:
         """Store ``frame`` as cell ``name`` (atomically)."""
@@ -134,6 +177,9 @@ class CellStore:
         The frame returned after computing is the stored one read back, so that a fresh and a resumed run
         return identical frames (same dtypes and float round trip)."""
         if self.resume and self.done(name, key):
-            return self.read(name, key)
+            try:
+                return self.read(name, key)
+            except ChecksumError as err:
+                warn_user(f"stored cell {name!r}: {err} Recomputing it.", CheckpointWarning)
         self.write(name, compute(), key)
         return self.read(name, key)

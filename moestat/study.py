@@ -77,7 +77,7 @@ from .cells import (
     register_metric,
     status_from,
 )
-from .checkpoint import write_atomic, write_frame
+from .checkpoint import read_frame, write_atomic, write_frame
 from .exceptions import CheckpointWarning, StudyConfigError, StudyFailureWarning, warn_user
 from .experts import EXPERTS, get_expert
 from .gates import GATES
@@ -927,8 +927,8 @@ def _stored_cell(path: Path, cell_id: str, reps: int) -> pd.DataFrame | None:
         warn_user(f"stored cell {path.name} {why}; recomputing it.", CheckpointWarning)
 
     try:
-        frame = pd.read_parquet(path)
-    except Exception as err:  # any unreadable file: truncated, garbage, another format
+        frame = read_frame(path)
+    except Exception as err:  # any unreadable file: truncated, garbage, another format, a checksum mismatch
         reject(f"is damaged ({type(err).__name__}: {err})")
         return None
     if "cell" not in frame or set(frame["cell"]) != {cell_id}:

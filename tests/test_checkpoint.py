@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from moestat.checkpoint import CellStore, config_hash, write_atomic, write_frame
+from moestat.exceptions import CheckpointWarning
 
 
 def _frame(seed: int = 0) -> pd.DataFrame:
@@ -27,7 +28,7 @@ def test_a_writer_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_atomic(path, torn)
     assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["cell.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cell.csv", "cell.csv.sha256"]  # no temporary left
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -68,3 +69,31 @@ def test_store_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"path must end in \.parquet or \.csv"):
         write_frame(_frame(), tmp_path / "cell.txt")
     assert config_hash({"a": np.float64(1.0), "b": (1, 2)}) == config_hash({"b": [1, 2], "a": 1.0})
+
+
+def test_a_frame_file_changed_after_writing_fails_its_checksum(tmp_path):
+    from moestat.checkpoint import ChecksumError, read_frame, write_frame
+
+    frame = pd.DataFrame({"rep": [0, 1, 2], "loss": [0.5, 0.25, 0.125]})
+    path = tmp_path / "cell.parquet"
+    write_frame(frame, path)
+    assert (tmp_path / "cell.parquet.sha256").is_file()
+    pd.testing.assert_frame_equal(read_frame(path), frame)
+    edited = frame.assign(loss=[0.5, 0.25, 0.126])  # same shape and columns, one value changed
+    edited.to_parquet(path, index=False)
+    with pytest.raises(ChecksumError, match=r"cell\.parquet does not match its recorded SHA-256"):
+        read_frame(path)
+    (tmp_path / "cell.parquet.sha256").unlink()  # a file written before checksums is read as it is
+    pd.testing.assert_frame_equal(read_frame(path), edited)
+
+
+def test_cell_store_recomputes_a_cell_whose_checksum_fails(tmp_path):
+    from moestat.checkpoint import CellStore
+
+    store = CellStore(tmp_path, config={"n": 10}, fmt="parquet")
+    first = store.get("a", lambda: pd.DataFrame({"x": [1.0, 2.0]}))
+    path = store.path("a")
+    pd.DataFrame({"x": [1.0, 3.0]}).to_parquet(path, index=False)
+    with pytest.warns(CheckpointWarning, match="stored cell 'a'.*Recomputing"):
+        again = store.get("a", lambda: pd.DataFrame({"x": [1.0, 2.0]}))
+    pd.testing.assert_frame_equal(again, first)

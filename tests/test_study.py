@@ -213,10 +213,16 @@ def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path, worker
     assert len(resumed) == len(study.cells) * study.reps
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "swapped", "replicate_missing", "replicate_twice"])
-def test_resume_recomputes_damaged_or_foreign_cells_with_a_warning(tmp_path, damage):
-    """A resume trusts no cell file blindly: a torn, garbage, swapped or incomplete cell is recomputed (with a
-    CheckpointWarning naming it) and the final frame equals an uninterrupted run's, no row lost or repeated."""
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "swapped", "replicate_missing", "replicate_twice",
+                                    "edited_value"])
+@pytest.mark.parametrize("checksums", [True, False])
+def test_resume_recomputes_damaged_or_foreign_cells_with_a_warning(tmp_path, damage, checksums):
+    """A resume trusts no cell file blindly: a torn, garbage, swapped, incomplete or edited cell is recomputed (with
+    a CheckpointWarning naming it) and the final frame equals an uninterrupted run's, no row lost or repeated.
+    With the SHA-256 beside each cell any change is caught; without it (cells written before checksums) the
+    structural checks catch all but an edited value, which only a checksum can see."""
+    if damage == "edited_value" and not checksums:
+        pytest.skip("an edited value in a cell without a checksum is indistinguishable from a genuine one")
     s = _ols_study()
     reference = s.run(tmp_path / "ref", progress=False)
     out = tmp_path / "out"
@@ -229,10 +235,17 @@ def test_resume_recomputes_damaged_or_foreign_cells_with_a_warning(tmp_path, dam
         victim.write_bytes(b"not a parquet file")
     elif damage == "swapped":
         victim.write_bytes(other.read_bytes())
+    elif damage == "edited_value":
+        frame = pd.read_parquet(victim)
+        frame.loc[0, "objective"] = frame.loc[0, "objective"] * 0.5
+        frame.to_parquet(victim, index=False)
     else:
         frame = pd.read_parquet(victim)
         frame = frame[frame["rep"] != 2] if damage == "replicate_missing" else pd.concat([frame, frame.iloc[:1]])
         frame.to_parquet(victim, index=False)
+    if not checksums:
+        for sidecar in (out / "cells").glob("*.sha256"):
+            sidecar.unlink()
     with pytest.warns(ms.CheckpointWarning, match=rf"stored cell {victim.name} .*recomputing it"):
         resumed = s.run(out, resume=True, progress=False)
     _same(reference, resumed)
@@ -676,6 +689,7 @@ def test_cells_stored_before_status_rows_are_upgraded_on_resume(tmp_path):
     old.insert(old.columns.get_loc("converged") + 1, "status", ["gtol", "max_iter"] * 3)
     old.loc[1::2, "converged"] = False
     old.to_parquet(path, index=False)
+    path.with_name(path.name + ".sha256").unlink()  # cells of that time had no checksum beside them
     with pytest.warns(StudyFailureWarning, match="3 not converged"):
         df = s.run(tmp_path, progress=False)
     assert list(df["stop"]) == ["gtol", "max_iter"] * 3
