@@ -20,8 +20,10 @@ r"""Inference beyond the information matrix: bootstrap, the bootstrap LRT for k,
 
 from __future__ import annotations
 
+import sys
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,8 +33,10 @@ from scipy import stats
 
 from ._torch import to_numpy
 from ._validation import (
+    Boolean,
     Choice,
     Integer,
+    Optional,
     Seed,
     as_numeric,
     check_choice,
@@ -43,7 +47,7 @@ from ._validation import (
 from .exceptions import DegenerateFitWarning, warn_user
 from .fit.formula_fit import formula_inputs
 from .fit.mle import _check_data, fit_mle
-from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning
+from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning, sample_mixture
 from .gates import log_mixture_weights
 from .metrics.matching import optimal_assignment
 from .model import MoE
@@ -52,6 +56,84 @@ from .report import Result
 
 __all__ = ["BootstrapResult", "LRTResult", "SelectKResult", "bootstrap", "select_k", "split_start",
            "test_n_experts"]
+
+
+# ------------------------------------------------------------------------------------------ progress
+#: A run expected to take longer than this many seconds shows a progress bar under ``progress=None``.
+PROGRESS_AFTER_S = 10.0
+#: Rough seconds per unit of work (one start x observation x expert x coefficient) of a batched bootstrap refit,
+#: measured on one thread of a shared 2-core CPU (float64, d = 1, k = 2-3, n = 500-2000: 0.6-4e-6); used only to
+#: decide whether to show a bar.
+SECONDS_PER_UNIT = 2e-6
+
+
+def _interactive() -> bool:
+    """Whether Python runs interactively: a REPL (``sys.ps1``, ``python -i``) or an IPython / Jupyter shell."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
+def _expected_seconds(n_fits: int, starts: int, n: int, k: int, d: int) -> float:
+    """A rough run time of ``n_fits`` batched refits: :data:`SECONDS_PER_UNIT` x fits x starts x n x k x (d + 1)."""
+    return SECONDS_PER_UNIT * n_fits * starts * n * k * (d + 1)
+
+
+class _Stages:
+    """Progress of a batched computation, one step per stage (a batched refit cannot report inside its batch).
+
+    ``progress=True`` shows a tqdm bar at once, ``False`` never; ``None`` shows it in interactive sessions, when
+    ``expected_s`` exceeds :data:`PROGRESS_AFTER_S`, or from the first stage boundary at which the time so far,
+    extrapolated by the stages' ``weights`` (their relative cost), predicts a run longer than that."""
+
+    def __init__(self, desc: str, stages: Sequence[str], progress: bool | None, *,
+                 weights: Sequence[float] | None = None, expected_s: float | None = None) -> None:
+        if progress is not None and not isinstance(progress, (bool, np.bool_)):
+            raise TypeError(f"progress must be None (a bar for long or interactive runs), True or False, got "
+                            f"{progress!r}.")
+        self.desc, self.stages = desc, list(stages)
+        self.weights = np.asarray(weights if weights is not None else np.ones(len(self.stages)), dtype=float)
+        self.auto = progress is None
+        self.done, self.t0, self.bar = 0, time.perf_counter(), None
+        if progress or (self.auto and (_interactive() or (expected_s or 0.0) > PROGRESS_AFTER_S)):
+            self._open()
+
+    def _open(self) -> None:
+        from tqdm.auto import tqdm
+
+        # no rate or remaining time: stages differ in cost, so tqdm's extrapolation would mislead
+        self.bar = tqdm(total=len(self.stages), initial=self.done, desc=self.desc, leave=False,
+                        bar_format="{desc}: stage {n_fmt}/{total_fmt} done |{bar:10}| {elapsed} elapsed{postfix}")
+        self._describe()
+
+    def _describe(self) -> None:
+        if self.bar is not None and self.done < len(self.stages):
+            self.bar.set_postfix_str(f"now: {self.stages[self.done]}")
+
+    def step(self) -> None:
+        """The current stage is done: advance (and, under ``progress=None``, open the bar if the run looks long)."""
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self._describe()
+            return
+        spent = float(self.weights[:self.done].sum())
+        if self.auto and self.done < len(self.stages) and spent > 0:
+            predicted = (time.perf_counter() - self.t0) * float(self.weights.sum()) / spent
+            if predicted > PROGRESS_AFTER_S:
+                self._open()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> _Stages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _fitted_components(spec: MoE, p: Params, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -69,23 +151,11 @@ def _fitted_components(spec: MoE, p: Params, X: np.ndarray) -> tuple[np.ndarray,
 
 
 def _draw(spec: MoE, p: Params, X: np.ndarray, B: int, seeds: Sequence[np.random.SeedSequence]) -> np.ndarray:
-    """B responses per replicate from the fitted conditional density at fixed X: (R, B, n)."""
+    """B responses per replicate from the fitted conditional density at fixed X: (R, B, n) (replicate r draws
+    from ``seeds[r]`` with :func:`moestat.fit.results.sample_mixture`, the sampler of ``MLEFit.simulate``)."""
     w, mu, sd = _fitted_components(spec, p, X)
-    R, n, _ = w.shape
-    out = np.empty((R, B, n))
-    cum = np.cumsum(w, axis=-1)
-    for r in range(R):
-        rng = np.random.default_rng(seeds[r])
-        u = rng.uniform(size=(B, n))
-        z = np.minimum((u[..., None] > cum[r][None]).sum(-1), spec.k - 1)
-        mean = np.take_along_axis(np.broadcast_to(mu[r], (B, n, spec.k)), z[..., None], -1)[..., 0]
-        if spec.response == "poisson":
-            out[r] = rng.poisson(mean)
-        elif spec.response == "binomial":
-            out[r] = rng.uniform(size=(B, n)) < mean
-        else:
-            out[r] = mean + sd[r][z] * rng.standard_normal((B, n))
-    return out
+    return np.stack([sample_mixture(spec.response, w[r], mu[r], sd[r], B, np.random.default_rng(seeds[r]))
+                     for r in range(w.shape[0])])
 
 
 def split_start(spec_small: MoE, p: Params, X: np.ndarray, k_new: int, *, shift: float = 0.5) -> Params:
@@ -246,9 +316,9 @@ def _blocks_from_params(p: Params):
 
 @renamed_arguments(B="n_resamples")
 @validate_arguments(n_resamples=Integer(1), kind=Choice("parametric", "nonparametric"), restarts=Integer(1),
-                    seed=Seed())
+                    seed=Seed(), progress=Optional(Boolean()))
 def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str = "parametric", restarts: int = 2,
-              seed=None, **fit_kwargs) -> BootstrapResult:
+              seed=None, progress: bool | None = None, **fit_kwargs) -> BootstrapResult:
     r"""Bootstrap distribution of :math:`\hat\theta` with label alignment (module docstring).
 
     Parameters
@@ -267,6 +337,11 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         Random starts per refit, in addition to the warm start at :math:`\hat\theta`.
     seed : int or SeedSequence
         Replicate b draws from ``SeedSequence(seed).spawn(B)[b]``.
+    progress : bool or None
+        A tqdm bar over the stages (draw the resamples, refit them, align the labels): the B refits are one
+        batched fit, so the bar advances per stage, not per resample.  ``None`` (default) shows it in interactive
+        sessions or when the refits are expected to take more than :data:`PROGRESS_AFTER_S` seconds; ``False``
+        never.
     **fit_kwargs
         Passed to :func:`moestat.fit_mle` (default: the original fit's method, tol, max_iter, sd_floor).
 
@@ -291,37 +366,34 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     draw_seeds, fit_seed = ss.spawn(2)
     seeds = draw_seeds.spawn(B)
-    wb = None if w0 is None else np.broadcast_to(w0, (B, n)).copy()
-    if kind == "parametric":
-        Xb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy()
-        yb = _draw(spec, fit.params.batched(), Xn, B, [draw_seeds])[0]
-    elif w0 is None:
-        idx = np.stack([np.random.default_rng(s).integers(0, n, n) for s in seeds])
-        Xb, yb = Xn[0][idx], yn[0][idx]
-    else:
-        total = max(int(np.rint(w0.sum())), 1)
-        wb = np.stack([np.random.default_rng(s).multinomial(total, w0 / w0.sum()) for s in seeds]).astype(float)
-        Xb, yb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy(), np.broadcast_to(yn[0], (B, n)).copy()
-    opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
-            "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
-            "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns}
-    opts.update(fit_kwargs)
-    failed_data = np.zeros(B, dtype=bool)
-    if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed
-        for b in range(B):
-            try:
-                _check_data(spec, Xb[b], yb[b])
-            except ValueError:
-                failed_data[b] = True
-        keep = ~failed_data
-        Xb, yb = Xb[keep], yb[keep]
-        wb = None if wb is None else wb[keep]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", MLEConvergenceWarning)
-        warnings.simplefilter("ignore", DegenerateFitWarning)
-        bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb,
-                       feature_names=fit.layout.feature_names, **opts)
-    th = _align(spec, fit, bfit)
+    bar = _Stages("bootstrap", [f"draw {B} {kind} resamples", f"refit {B} resamples (one batched fit)",
+                                "align expert labels"], progress,
+                  expected_s=_expected_seconds(B, restarts + 1, n, spec.k, spec.d))
+    with bar:
+        Xb, yb, wb = _resamples(fit, Xn, yn, B, kind, w0, draw_seeds, seeds)
+        bar.step()
+        opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
+                "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
+                "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns}
+        opts.update(fit_kwargs)
+        failed_data = np.zeros(B, dtype=bool)
+        if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed
+            for b in range(B):
+                try:
+                    _check_data(spec, Xb[b], yb[b])
+                except ValueError:
+                    failed_data[b] = True
+            keep = ~failed_data
+            Xb, yb = Xb[keep], yb[keep]
+            wb = None if wb is None else wb[keep]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MLEConvergenceWarning)
+            warnings.simplefilter("ignore", DegenerateFitWarning)
+            bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb,
+                           feature_names=fit.layout.feature_names, **opts)
+        bar.step()
+        th = _align(spec, fit, bfit)
+        bar.step()
     ok = np.asarray(bfit._converged) & np.isfinite(bfit._loglik) & np.isfinite(th).all(-1)
     draws = np.full((B, fit.layout.size), np.nan)
     failed = np.ones(B, dtype=bool)
@@ -335,6 +407,24 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
     config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy,
               **{key: v for key, v in opts.items() if key not in ("gate_columns", "expert_columns")}}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
+
+
+def _resamples(fit: MLEFit, Xn: np.ndarray, yn: np.ndarray, B: int, kind: str, w0: np.ndarray | None,
+               draw_seeds: np.random.SeedSequence, seeds: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The B bootstrap data sets ``(X, y, case weights or None)`` of :func:`bootstrap`."""
+    n = Xn.shape[1]
+    wb = None if w0 is None else np.broadcast_to(w0, (B, n)).copy()
+    if kind == "parametric":
+        Xb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy()
+        yb = _draw(fit.spec, fit.params.batched(), Xn, B, [draw_seeds])[0]
+    elif w0 is None:
+        idx = np.stack([np.random.default_rng(s).integers(0, n, n) for s in seeds])
+        Xb, yb = Xn[0][idx], yn[0][idx]
+    else:
+        total = max(int(np.rint(w0.sum())), 1)
+        wb = np.stack([np.random.default_rng(s).multinomial(total, w0 / w0.sum()) for s in seeds]).astype(float)
+        Xb, yb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy(), np.broadcast_to(yn[0], (B, n)).copy()
+    return Xb, yb, wb
 
 
 # ---------------------------------------------------------------------------------------- LRT for k
@@ -413,23 +503,53 @@ def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, 
 
 
 def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, restarts: int, seed,
-              opts: dict) -> tuple[MLEFit, MLEFit]:
+              opts: dict, step: Callable[[], None] = lambda: None) -> tuple[MLEFit, MLEFit]:
+    """The k0 fit, then the k1 fit started from it split (:func:`split_start`); ``step`` is called after each."""
     s0, s1 = seed.spawn(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MLEConvergenceWarning)
         warnings.simplefilter("ignore", DegenerateFitWarning)
         f0 = fit_mle(spec0, X, y, init=init0, restarts=restarts, seed=s0, **opts)
+        step()
         start1 = split_start(spec0, f0.params.batched(), X, spec1.k)
         f1 = fit_mle(spec1, X, y, init=start1, restarts=restarts, seed=s1, **opts)
+        step()
     return f0, f1
 
 
+def _lrt_fits(spec0: MoE, spec1: MoE, Xn: np.ndarray, yn: np.ndarray, B: int, restarts: int,
+              s_data: np.random.SeedSequence, s_draw: np.random.SeedSequence, s_boot: np.random.SeedSequence,
+              opts: dict, bar: _Stages) -> tuple[MLEFit, MLEFit, np.ndarray, tuple[MLEFit, MLEFit]]:
+    """The k0 and k1 fits to the data, the statistic, and the fits to the R x B null resamples."""
+    k0, k1 = spec0.k, spec1.k
+    R, n, _ = Xn.shape
+    f0, f1 = _fit_pair(spec0, spec1, Xn, yn, init0="random", restarts=restarts, seed=s_data, opts=opts,
+                       step=bar.step)
+    for kk, f in ((k0, f0), (k1, f1)):
+        found = f.degeneracy()
+        if not found.empty:
+            kinds = ", ".join(sorted(set(found["kind"].str.replace("_", " "))))
+            warn_user(f"the k={kk} fit to the data is degenerate ({kinds}; fit{0 if kk == k0 else 1}.degeneracy() "
+                      "lists it): the likelihood-ratio statistic compares a degenerate maximum and its p-value is not "
+                      "trustworthy; raise sd_floor, drop k, or use a family that fits the data.", DegenerateFitWarning)
+    lr = 2 * (np.asarray(f1._loglik) - np.asarray(f0._loglik))
+    ystar = _draw(spec0, f0.params.batched(), Xn, B, s_draw.spawn(R))  # (R, B, n)
+    Xs = np.repeat(Xn, B, axis=0)
+    ys = ystar.reshape(R * B, n)
+    p0 = f0.params.batched().numpy()
+    init0 = Params(**{name: np.repeat(a, B, axis=0) for name, a in p0.blocks()})
+    g0, g1 = _fit_pair(spec0, spec1, Xs, ys, init0=init0, restarts=restarts, seed=s_boot, opts=opts,
+                       step=bar.step)
+    return f0, f1, lr, (g0, g1)
+
+
 @renamed_arguments(B="n_resamples")
-@validate_arguments(k0=Integer(1), k1=Integer(2), n_resamples=Integer(1), restarts=Integer(1), seed=Seed())
+@validate_arguments(k0=Integer(1), k1=Integer(2), n_resamples=Integer(1), restarts=Integer(1), seed=Seed(),
+                    progress=Optional(Boolean()))
 def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 99, *, formula: str | None = None,
                    data=None, gate_formula: str | None = None, weights=None, gate: str = "softmax",
                    expert: str = "linear", method: str = "em", restarts: int = 3, seed=None,
-                   **fit_kwargs) -> LRTResult:
+                   progress: bool | None = None, **fit_kwargs) -> LRTResult:
     r"""Parametric bootstrap LRT of :math:`H_0: k = k_0` against :math:`k = k_1` (module docstring).
 
     Parameters
@@ -450,6 +570,11 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
         non-finite statistic are failures (excluded, not redrawn); refits that hit ``max_iter`` are kept
         and counted in ``n_not_converged``.
     seed : int or SeedSequence
+    progress : bool or None
+        A tqdm bar over the four stages (fit k0, fit k1 to the data; refit k0, refit k1 to the R x B null
+        resamples, each one batched fit).  ``None`` (default) shows it in interactive sessions, or once the time
+        of the data fits, extrapolated to the bootstrap refits, predicts more than :data:`PROGRESS_AFTER_S`
+        seconds; ``False`` never.
 
     Returns
     -------
@@ -471,21 +596,14 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     s_data, s_draw, s_boot = ss.spawn(3)
     opts = {"method": method, "tol": 1e-6, "max_iter": 1000, **fit_kwargs}
-    f0, f1 = _fit_pair(spec0, spec1, Xn, yn, init0="random", restarts=restarts, seed=s_data, opts=opts)
-    for kk, f in ((k0, f0), (k1, f1)):
-        found = f.degeneracy()
-        if not found.empty:
-            kinds = ", ".join(sorted(set(found["kind"].str.replace("_", " "))))
-            warn_user(f"the k={kk} fit to the data is degenerate ({kinds}; fit{0 if kk == k0 else 1}.degeneracy() "
-                      "lists it): the likelihood-ratio statistic compares a degenerate maximum and its p-value is not "
-                      "trustworthy; raise sd_floor, drop k, or use a family that fits the data.", DegenerateFitWarning)
-    lr = 2 * (np.asarray(f1._loglik) - np.asarray(f0._loglik))
-    ystar = _draw(spec0, f0.params.batched(), Xn, B, s_draw.spawn(R))  # (R, B, n)
-    Xs = np.repeat(Xn, B, axis=0)
-    ys = ystar.reshape(R * B, n)
-    p0 = f0.params.batched().numpy()
-    init0 = Params(**{name: np.repeat(a, B, axis=0) for name, a in p0.blocks()})
-    g0, g1 = _fit_pair(spec0, spec1, Xs, ys, init0=init0, restarts=restarts, seed=s_boot, opts=opts)
+    # stage weights: a batched refit of R x B data sets from a warm start costs about as much as R x B / 4 fits
+    # from random starts (a rough guide for when to show the bar, never a promise of the remaining time)
+    resamples = f"{R * B} null resamples"
+    with _Stages("test_n_experts", [f"fit k={k0} to the data", f"fit k={k1} to the data",
+                                    f"refit k={k0} to {resamples}", f"refit k={k1} to {resamples}"], progress,
+                 weights=[1.0, 1.0, max(R * B / 4, 1.0), max(R * B / 4, 1.0)]) as bar:
+        f0, f1, lr, null_fits = _lrt_fits(spec0, spec1, Xn, yn, B, restarts, s_data, s_draw, s_boot, opts, bar)
+    g0, g1 = null_fits
     lr_star = 2 * (np.asarray(g1._loglik) - np.asarray(g0._loglik))
     ok = np.isfinite(lr_star)
     not_conv = (~(np.asarray(g0._converged) & np.asarray(g1._converged))).reshape(R, B).sum(1)
@@ -536,10 +654,20 @@ class SelectKResult(Result):
 _SPURIOUS = {"vanishing_component", "sigma_at_floor", "collapsed_variance", "tied_responses"}
 
 
-@validate_arguments(criterion=Choice("bic", "icl", "aic"), restarts=Integer(1), seed=Seed())
+def _fit_one_k(spec: MoE, X: np.ndarray, y: np.ndarray, *, method: str, restarts: int,
+               seed: np.random.SeedSequence, fit_kwargs: dict) -> MLEFit:
+    """One fit of :func:`select_k` (its degeneracy is reported in the table, not warned per fit)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateFitWarning)
+        return fit_mle(spec, X, y, method=method, restarts=restarts, seed=seed, **fit_kwargs)
+
+
+@validate_arguments(criterion=Choice("bic", "icl", "aic"), restarts=Integer(1), seed=Seed(),
+                    progress=Optional(Boolean()))
 def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str | None = None, data=None,
              gate_formula: str | None = None, weights=None, criterion: str = "bic", gate: str = "softmax",
-             expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, **fit_kwargs) -> SelectKResult:
+             expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, progress: bool | None = None,
+             **fit_kwargs) -> SelectKResult:
     r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).
 
     Returns a :class:`SelectKResult` whose ``table`` has one row per k with loglik, df, AIC, BIC, ICL,
@@ -551,6 +679,10 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     marked, since a sharp regime switch is a legitimate model.
     One data set: ``X`` of shape (n, d) and ``y``, or ``formula`` and ``data`` (with
     ``gate_formula`` and ``weights`` as in :func:`moestat.fit_mle`).
+
+    ``progress``: a tqdm bar advancing once per k (each k is one fit with all its restarts batched).  ``None``
+    (default) shows it in interactive sessions, or once the fits so far, extrapolated to the remaining k (a fit's
+    cost taken proportional to k), predict more than :data:`PROGRESS_AFTER_S` seconds; ``False`` never.
     """
     check_choice("criterion", criterion, ("bic", "icl", "aic"))
     ks = [check_int("ks", k) for k in ks]
@@ -563,18 +695,17 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
         raise ValueError(f"select_k needs X of shape (n, d), got shape {Xa.shape}.")
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     fits, rows = {}, []
-    for k, s in zip(ks, ss.spawn(len(ks)), strict=True):
-        spec = MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1], response=family)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DegenerateFitWarning)
-            f = fit_mle(spec, Xa, y, method=method, restarts=restarts, seed=s, **fit_kwargs)
-        fits[k] = f
-        g = f.glance().iloc[0]
-        found = f.degeneracy()
-        rows.append({"k": k, "loglik": g["loglik"], "df": g["df"], "aic": g["aic"], "bic": g["bic"],
-                     "icl": g["icl"], "converged": g["converged"], "n_small": g["n_small"],
-                     "n_at_floor": int(np.asarray(f.at_floor).sum()),
-                     "degenerate": ", ".join(sorted(set(found["kind"]))) if not found.empty else ""})
+    with _Stages("select_k", [f"k={k}" for k in ks], progress, weights=[float(k) for k in ks]) as bar:
+        for k, s in zip(ks, ss.spawn(len(ks)), strict=True):
+            fits[k] = f = _fit_one_k(MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1], response=family), Xa, y,
+                                     method=method, restarts=restarts, seed=s, fit_kwargs=fit_kwargs)
+            bar.step()
+            g = f.glance().iloc[0]
+            found = f.degeneracy()
+            rows.append({"k": k, "loglik": g["loglik"], "df": g["df"], "aic": g["aic"], "bic": g["bic"],
+                         "icl": g["icl"], "converged": g["converged"], "n_small": g["n_small"],
+                         "n_at_floor": int(np.asarray(f.at_floor).sum()),
+                         "degenerate": ", ".join(sorted(set(found["kind"]))) if not found.empty else ""})
     table = pd.DataFrame(rows)
     # a step-like gate is marked but kept: a sharp regime switch is a legitimate model; the kinds that skip a fit are
     # those whose likelihood maximum is spurious (a component with no data or a variance chasing zero)

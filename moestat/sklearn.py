@@ -1,4 +1,4 @@
-"""scikit-learn estimator for Gaussian mixtures of experts: :class:`MoERegressor`.
+"""scikit-learn estimator for mixtures of experts (Gaussian, Poisson or binomial experts): :class:`MoERegressor`.
 
 Follows the scikit-learn contract: the constructor only stores hyper-parameters, :meth:`fit` validates
 and returns ``self``, learned state ends in ``_``; verified with
@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .exceptions import warn_user
 from .fit.mle import fit_mle
@@ -22,7 +22,7 @@ from .model import MoE
 
 
 class MoERegressor(RegressorMixin, BaseEstimator):
-    """Maximum-likelihood Gaussian mixture of experts as a scikit-learn regressor.
+    """Maximum-likelihood mixture of experts as a scikit-learn regressor (:func:`moestat.fit_mle` underneath).
 
     Parameters
     ----------
@@ -42,6 +42,13 @@ class MoERegressor(RegressorMixin, BaseEstimator):
     device : str
         ``"auto"``, ``"cpu"`` or ``"cuda"``.
     random_state : int, RandomState or None
+    family : {"gaussian", "poisson", "binomial"}
+        The experts' response distribution (:func:`moestat.fit_mle`'s ``family``): Gaussian experts, or GLM experts
+        for counts (log link) and 0/1 responses (logit link).  ``predict`` is then the mixture's mean rate or
+        probability.
+    gate_columns, expert_columns : sequence of int, optional
+        The columns of ``X`` the gate and the experts use (default: all), as in :func:`moestat.fit_mle`: e.g. a gate
+        on a concomitant variable only.
 
     Attributes
     ----------
@@ -50,7 +57,8 @@ class MoERegressor(RegressorMixin, BaseEstimator):
     params_ : moestat.Params
     loglik_, bic_ : float
     n_features_in_ : int
-
+    feature_names_in_ : ndarray of str
+        The columns of a DataFrame ``X`` (set by scikit-learn); they name the terms of ``fit_.summary()``.
     converged_ : bool
     n_iter_ : int
         Iterations of the selected start.
@@ -65,7 +73,8 @@ class MoERegressor(RegressorMixin, BaseEstimator):
 
     def __init__(self, n_experts: int = 2, gate: str = "softmax", expert: str = "linear", method: str = "auto",
                  restarts: int = 5, top_k: int | None = None, tol: float = 1e-8, max_iter: int | None = None,
-                 sd_floor: float = 1e-3, device: str = "auto", random_state=None) -> None:
+                 sd_floor: float = 1e-3, device: str = "auto", random_state=None, family: str = "gaussian",
+                 gate_columns=None, expert_columns=None) -> None:
         self.n_experts = n_experts
         self.gate = gate
         self.expert = expert
@@ -77,22 +86,37 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         self.sd_floor = sd_floor
         self.device = device
         self.random_state = random_state
+        self.family = family
+        self.gate_columns = gate_columns
+        self.expert_columns = expert_columns
 
     def _spec(self, d: int) -> MoE:
-        return MoE(gate=self.gate, expert=self.expert, k=self.n_experts, d=d, top_k=self.top_k)
+        return MoE(gate=self.gate, expert=self.expert, k=self.n_experts, d=d, top_k=self.top_k,
+                   response=self.family)
 
-    def fit(self, X, y):
-        """Fit by maximum likelihood; returns ``self``."""
+    def fit(self, X, y, sample_weight=None):
+        """Fit by maximum likelihood; returns ``self``.
+
+        ``sample_weight`` (n,): case weights :math:`c_t \\ge 0`, the log-likelihood
+        :math:`\\sum_t c_t\\log p(y_t\\mid x_t)` (integer weights fit as the rows repeated; see
+        :func:`moestat.fit_mle`'s ``weights``).  The columns of a DataFrame ``X`` name the terms of the summary.
+        """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64, ensure_min_samples=2)
+        weights = None
+        if sample_weight is not None:
+            weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
         spec = self._spec(X.shape[1])
         method = self.method
         if method == "auto":
             method = "em" if spec.gate == "softmax" and spec.expert in ("linear", "constant") else "gradient"
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
+        names = getattr(self, "feature_names_in_", None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MLEConvergenceWarning)
             fit = fit_mle(spec, X, y, method=method, restarts=self.restarts, tol=self.tol, max_iter=self.max_iter,
-                          sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn")
+                          sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn",
+                          weights=weights, gate_columns=self.gate_columns, expert_columns=self.expert_columns,
+                          feature_names=None if names is None else [str(c) for c in names])
         if not fit.converged:
             warn_user("the best start did not converge; increase max_iter.", MLEConvergenceWarning)
         self.fit_ = fit
@@ -108,6 +132,25 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "fit_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return np.asarray(self.fit_.predict(X), dtype=np.float64)
+
+    def predict_quantile(self, X, q):
+        """Quantiles ``q`` of the fitted predictive distribution at X (:meth:`moestat.MLEFit.predict`,
+        ``kind="quantile"``): (m,) for a scalar ``q``, else (m, len(q))."""
+        check_is_fitted(self, "fit_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        return np.asarray(self.fit_.predict(X, "quantile", q=q), dtype=np.float64)
+
+    def predict_interval(self, X, confidence_level: float = 0.95):
+        """Central prediction intervals of coverage ``confidence_level`` at X, shape (m, 2)
+        (:meth:`moestat.MLEFit.predict`)."""
+        check_is_fitted(self, "fit_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        return np.asarray(self.fit_.predict(X, "interval", confidence_level=confidence_level), dtype=np.float64)
+
+    def summary(self, **kwargs):
+        """The fit's :meth:`moestat.MLEFit.summary` (terms named by the columns of a DataFrame ``X``)."""
+        check_is_fitted(self, "fit_")
+        return self.fit_.summary(**kwargs)
 
     def gate_probs(self, X):
         """Mixture weights of each expert at X, shape (m, k)."""

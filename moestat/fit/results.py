@@ -19,22 +19,31 @@ Information criteria (lower is better; ``df`` = length of :math:`\theta`):
 :math:`\mathrm{ICL} = \mathrm{BIC} + 2\,\mathrm{EN}` with the posterior entropy
 :math:`\mathrm{EN} = -\sum_t\sum_i\tau_{ti}\log\tau_{ti}` (Biernacki, Celeux & Govaert 2000; the form
 flexmix's ``ICL`` uses).
+
+The predictive side reads the fitted conditional distribution
+:math:`F(y\mid x) = \sum_i \tilde\pi_i(x) F_i(y\mid x)` (Jordan & Jacobs 1994): :meth:`MLEFit.predict` gives its
+mean, quantiles (bisection on :func:`mixture_cdf`, :func:`mixture_quantile`) and central prediction intervals,
+:meth:`MLEFit.simulate` draws from it (:func:`sample_mixture`, also the parametric bootstrap's sampler), and
+:meth:`MLEFit.posterior_frame` tabulates the posterior expert probabilities with the MAP expert.
+:meth:`MLEFit.summary` groups the coefficients per gate row and expert (:class:`MLESummary`) and
+:meth:`MLEFit.plot` draws the fit (:mod:`moestat.fit.plots`).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
+from scipy import special, stats
 
 from .._torch import to_numpy, to_tensor
-from .._validation import check_choice
+from .._validation import Seed, check_choice, check_int
 from ..exceptions import DegenerateFitWarning, MLEConvergenceWarning, SingularInformationWarning, warn_user
 from ..gates import log_mixture_weights
 from ..model import MoE
@@ -57,6 +66,121 @@ SEPARATION_LOGIT_PER_SD = 20.0
 TIED_SHARE = 0.5
 
 
+def _check_probabilities(name: str, q: Any) -> np.ndarray:
+    """``q`` as a 1-d float array of probabilities strictly inside (0, 1)."""
+    try:
+        arr = np.atleast_1d(np.asarray(q, dtype=float))
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a probability or a sequence of probabilities in (0, 1), got {q!r}.") from None
+    if arr.ndim != 1 or arr.size == 0 or not np.all((arr > 0) & (arr < 1)):
+        raise ValueError(f"{name} must be a probability or a 1-d sequence of probabilities strictly between 0 and 1 "
+                         f"(e.g. 0.9 or [0.1, 0.5, 0.9]), got {q!r}.")
+    return arr
+
+
+def mixture_cdf(y: Any, weights: np.ndarray, means: np.ndarray, sd: Any = 1.0,
+                response: str = "gaussian") -> np.ndarray:
+    r"""The mixture CDF :math:`F(y\mid x) = \sum_i \pi_i F_i(y)` of Gaussian, Poisson or Bernoulli components.
+
+    :math:`F_i(y) = \Phi((y - \mu_i)/\sigma_i)` (``"gaussian"``), the Poisson CDF with rate :math:`\mu_i`, or the
+    Bernoulli CDF with success probability :math:`\mu_i` (``"binomial"``, one trial).  ``y`` has shape ``(...,)``
+    and ``weights``, ``means`` (and ``sd``) shape ``(..., k)`` or anything broadcasting against ``y[..., None]``.
+    """
+    yv = np.asarray(y, dtype=float)[..., None]
+    if response == "gaussian":
+        comp = special.ndtr((yv - means) / sd)
+    elif response == "poisson":
+        comp = stats.poisson.cdf(yv, means)
+    elif response == "binomial":
+        comp = stats.binom.cdf(yv, 1, means)
+    else:
+        raise ValueError(f"response={response!r} is not supported; valid values are ['binomial', 'gaussian', "
+                         "'poisson'].")
+    return (weights * comp).sum(-1)
+
+
+def _component_quantiles(probs: np.ndarray, means: np.ndarray, sd: np.ndarray, response: str) -> np.ndarray:
+    """Each component's ``probs``-quantile: shape (..., m, Q, k) from means (..., m, k), sd (..., 1, k)."""
+    p = probs[:, None]
+    if response == "gaussian":
+        return means[..., None, :] + sd[..., None, :] * special.ndtri(p)
+    if response == "poisson":
+        return stats.poisson.ppf(p, means[..., None, :])
+    return stats.binom.ppf(p, 1, means[..., None, :])
+
+
+def mixture_quantile(probs: Any, weights: np.ndarray, means: np.ndarray, sd: Any = 1.0,
+                     response: str = "gaussian") -> np.ndarray:
+    r"""Quantiles :math:`F^{-1}(q\mid x)` of the mixture :func:`mixture_cdf`, vectorised over inputs and ``probs``.
+
+    The quantile lies in :math:`[\min_i Q_i(q), \max_i Q_i(q)]` over the components with positive weight
+    (:math:`Q_i` the component quantile): at the lower end every :math:`F_i \le q`, at the upper end every
+    :math:`F_i \ge q`, and :math:`F` is their convex combination.  Gaussian mixtures: bisection on :math:`F` inside
+    that bracket down to the floating-point resolution of :math:`y`.  Poisson and Bernoulli mixtures: integer
+    bisection for the smallest :math:`y` with :math:`F(y) \ge q`.
+
+    Parameters
+    ----------
+    probs : array (Q,)
+        Probabilities in (0, 1).
+    weights, means : array (..., m, k)
+        Mixture weights (summing to one over k) and component means (rates / probabilities for GLM components).
+    sd : array (..., 1, k) or float
+        Gaussian components' sds (ignored otherwise).
+    response : {"gaussian", "poisson", "binomial"}
+
+    Returns
+    -------
+    ndarray (..., m, Q)
+    """
+    probs = _check_probabilities("probs", probs)
+    w, mu = np.asarray(weights, dtype=float), np.asarray(means, dtype=float)
+    sd = np.broadcast_to(np.asarray(sd, dtype=float), (*mu.shape[:-2], 1, mu.shape[-1]))
+    comp = _component_quantiles(probs, mu, sd, response)
+    live = (w > 0)[..., None, :]
+    lo = np.where(live, comp, np.inf).min(-1)
+    hi = np.where(live, comp, -np.inf).max(-1)
+    W, M, S = w[..., None, :], mu[..., None, :], sd[..., None, :]
+
+    def below(y: np.ndarray) -> np.ndarray:
+        return mixture_cdf(y, W, M, S, response) < probs
+
+    if response != "gaussian":  # smallest integer y with F(y) >= q: F(lo) < q <= F(hi) throughout
+        lo = lo - 1
+        while np.any(hi - lo > 1):
+            mid = np.floor((lo + hi) / 2)
+            low = below(mid)
+            lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+        return hi
+    for _ in range(200):  # each step halves the bracket; 200 steps reach any float64 resolution
+        mid = 0.5 * (lo + hi)
+        low = below(mid)
+        lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
+        if np.all(hi - lo <= 4 * np.finfo(float).eps * np.maximum(np.abs(lo), np.abs(hi)) + 1e-300):
+            break
+    return 0.5 * (lo + hi)
+
+
+def sample_mixture(response: str, weights: np.ndarray, means: np.ndarray, sd: np.ndarray, n_draws: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    r"""``n_draws`` responses per input from a mixture: weights and means (n, k), sds (k,); returns (n_draws, n).
+
+    An expert :math:`z_t` per draw and input by inverse-CDF sampling of the weights, then a normal (mean
+    :math:`\mu_{tz}`, sd :math:`\sigma_z`), Poisson (rate :math:`\mu_{tz}`) or Bernoulli (probability
+    :math:`\mu_{tz}`) draw.  The one sampler of :meth:`MLEFit.simulate` and the parametric bootstrap.
+    """
+    n, k = weights.shape
+    cum = np.cumsum(weights, axis=-1)
+    u = rng.uniform(size=(n_draws, n))
+    z = np.minimum((u[..., None] > cum[None]).sum(-1), k - 1)
+    mean = np.take_along_axis(np.broadcast_to(means, (n_draws, n, k)), z[..., None], -1)[..., 0]
+    if response == "poisson":
+        return rng.poisson(mean).astype(float)
+    if response == "binomial":
+        return (rng.uniform(size=(n_draws, n)) < mean).astype(float)
+    return mean + np.asarray(sd)[z] * rng.standard_normal((n_draws, n))
+
+
 @dataclass
 class WaldTest:
     """Result of :meth:`MLEFit.wald_test` (arrays over replicates when the fit is batched)."""
@@ -68,6 +192,84 @@ class WaldTest:
 
     def __repr__(self) -> str:
         return f"WaldTest(statistic={self.statistic}, df={self.df}, p_value={self.p_value}, kind={self.kind!r})"
+
+
+@dataclass(repr=False)
+class MLESummary(Summary):
+    """The :class:`moestat.report.Summary` of an :class:`MLEFit`, its coefficients grouped in one block per gate
+    row and per expert (flexmix's ``summary(refit(m))``, one table per component).
+
+    ``coef`` keeps the flat coefficient table (one row per term of :attr:`MLEFit.param_names`); ``blocks`` holds
+    ``(title, table)`` pairs with the same rows, grouped; every renderer (text, HTML, LaTeX) prints the blocks."""
+
+    blocks: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+
+    def _header_lines(self, width: int) -> list[str]:
+        items = list(self.header.items())
+        half = (len(items) + 1) // 2
+        lines = []
+        for left, right in zip(items[:half], items[half:] + [("", "")] * (2 * half - len(items)), strict=True):
+            lt = f"{left[0] + ':':<16}{left[1]!s:>26}"
+            rt = f"{right[0] + ':':<16}{right[1]!s:>26}" if right[0] else ""
+            lines.append(f"{lt}    {rt}")
+        return lines
+
+    def as_text(self) -> str:
+        w = 88
+        lines = ["=" * w, self.title.center(w), "=" * w, *self._header_lines(w)]
+        with pd.option_context("display.float_format", "{:.4f}".format, "display.width", w):
+            for title, table in self.blocks:
+                lines += ["-" * w, title, table.to_string()]
+            if len(self.components):
+                lines += ["-" * w, "Components", self.components.to_string()]
+        lines.append("=" * w)
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def as_html(self) -> str:
+        """The summary as an HTML fragment: header table, one titled table per block, components, notes."""
+        import html
+
+        head = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in self.header.items())
+        parts = [f"<h4>{html.escape(self.title)}</h4>", f"<table>{head}</table>"]
+        for title, table in self.blocks:
+            parts += [f"<h5>{html.escape(title)}</h5>", table.to_html(float_format="{:.4f}".format)]
+        if len(self.components):
+            parts += ["<h5>Components</h5>", self.components.to_html(float_format="{:.4f}".format)]
+        parts += [f"<p>Note: {html.escape(n)}</p>" for n in self.notes]
+        return "\n".join(parts)
+
+    _repr_html_ = as_html
+
+    def as_latex(self) -> str:
+        """The summary as LaTeX: a ``tabular`` for the header, then per block a bold title and its ``tabular``."""
+        head = pd.DataFrame({"value": [str(v) for v in self.header.values()]},
+                            index=pd.Index([str(k) for k in self.header], name="item"))
+        parts = [f"% {_tex(self.title)}", _tex_table(head)]
+        for title, table in self.blocks:
+            parts.append(f"\\noindent\\textbf{{{_tex(title)}}}\\par\n" + _tex_table(table.rename_axis("term")))
+        if len(self.components):
+            parts.append("\\noindent\\textbf{Components}\\par\n" + _tex_table(self.components))
+        parts += [f"% Note: {_tex(n)}" for n in self.notes]
+        return "\n\n".join(parts)
+
+
+_TEX_SPECIAL = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
+                "{": r"\{", "}": r"\}"}
+
+
+def _tex(x: Any) -> str:
+    """A cell or title as LaTeX text: floats with 4 decimals, specials escaped in one pass."""
+    text = f"{x:.4f}" if isinstance(x, (float, np.floating)) else str(x)
+    return re.sub(r"[\\_%&#${}]", lambda m: _TEX_SPECIAL[m.group()], text)
+
+
+def _tex_table(frame: pd.DataFrame) -> str:
+    flat = frame.reset_index()
+    rows = [" & ".join(_tex(c) for c in flat.columns) + r" \\ \hline"]
+    rows += [" & ".join(_tex(v) for v in r) + r" \\" for r in flat.itertuples(index=False)]
+    return "\\begin{tabular}{" + "l" * int(flat.shape[1]) + "}\n" + "\n".join(rows) + "\n\\end{tabular}"
 
 
 class MLEFit(FitResult):
@@ -545,36 +747,189 @@ class MLEFit(FitResult):
                              f"{names}); pass a frame with those columns, or an array in that column order.")
         return X[names].to_numpy(dtype=float, copy=True)
 
-    def gate_probs(self, X: Any) -> Any:
-        r"""Normalised mixture weights :math:`\tilde\pi_i(x)`, (m, k) or (R, m, k)."""
-        Xt, _ = self._data(X)
+    def _weights_np(self, Xt: torch.Tensor) -> np.ndarray:
+        """Normalised mixture weights at the (R, m, d) inputs ``Xt``: (R, m, k)."""
         b = self._blocks
         logits = Xt @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
         lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature,
                                  n_shared=self.spec.n_shared)
-        return self._out(to_numpy(lw.exp()))
+        return to_numpy(lw.exp())
 
-    def expert_means(self, X: Any) -> Any:
-        """Expert regression functions :math:`h(x;\\eta_i)`, (m, k) or (R, m, k)."""
-        Xt, _ = self._data(X)
+    def _means_np(self, Xt: torch.Tensor) -> np.ndarray:
+        """Expert mean responses at the (R, m, d) inputs ``Xt``: (R, m, k)."""
         b = self._blocks
         pre = Xt @ b.expert_weight.transpose(-1, -2) + b.expert_bias.unsqueeze(-2)
         if not self.spec.family.input_dependent:
             pre = b.expert_bias.unsqueeze(-2).expand_as(pre)
-        return self._out(to_numpy(self.spec.expert_response_mean(pre)))
+        return to_numpy(self.spec.expert_response_mean(pre))
 
-    def predict(self, X: Any) -> Any:
-        r"""Conditional mean of the fitted density, :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)`.
+    def _predictive(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Weights (R, m, k), expert means (R, m, k) and noise sds (R, 1, k) of the predictive distribution at X
+        (the training inputs when X is None); the sds are ones for GLM experts (unused there)."""
+        Xt = self._X if X is None else self._data(X)[0]
+        return self._weights_np(Xt), self._means_np(Xt), to_numpy(self._blocks.noise_sd)[:, None, :]
 
-        For sigmoid gates this uses the *normalised* weights of the density (not
-        :meth:`moestat.MoE.mean`, the unnormalised regression function of the least-squares papers).
+    def gate_probs(self, X: Any) -> Any:
+        r"""Normalised mixture weights :math:`\tilde\pi_i(x)`, (m, k) or (R, m, k)."""
+        return self._out(self._weights_np(self._data(X)[0]))
+
+    def expert_means(self, X: Any) -> Any:
+        """Expert regression functions :math:`h(x;\\eta_i)`, (m, k) or (R, m, k); for GLM experts the mean response
+        :math:`g^{-1}(a_i^\\top x + b_i)` (a Poisson expert's rate, a binomial expert's probability)."""
+        return self._out(self._means_np(self._data(X)[0]))
+
+    def predict(self, X: Any, kind: str = "mean", *, q: Any = None, confidence_level: float = 0.95) -> Any:
+        r"""Predictions from the fitted conditional (mixture) distribution of :math:`y` given :math:`x`.
+
+        The predictive distribution is the fitted mixture (Jordan & Jacobs 1994)
+        :math:`F(y\mid x) = \sum_i \tilde\pi_i(x)\, F_i(y\mid x)`, with :math:`F_i` the normal CDF
+        :math:`\Phi((y - h(x;\eta_i))/\sigma_i)` for Gaussian experts, or the Poisson / Bernoulli CDF at the
+        expert's mean for GLM experts.
+
+        Parameters
+        ----------
+        X : array (m, d) or DataFrame
+            New inputs (a frame is read by column name; see :meth:`gate_probs`).
+        kind : {"mean", "quantile", "interval"}
+            ``"mean"``: the conditional mean :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)` (for sigmoid
+            gates with the *normalised* weights of the density, not :meth:`moestat.MoE.mean`).
+            ``"quantile"``: :math:`F^{-1}(q\mid x)`, found by vectorised bisection on the mixture CDF inside the
+            bracket :math:`[\min_i F_i^{-1}(q), \max_i F_i^{-1}(q)]` (it holds the mixture quantile because
+            :math:`F` is a convex combination of the :math:`F_i`); for Poisson and binomial experts the smallest
+            integer :math:`y` with :math:`F(y\mid x) \ge q`.
+            ``"interval"``: the central prediction interval
+            :math:`[F^{-1}(\tfrac{1-c}{2}), F^{-1}(\tfrac{1+c}{2})]` with :math:`c` = ``confidence_level``; for
+            count and binary responses its coverage is at least ``confidence_level``.
+        q : float or sequence of float in (0, 1)
+            The probabilities of ``kind="quantile"``.
+        confidence_level : float in (0, 1)
+            The coverage of ``kind="interval"`` (a prediction interval for a new response, not a confidence
+            interval for a parameter).
+
+        Returns
+        -------
+        ndarray
+            ``"mean"``: (m,); ``"quantile"``: (m,) for a scalar ``q``, (m, len(q)) otherwise; ``"interval"``:
+            (m, 2) with the lower and upper ends.  A batched fit adds a leading replicate axis.
         """
-        return (np.asarray(self.gate_probs(X)) * np.asarray(self.expert_means(X))).sum(-1)
+        check_choice("kind", kind, ("mean", "quantile", "interval"))
+        if kind == "mean":
+            if q is not None:
+                raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
+            w, mu, _ = self._predictive(X)
+            return self._out((w * mu).sum(-1))
+        if kind == "quantile":
+            if q is None:
+                raise TypeError("kind='quantile' needs q=, the probabilities, e.g. predict(X, 'quantile', q=0.9).")
+            probs = _check_probabilities("q", q)
+        else:
+            if q is not None:
+                raise TypeError("q= is for kind='quantile'; an interval takes confidence_level=, e.g. "
+                                "confidence_level=0.9.")
+            level = confidence_level
+            if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+                raise ValueError(f"confidence_level must be a number in (0, 1), e.g. 0.95; got {confidence_level!r}.")
+            probs = np.array([(1 - confidence_level) / 2, (1 + confidence_level) / 2])
+        w, mu, sd = self._predictive(X)
+        out = mixture_quantile(probs, w, mu, sd, self.spec.response)
+        if kind == "quantile" and np.ndim(q) == 0:
+            out = out[..., 0]
+        return self._out(out)
+
+    def simulate(self, X: Any = None, n_draws: int = 1, seed: Any = None) -> Any:
+        r"""New responses drawn from the fitted conditional density at the inputs ``X``.
+
+        For each input and draw: an expert :math:`z \sim \mathrm{Categorical}(\tilde\pi(x))`, then
+        :math:`y \sim \mathcal N(h(x;\eta_z), \sigma_z^2)` (or the Poisson / Bernoulli law of expert :math:`z`).
+        The same sampler draws the parametric bootstrap's responses (:func:`moestat.bootstrap`).
+
+        Parameters
+        ----------
+        X : array (m, d) or DataFrame, optional
+            Inputs (default: the training inputs, for posterior predictive checks).
+        n_draws : int
+            Draws per input.
+        seed : int, SeedSequence or list of SeedSequence, optional
+            Replicate ``r`` of a batched fit draws from ``SeedSequence(seed).spawn(R)[r]`` (or ``seed[r]``).
+
+        Returns
+        -------
+        ndarray (n_draws, m), or (R, n_draws, m) for a batched fit.
+        """
+        n_draws = check_int("n_draws", n_draws)
+        if not Seed().accepts(seed):
+            kind = ValueError if Seed().accepts_type(seed) else TypeError
+            raise kind(f"seed must be {Seed.description}, got {seed!r}.")
+        if isinstance(seed, (list, tuple)):
+            if len(seed) != self.n_reps:
+                raise ValueError(f"seed is a list of {len(seed)} SeedSequences; give one per replicate "
+                                 f"({self.n_reps}), or one seed.")
+            streams = list(seed)
+        else:
+            ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+            streams = ss.spawn(self.n_reps)
+        w, mu, sd = self._predictive(X)
+        draws = np.stack([sample_mixture(self.spec.response, w[r], mu[r], sd[r, 0], n_draws,
+                                         np.random.default_rng(s)) for r, s in enumerate(streams)])
+        return self._out(draws)
 
     def posterior(self, X: Any, y: Any) -> Any:
         r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k)."""
         Xt, yt = self._data(X, y)
         return self._out(to_numpy(self._posterior_t(Xt, yt)))
+
+    def posterior_frame(self, X: Any = None, y: Any = None) -> pd.DataFrame:
+        r"""Posterior expert probabilities as a tidy frame, with the MAP expert.
+
+        One row per observation: ``posterior_0 .. posterior_{k-1}``, the posterior probabilities
+        :math:`\tau_i(x_t, y_t) = \tilde\pi_i(x_t) f_i(y_t\mid x_t) / p(y_t\mid x_t)`, and ``component``, the
+        maximum a posteriori expert :math:`\arg\max_i\tau_i` (flexmix's ``clusters()``).
+
+        Parameters
+        ----------
+        X, y : optional
+            Default: the training data, indexed by the rows of the data frame a formula fit kept (so the frame
+            joins back onto that data).  A formula fit also takes a new frame ``X`` alone when it holds the
+            response column; otherwise pass ``y``.
+
+        Returns
+        -------
+        DataFrame
+            Indexed by the data's row labels (a new frame's, or 0 .. m-1 for arrays); a batched fit adds a
+            ``rep`` column and stacks the replicates.
+        """
+        if X is None:
+            if y is not None:
+                raise TypeError("y= needs X=; posterior_frame() without arguments uses the training data.")
+            tau = to_numpy(self._posterior_t(self._X, self._y))
+            index = self.design.index if self.design is not None else pd.RangeIndex(tau.shape[1])
+        else:
+            index = X.index if isinstance(X, pd.DataFrame) else None
+            if isinstance(X, pd.DataFrame) and self.design is not None:
+                rows = self.design.transform(X)  # the rows the formula keeps, and the response when X has it
+                index, y = rows.index, rows.y if y is None else y
+            if y is None:
+                raise TypeError("posterior_frame(X) needs y=, the responses (or a frame X holding the response "
+                                f"column {self.response_name!r} for a formula fit).")
+            tau = np.asarray(self.posterior(X, y)).reshape(self.n_reps, -1, self.spec.k)
+            index = pd.RangeIndex(tau.shape[1]) if index is None else index
+        frames = []
+        for r in range(self.n_reps):
+            f = pd.DataFrame(tau[r], index=index, columns=[f"posterior_{i}" for i in range(self.spec.k)])
+            f["component"] = tau[r].argmax(-1)
+            if not self.single:
+                f.insert(0, "rep", r)
+            frames.append(f)
+        return frames[0] if self.single else pd.concat(frames)
+
+    def plot(self, x: str | int | None = None, ax: Any = None, **kwargs: Any) -> Any:
+        """Fitted component means over one covariate, the data coloured by MAP expert, the gate below.
+
+        See :func:`moestat.fit.plots.plot_fit` for the arguments (``at=``, ``data=``, ``rep=``, ``n_grid=``);
+        returns the matplotlib Figure."""
+        from .plots import plot_fit
+
+        return plot_fit(self, x, ax=ax, **kwargs)
 
     # --------------------------------------------------------------- tidy
     def components(self) -> pd.DataFrame:
@@ -595,11 +950,7 @@ class MLEFit(FitResult):
 
     def gate_probs_train(self) -> np.ndarray:
         """Normalised mixture weights at the training inputs, (R, n, k)."""
-        b = self._blocks
-        logits = self._X @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
-        lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature,
-                                 n_shared=self.spec.n_shared)
-        return to_numpy(lw.exp())
+        return self._weights_np(self._X)
 
     def to_frame(self, kind: str = "oim", alpha: float = 0.05) -> pd.DataFrame:
         """Tidy coefficient frame: one row per (rep, term) with ``block``, ``atom`` (also as ``expert``, its former
@@ -650,8 +1001,11 @@ class MLEFit(FitResult):
             frame[key] = self.settings[key]
         return frame
 
-    def summary(self, rep: int = 0, kind: str = "oim", alpha: float = 0.05) -> Summary:
-        """A statsmodels-like printable summary of replicate ``rep``."""
+    def summary(self, rep: int = 0, kind: str = "oim", alpha: float = 0.05) -> MLESummary:
+        """A statsmodels-like printable summary of replicate ``rep``: the header (response, model, fit criteria),
+        then the coefficients in one block per gate row and per expert (flexmix's ``summary(refit(m))``), each
+        expert's block titled with its mean weight and sigma, the components table and notes
+        (:class:`MLESummary`; ``as_text()``, ``as_html()``, ``as_latex()``)."""
         if not 0 <= rep < self.n_reps:
             raise ValueError(f"rep must be in [0, {self.n_reps}), got {rep}.")
         tf = self.to_frame(kind, alpha)
@@ -665,8 +1019,8 @@ class MLEFit(FitResult):
         ll = float(self._loglik[rep])
         header = {
             "Dep. Variable": self.response_name,
-            "Model": f"{self.spec.gate} gate / {self.spec.expert}"
-                     + ("" if self.spec.has_noise_sd else f" {self.spec.response} (link {self.spec.glm.link})"),
+            "Model": f"{self.spec.gate} gate / {self.spec.expert}",
+            **({} if self.spec.has_noise_sd else {"Family": f"{self.spec.response} ({self.spec.glm.link} link)"}),
             "Experts (k)": self.spec.k,
             "Observations": self.nobs, "Parameters": self.df_model, "Method": self.settings["method"],
             "Covariance": kind, "Log-likelihood": f"{ll:.4f}", "AIC": f"{np.atleast_1d(self.aic)[rep]:.3f}",
@@ -693,7 +1047,30 @@ class MLEFit(FitResult):
                          f"< {COLLAPSE_RATIO} x the largest): likely a spurious maximiser; refit with more restarts, a "
                          "higher sd_floor or fewer experts.")
         kind_name = {"gaussian": "Gaussian", "poisson": "Poisson", "binomial": "Binomial"}[self.spec.response]
-        return Summary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood")
+        return MLESummary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood",
+                          blocks=self._summary_blocks(coef, tf, comp, kind_name))
+
+    def _summary_blocks(self, coef: pd.DataFrame, tf: pd.DataFrame, comp: pd.DataFrame,
+                        kind_name: str) -> list[tuple[str, pd.DataFrame]]:
+        """``(title, rows of coef)`` per gate row and per expert, titled with what each block is."""
+        k, blocks = self.spec.k, []
+        ref = self.spec.gate in ("softmax", "topk")
+        for i in range(k - 1 if ref else k):
+            what = (f"log-odds of expert {i} against expert {k - 1} (reference)" if ref
+                    else f"{self.spec.gate} score of expert {i} (normalised over experts)")
+            blocks.append((f"Gate {i}: {what}", coef[(tf["block"] == "gate") & (tf["atom"] == i)]))
+        for i in range(k):
+            c = comp.loc[i]
+            facts = [f"mean weight {c['mean_weight']:.3f}"]
+            if self.spec.has_noise_sd:
+                facts.append(f"sigma {c['sigma']:.4g}")
+            else:
+                facts.append(f"{kind_name} expert, {self.spec.glm.link} link")
+            flags = [name for name, on in (("small", c["small"]), ("sigma at floor", c["sigma_at_floor"]),
+                                           ("collapsed", c["collapsed"])) if on]
+            title = f"Expert {i}: {', '.join(facts)}" + (f" [{', '.join(flags)}]" if flags else "")
+            blocks.append((title, coef[(tf["block"] == "expert") & (tf["atom"] == i)]))
+        return blocks
 
     def __repr__(self) -> str:
         reps = "" if self.single else f"R={self.n_reps}, "
