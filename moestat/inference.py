@@ -654,6 +654,27 @@ class SelectKResult(Result):
 _SPURIOUS = {"vanishing_component", "sigma_at_floor", "collapsed_variance", "tied_responses"}
 
 
+def _select_by_dsc(table: pd.DataFrame, fits: dict, X: np.ndarray, y: np.ndarray, *, gate: str, expert: str,
+                   method: str) -> SelectKResult:
+    """The dendrogram selection criterion (:mod:`moestat.dendrogram`): merge the atoms of the largest fit, read
+    DSC at every level, choose the smallest DSC among the listed k >= 2.  The over-specified fit is degenerate by
+    design (extra atoms vanish or duplicate), so no fit is skipped."""
+    from .dendrogram import dsc, mixing_dendrogram
+
+    K = int(table["k"].max())
+    big = fits[K]
+    tree = mixing_dendrogram(big.params, big.spec)
+    levels = dsc(tree, X, y, big.spec).set_index("k")
+    table = table.copy()
+    table["dsc"] = table["k"].map(levels["dsc"])
+    table["dsc_height"] = table["k"].map(levels["height"])
+    usable = table[(table["k"] >= 2) & np.isfinite(table["dsc"])]
+    best = int(usable.loc[usable["dsc"].idxmin(), "k"])
+    table["best"] = table["k"] == best
+    table["criterion"], table["gate"], table["expert"], table["method"] = "dsc", gate, expert, method
+    return SelectKResult(table, best, "dsc", fits)
+
+
 def _fit_one_k(spec: MoE, X: np.ndarray, y: np.ndarray, *, method: str, restarts: int,
                seed: np.random.SeedSequence, fit_kwargs: dict) -> MLEFit:
     """One fit of :func:`select_k` (its degeneracy is reported in the table, not warned per fit)."""
@@ -662,13 +683,15 @@ def _fit_one_k(spec: MoE, X: np.ndarray, y: np.ndarray, *, method: str, restarts
         return fit_mle(spec, X, y, method=method, restarts=restarts, seed=seed, **fit_kwargs)
 
 
-@validate_arguments(criterion=Choice("bic", "icl", "aic"), restarts=Integer(1), seed=Seed(),
+@validate_arguments(criterion=Choice("bic", "icl", "aic", "dsc"), restarts=Integer(1), seed=Seed(),
                     progress=Optional(Boolean()))
 def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str | None = None, data=None,
              gate_formula: str | None = None, weights=None, criterion: str = "bic", gate: str = "softmax",
              expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, progress: bool | None = None,
              **fit_kwargs) -> SelectKResult:
-    r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"`` or ``"aic"``).
+    r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"``, ``"aic"`` or
+    ``"dsc"``: the dendrogram selection criterion of the largest fit's mixing measure, :mod:`moestat.dendrogram`,
+    chosen among k >= 2).
 
     Returns a :class:`SelectKResult` whose ``table`` has one row per k with loglik, df, AIC, BIC, ICL,
     convergence, the number of small experts (mean weight < 0.05), of experts whose sigma sits at the
@@ -684,9 +707,13 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     (default) shows it in interactive sessions, or once the fits so far, extrapolated to the remaining k (a fit's
     cost taken proportional to k), predict more than :data:`PROGRESS_AFTER_S` seconds; ``False`` never.
     """
-    check_choice("criterion", criterion, ("bic", "icl", "aic"))
+    check_choice("criterion", criterion, ("bic", "icl", "aic", "dsc"))
     ks = [check_int("ks", k) for k in ks]
     family = fit_kwargs.pop("family", None) or "gaussian"
+    if criterion == "dsc" and (gate != "softmax" or expert != "linear" or family != "gaussian" or max(ks) < 3):
+        raise ValueError("criterion='dsc' merges the atoms of the largest fit, a softmax-gated Gaussian MoE of linear "
+                         f"experts, and needs max(ks) >= 3; got gate={gate!r}, expert={expert!r}, family={family!r}, "
+                         f"ks={list(ks)}.")
     if not ks:
         raise ValueError("ks must list at least one number of experts.")
     Xa, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
@@ -707,6 +734,8 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
                          "n_at_floor": int(np.asarray(f.at_floor).sum()),
                          "degenerate": ", ".join(sorted(set(found["kind"]))) if not found.empty else ""})
     table = pd.DataFrame(rows)
+    if criterion == "dsc":
+        return _select_by_dsc(table, fits, Xa, y, gate=gate, expert=expert, method=method)
     # a step-like gate is marked but kept: a sharp regime switch is a legitimate model; the kinds that skip a fit are
     # those whose likelihood maximum is spurious (a component with no data or a variance chasing zero)
     skip = table["degenerate"].map(lambda kinds: bool(set(kinds.split(", ")) & _SPURIOUS))

@@ -309,3 +309,17 @@ def test_bad_input_named_errors() -> None:
         dsc(single, X, y, SPEC2)
     with pytest.raises(ValueError, match="k=7 is not a level"):
         tree.level_height(7)
+
+
+def test_select_k_by_dsc_reads_the_dendrogram_of_the_largest_fit() -> None:
+    """select_k(criterion="dsc") merges the atoms of its k = max(ks) fit; on the well-separated two-expert truth it
+    chooses k = 2 (the margin argument of the test above) while reporting every k's BIC beside DSC."""
+    data = ms.simulate(SPEC2, TRUTH2, n=1000, seed=0, model="mixture")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sel = ms.select_k(data.X[0], data.y[0], ks=(1, 2, 3, 4), criterion="dsc", seed=3)
+    table = sel.table.set_index("k")
+    assert sel.best_k == 2 and sel.criterion == "dsc"
+    assert np.isnan(table.loc[1, "dsc"]) and table.loc[2, "dsc"] < table.loc[[3, 4], "dsc"].min() - 3
+    with pytest.raises(ValueError, match="criterion='dsc'"):
+        ms.select_k(data.X[0], data.y[0], ks=(1, 2), criterion="dsc")
