@@ -49,7 +49,7 @@ from ._layout import BlockParams
 
 _LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 in the gate Newton step
 _GRAM_MAX_P2 = 64  # precompute z z^T per observation when (d+1)^2 is at most this
-_GLM_NEWTON_STEPS = 5  # IRLS steps per EM iteration for GLM experts (a generalised M-step)
+_GLM_NEWTON_STEPS = 1  # IRLS steps per EM iteration for GLM experts: one halved Newton step is a generalised M-step
 
 
 @dataclass
@@ -328,7 +328,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if wa is not None:
             tau = tau * wa.unsqueeze(1)
         if glm is not None:
-            # GLM experts: a few proximal IRLS (Newton) steps on each expert's weighted log-likelihood, which never
+            # GLM experts: a proximal IRLS (Newton) step on each expert's weighted log-likelihood, which never
             # lower it (step halving): a generalised M-step
             beta_a = irls_weighted(Zea.transpose(1, 2), ya, tau.transpose(1, 2).unsqueeze(1), beta_a.unsqueeze(1),
                                    glm, max_iter=_GLM_NEWTON_STEPS, prox=eps).squeeze(1)
