@@ -1,0 +1,191 @@
+"""Peak memory of ``fit_lse`` and ``fit_mle`` as n and R grow, and of the least-squares pieces that chunk (issue 21).
+
+Three measures of one call, each from its own run of the call (they disturb one another):
+
+* **peak RSS**: the resident-set high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs`` before the
+  call, after glibc's ``malloc_trim`` has returned freed heap memory) minus the resident set before the call:
+  every page the call touched, numpy, torch and allocator slack included;
+* **numpy peak**: ``tracemalloc``'s peak (numpy reports its buffers to it; torch does not);
+* **torch peak**: the largest sum of live torch CPU allocations, replayed from ``torch.profiler`` memory events
+  (each op's own allocations at its start, frees where they happen).
+
+``fits``: ``fit_lse`` (sigmoid gate, k = 3 linear experts, d = 4, k-means start, Newton, at most 20 iterations;
+with its CPU default ``block_bytes="auto"``, 8 MiB of inputs per block of replicates, and as one program,
+``block_bytes=None``, the CUDA default) and ``fit_mle`` (softmax gate, k = 3 linear experts, d = 4, EM with 2
+random starts, at most 100 iterations) on R replicates of n observations.  Printed with each peak divided by n R:
+a constant means memory linear in n R; the inputs take 8 (d + 1) = 40 bytes per observation and replicate.
+
+``pieces``: the torch peak of one call of each least-squares piece for A = 8 problems of the flagship size
+(k = 9, d = 32) as n grows: the objective + gradient (``MeanKernel.value_grad``, chunked to the L2 cache), the
+exact Hessian (``LSProblem.gauss_newton(exact=True)``, chunked to 8 MiB of pair products), the objective alone
+(``MeanKernel.value``: the trial points of Newton and LM) and the mean (``MeanKernel.mean``: the kink bound of
+relu fits).  A piece that chunks has a peak that stops growing with n; the others grow like A n k.
+
+Run (Linux only: ``/proc/self/status`` and ``clear_refs``)::
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/peak_memory.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import re
+import sys
+import time
+import tracemalloc
+import warnings
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import moestat as ms
+from moestat.fit._objective import LSProblem, MeanKernel
+from moestat.fit.lse import _free_mask
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lse_vs_scipy import md_table, truth_params
+
+MiB = 2.0**20
+try:
+    LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+except OSError:  # not glibc: the RSS measure then includes what the allocator had cached
+    LIBC = None
+
+
+def _status(field: str) -> int:
+    """A ``VmXXX`` field of /proc/self/status, in bytes."""
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{field}:\s+(\d+) kB", text).group(1)) * 1024
+
+
+def peak_rss(fn) -> float:
+    """Resident-set high-water mark during ``fn()`` minus the resident set before it, in bytes.
+
+    Freed heap memory is first returned to the system (glibc ``malloc_trim``), so that the call has to fault in
+    every page it uses and the difference is its peak rather than what it needed beyond the allocator's cache."""
+    gc.collect()
+    if LIBC is not None:
+        LIBC.malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current VmRSS
+    before = _status("VmRSS")
+    fn()
+    return float(_status("VmHWM") - before)
+
+
+def peak_numpy(fn) -> float:
+    """tracemalloc's peak during ``fn()`` (numpy buffers and Python objects), in bytes."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return float(tracemalloc.get_traced_memory()[1])
+    finally:
+        tracemalloc.stop()
+
+
+def peak_torch(fn) -> float:
+    """Largest sum of live torch CPU allocations during ``fn()``, from the profiler's memory events, in bytes."""
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    live = peak = 0
+    for e in events:
+        live += e.self_cpu_memory_usage
+        peak = max(peak, live)
+    return float(peak)
+
+
+MEASURES = {"peak RSS": peak_rss, "numpy peak": peak_numpy, "torch peak": peak_torch}
+
+
+def fit_call(which: str, n: int, R: int):
+    """The fit to measure (data drawn before the call)."""
+    d, k = 4, 3
+    if which.startswith("fit_lse"):
+        spec = ms.MoE(gate="sigmoid", expert="linear", k=k, d=d)
+        data = ms.simulate(spec, truth_params("sigmoid", k, d), n=n, reps=R, seed=1, inputs="gaussian")
+        blocks = None if "one program" in which else "auto"
+        return lambda: ms.fit_lse(spec, data.X, data.y, seed=2, max_iter=20, block_bytes=blocks)
+    spec = ms.MoE(gate="softmax", expert="linear", k=k, d=d)
+    truth = truth_params("softmax", k, d)
+    truth = ms.Params(truth.gate_bias, truth.gate_weight, truth.expert_weight, truth.expert_bias,
+                      noise_sd=np.full(k, 0.3))
+    data = ms.simulate(spec, truth, n=n, reps=R, seed=1, inputs="gaussian", model="mixture")
+    return lambda: ms.fit_mle(spec, data.X, data.y, restarts=2, seed=2, max_iter=100)
+
+
+FITS = ("fit_lse", "fit_lse, one program (block_bytes=None)", "fit_mle (2 restarts)")
+
+
+def fit_rows(ns: list[int], Rs: list[int]) -> list[dict]:
+    """Each measure of each fit on the grid, with the peak per observation and replicate against the input's 40 B."""
+    rows = []
+    for which in FITS:
+        fit_call(which, 200, 2)()  # warm-up: imports, kernels, allocator arenas
+        for n in ns if "one program" not in which else ns[-1:]:
+            for R in Rs:
+                call = fit_call(which, n, R)
+                vals = {name: measure(call) for name, measure in MEASURES.items()}
+                rows.append({"fit": which, "n": n, "R": R, "input MiB": 8 * 5 * n * R / MiB,
+                             **{f"{name} MiB": v / MiB for name, v in vals.items()},
+                             "torch peak per obs x rep (B)": vals["torch peak"] / (n * R),
+                             "RSS peak per obs x rep (B)": vals["peak RSS"] / (n * R)})
+                print(md_table(rows[-1:]).splitlines()[-1], flush=True)
+    return rows
+
+
+def piece_rows(ns: list[int], A: int = 8) -> list[dict]:
+    """Peak torch allocations of one call of each least-squares piece (flagship size) as n grows."""
+    truth = ms.presets.sigmoid_vs_softmax(regime=2)
+    spec = truth.spec.with_k(9)
+    rows = []
+    for n in ns:
+        data = ms.simulate(truth.spec, truth.params, n=n, reps=A, seed=1)
+        X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
+        kernel = MeanKernel.from_spec(spec)
+        prob = LSProblem(kernel, X, y, 1, _free_mask(spec, torch.device("cpu")))
+        theta = 0.2 * torch.randn(A, prob.P, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        th4 = theta.reshape(A, 1, *prob.shape)
+        calls = {"value_grad (chunked, L2)": partial(kernel.value_grad, th4, prob.X, prob.y),
+                 "gauss_newton exact (chunked, 8 MiB)": partial(prob.gauss_newton, theta, exact=True),
+                 "value (trial points; not chunked)": partial(kernel.value, th4, prob.X, prob.y),
+                 "mean (kink bound; not chunked)": partial(kernel.mean, th4, prob.X)}
+        data_mib = (prob.X.numel() + prob.y.numel()) * 8 / MiB
+        for name, fn in calls.items():
+            kernel._ws.clear()  # a cold workspace, as after an active-set change
+            peak = peak_torch(fn)
+            rows.append({"piece": name, "A": A, "n": n, "data MiB": data_mib, "torch peak MiB": peak / MiB,
+                         "bytes per obs x problem": peak / (n * A)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="n up to 32,000 (under two minutes)")
+    ap.add_argument("--parts", default="fits,pieces")
+    args = ap.parse_args()
+    if not Path("/proc/self/clear_refs").exists():
+        raise SystemExit("peak_memory.py needs Linux's /proc/self/status and /proc/self/clear_refs.")
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # convergence and degeneracy warnings do not change memory
+    print(f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f}\n")
+    parts = args.parts.split(",")
+    if "fits" in parts:
+        ns = [2000, 8000, 32000] if args.quick else [2000, 8000, 32000, 128000]
+        Rs = [2, 8]
+        print("## peak memory of one fit as n and R grow\n" + md_table(fit_rows(ns, Rs)) + "\n", flush=True)
+    if "pieces" in parts:
+        ns = [2000, 8000, 32000] if args.quick else [2000, 8000, 32000, 64000]
+        print("## peak torch allocations of one call of each least-squares piece (k = 9, d = 32, A = 8)\n"
+              + md_table(piece_rows(ns)) + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
