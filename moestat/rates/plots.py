@@ -48,7 +48,11 @@ def _label(key: tuple[Any, ...], by: list[str]) -> str:
 
 def _rate_text(model: str, exponent: float, lo: float, hi: float) -> str:
     base = {"power": "n", "power_log": "(n/log n)", "inverse_log": "(log n)"}[model]
-    return f"{base}^-{exponent:.2f} [{lo:.2f}, {hi:.2f}]"
+    # the legend gives the fitted law y ~ base^(-exponent) with the interval of the power shown; a negative
+    # exponent (a growing y) reads as a plus
+    if exponent >= 0:
+        return f"{base}^-{exponent:.2f} [{lo:.2f}, {hi:.2f}]"
+    return f"{base}^+{-exponent:.2f} [{-hi:.2f}, {-lo:.2f}]"
 
 
 def _centre_and_band(cells: Any, agg: str | None, spread: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

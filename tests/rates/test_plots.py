@@ -226,3 +226,11 @@ def test_invariance_legend_outside_the_data_and_caption(units_frame, responses):
     assert not any(box.overlaps(ax.get_window_extent(r)) for ax in data_axes)
     assert "dotted: y = x" in _texts(fig)
     assert fs.smallest_font_px(fig) >= fs.MIN_FONT_PX
+
+
+def test_rate_text_shows_the_power_of_a_growing_metric_with_a_plus():
+    from moestat.rates.plots import _rate_text
+
+    assert _rate_text("power", 0.5, 0.4, 0.6) == "n^-0.50 [0.40, 0.60]"
+    # y ~ n^(+0.34): the power and its interval, not "n^--0.34"
+    assert _rate_text("power", -0.34, -0.5, -0.2) == "n^+0.34 [0.20, 0.50]"
