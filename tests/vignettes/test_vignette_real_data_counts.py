@@ -1,0 +1,107 @@
+"""The RAND HIE count vignette: importable without computing, its formulas checked against scipy, and a smoke run of
+its quick size: every promised file is written, the Poisson fit is not degenerate while the Gaussian one is."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import moestat as ms
+import moestat._vignette_index as vindex
+
+NAME = "real-data-counts"
+
+
+@pytest.fixture(scope="module")
+def mod():
+    t0 = time.perf_counter()
+    module = vindex.load(vindex.find(NAME))
+    assert time.perf_counter() - t0 < 5  # importing fits nothing
+    return module
+
+
+def test_contract_and_data(mod):
+    assert mod.NAME == NAME and mod.TITLE and callable(mod.run)
+    assert set(mod.SIZES) == {"smoke", "quick", "full"} and mod.SIZES["full"]["n"] is None
+    data = mod.load_data()
+    # statsmodels' randhie documents 20,190 person-years and 10 variables; 6,308 of the visit counts are zero
+    assert data.shape == (20190, 10) and int((data["mdvis"] == 0).sum()) == 6308
+    sub = mod.load_data(500)
+    assert len(sub) == 500 and sub.equals(mod.load_data(500))  # the subsample is fixed by the seed
+    with pytest.raises(ValueError, match="size='huge'"):
+        mod._size(False, "huge")
+
+
+def test_mixture_moments_match_the_pmf_summed_by_brute_force(mod):
+    data = mod.load_data(400)
+    fit = ms.fit_mle(formula=mod.FORMULA, data=data, k=2, gate_formula=mod.GATE_FORMULA, family="poisson",
+                     restarts=1, seed=0)
+    mean, var, p0 = mod._moments_poisson_mixture(fit, data)
+    pi, mu = np.asarray(fit.gate_probs(data)), np.asarray(fit.expert_means(data))
+    ys = np.arange(400)  # the fitted rates are below 60 here: the pmf beyond 400 is below 1e-100
+    assert mu.max() < 60
+    pmf = (pi[:, None, :] * stats.poisson.pmf(ys[None, :, None], mu[:, None, :])).sum(-1)  # (n, len(ys))
+    # sums of a few hundred floats: agreement to 1e-9 relative is rounding, not approximation
+    np.testing.assert_allclose(pmf.sum(1), 1.0, rtol=1e-9)
+    np.testing.assert_allclose(mean, pmf @ ys, rtol=1e-9)
+    np.testing.assert_allclose(var, pmf @ ys ** 2 - (pmf @ ys) ** 2, rtol=1e-9)
+    np.testing.assert_allclose(p0, pmf[:, 0], rtol=1e-12)
+
+
+def test_chunked_sandwich_equals_the_fits_own(mod):
+    data = mod.load_data(600)
+    fit = ms.fit_mle(formula=mod.FORMULA, data=data, k=2, gate_formula=mod.GATE_FORMULA, family="poisson",
+                     restarts=1, seed=1)
+    # the same sums in another order (chunks of 128 rows): agreement to 1e-10 relative is rounding only
+    np.testing.assert_allclose(mod.sandwich_se(fit, data, chunk=128), fit.bse("sandwich"), rtol=1e-10)
+    weighted = ms.fit_mle(formula=mod.FORMULA, data=data.assign(w=2.0), k=1, family="poisson", weights="w",
+                          restarts=1, seed=1)
+    with pytest.raises(ValueError, match="unweighted"):
+        mod.sandwich_se(weighted, data)
+
+
+def test_nb2_moments_match_scipy(mod):
+    mu, alpha = np.array([0.3, 2.0, 11.5]), 0.8
+    mean, var, p0 = mod._moments_nb2(mu, alpha)
+    nb = stats.nbinom(1 / alpha, 1 / (1 + alpha * mu))  # scipy's (n, p) form of NB2 with mean mu
+    np.testing.assert_allclose(mean, nb.mean(), rtol=1e-12)  # closed forms on both sides: rounding only
+    np.testing.assert_allclose(var, nb.var(), rtol=1e-12)
+    np.testing.assert_allclose(p0, nb.pmf(0), rtol=1e-12)
+
+
+# smoke: ~10 s, quick: ~25 s on an idle 2-core machine
+@pytest.mark.parametrize("size", ["smoke", pytest.param("quick", marks=pytest.mark.slow)])
+def test_run_writes_everything_and_names_the_degenerate_fit(mod, tmp_path, size):
+    mod.run(tmp_path, size=size)
+    for f in mod.OUTPUTS:
+        assert (tmp_path / f).is_file(), f
+    compare = pd.read_csv(tmp_path / "compare.csv").set_index("family")
+    # the Gaussian fit collapses an expert onto the zeros; the Poisson fit with the same k is not degenerate
+    assert compare.loc["gaussian", "n_findings"] > 0 and "tied_responses" in compare.loc["gaussian", "kinds"]
+    assert compare.loc["poisson", "n_findings"] == 0
+    found = pd.read_csv(tmp_path / "degeneracy_compare.csv")
+    assert (found["kind"] == "tied_responses").any() and found["detail"].str.contains("y = 0").any()
+    assert "DegenerateFitWarning" in (tmp_path / "gaussian_warning.txt").read_text()
+    sel_g = pd.read_csv(tmp_path / "select_k_gaussian.csv")
+    assert sel_g["degenerate"].notna().any() and not sel_g.loc[sel_g["best"], "degenerate"].notna().any()
+    sel_p = pd.read_csv(tmp_path / "select_k_poisson.csv")
+    assert sel_p["degenerate"].isna().all() and sel_p["best"].sum() == 1
+    glm = pd.read_csv(tmp_path / "glm_check.csv").set_index("term")
+    # k = 1 is the Poisson GLM: both reach its unique MLE (strictly concave log-likelihood; measured differences
+    # ~1e-10), and both SEs invert the same observed information (measured relative differences ~1e-7)
+    assert glm["abs_diff"].max() < 1e-6 and glm["se_rel_diff"].max() < 1e-4
+    checks = pd.read_csv(tmp_path / "fit_checks.csv")
+    disp = checks.set_index("model")["pearson_dispersion"]
+    assert disp.iloc[1] < disp.iloc[0]  # the mixture absorbs part of the over-dispersion of the one-expert GLM
+    coef = pd.read_csv(tmp_path / "coefficients.csv")
+    assert coef["term"].str.contains("lncoins").any() and coef["std_error"].notna().all()
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    assert prov["config"]["size"] == size and prov["config"]["n_rows"] == mod.SIZES[size]["n"]
+    stamp = (tmp_path / "results.csv").stat().st_mtime_ns
+    mod.run(tmp_path, size=size)  # resume: the outputs are complete for this size, nothing is recomputed
+    assert (tmp_path / "results.csv").stat().st_mtime_ns == stamp
