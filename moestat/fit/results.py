@@ -57,6 +57,7 @@ COV_KINDS = ("oim", "sandwich", "opg")
 SMALL_WEIGHT = 0.05
 #: A component whose sigma is below this fraction of the largest one is flagged as collapsed (Hathaway's ratio).
 COLLAPSE_RATIO = 0.05
+_SCORE_CHUNK = 4096  # observations per vmapped batch of per-observation scores
 #: A component carrying less than this share of the (weighted) observations is "vanishing".
 VANISHING_WEIGHT = 0.01
 #: A gate slope that moves the logit by more than this per standard deviation of its covariate makes the gate a
@@ -574,8 +575,15 @@ class MLEFit(FitResult):
     def _score_obs(self) -> torch.Tensor:
         if self._scores is None:
             f = self._f_obs()
+            # one gradient per observation, vmapped over observations in chunks: memory O(chunk x P), where the
+            # Jacobian of all n terms at once (jacrev) needs O(n^2) and ran out of memory at n = 20,000
+            one = torch.func.grad(lambda t, x, y: f(t, x.unsqueeze(0), y.unsqueeze(0)).sum())
+            per_obs = torch.func.vmap(one, in_dims=(None, 0, 0))
+            n = self._X.shape[1]
             try:
-                s = torch.func.vmap(torch.func.jacrev(f))(self._theta, self._X, self._y)
+                s = torch.stack([torch.cat([per_obs(self._theta[r], self._X[r, i:i + _SCORE_CHUNK],
+                                                    self._y[r, i:i + _SCORE_CHUNK])
+                                            for i in range(0, n, _SCORE_CHUNK)]) for r in range(self.n_reps)])
             except RuntimeError:
                 s = torch.stack([torch.autograd.functional.jacobian(lambda t, r=r: f(t, self._X[r], self._y[r]),
                                                                     self._theta[r]) for r in range(self.n_reps)])
