@@ -25,6 +25,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -474,9 +475,10 @@ class LRTResult(Result):
 
 
 def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, weights,
-                  fit_kwargs: dict) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Arrays and fit options from either interface: ``(X, y)`` or a formula on ``data`` (its union design, column
-    restrictions, names and case weights become :func:`moestat.fit_mle` options)."""
+                  fit_kwargs: dict) -> tuple[np.ndarray, np.ndarray, dict, Any]:
+    """Arrays, fit options and the formula design (None for arrays) from either interface: ``(X, y)`` or a formula
+    on ``data`` (its union design, column restrictions, names and case weights become :func:`moestat.fit_mle`
+    options)."""
     kw = dict(fit_kwargs)
     if formula is None:
         for name, value in (("data", data), ("gate_formula", gate_formula)):
@@ -489,7 +491,7 @@ def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, 
         if weights is not None:
             kw["weights"] = weights
         return (np.asarray(as_numeric("X", X), dtype=float).copy(), np.asarray(as_numeric("y", y), dtype=float).copy(),
-                kw)
+                kw, None)
     if X is not None or y is not None:
         raise TypeError("pass either formula= and data= or arrays X and y, not both.")
     if data is None:
@@ -499,7 +501,15 @@ def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, 
     kw.update(feature_names=inputs.names, gate_columns=inputs.gate_columns, expert_columns=inputs.expert_columns)
     if inputs.weights is not None:
         kw["weights"] = inputs.weights
-    return inputs.X, inputs.y, kw
+    return inputs.X, inputs.y, kw, inputs.design
+
+
+def _keep_design(fit: MLEFit, design: Any) -> MLEFit:
+    """A fit of a formula's arrays, given the formula's design back: frames are then read by name and the summary
+    names the response."""
+    if design is not None:
+        fit.design, fit.response_name = design, design.response_name
+    return fit
 
 
 def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, restarts: int, seed,
@@ -586,8 +596,8 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     if k1 <= k0:
         raise ValueError(f"k1 must exceed k0, got k0={k0}, k1={k1}.")
     B = check_int("n_resamples", n_resamples, minimum=2)
-    X, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
-                                     fit_kwargs=fit_kwargs)
+    X, y, fit_kwargs, design = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula,
+                                             weights=weights, fit_kwargs=fit_kwargs)
     d = X.shape[-1] if X.ndim >= 2 else 1
     spec0 = MoE(gate=gate, expert=expert, k=k0, d=d, response=fit_kwargs.pop("family", None) or "gaussian")
     spec1 = spec0.with_k(k1)
@@ -622,7 +632,8 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     config = {"n_resamples": B, "gate": gate, "expert": expert, "restarts": restarts, "seed_entropy": ss.entropy,
               "n": n,
               **{key: v for key, v in opts.items() if np.isscalar(v)}}
-    return LRTResult(out(lr), out(pval), null[0] if single else null, out(n_failed), k0, k1, f0, f1, config,
+    return LRTResult(out(lr), out(pval), null[0] if single else null, out(n_failed), k0, k1, _keep_design(f0, design),
+                     _keep_design(f1, design), config,
                      out(not_conv))
 
 
@@ -716,16 +727,17 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
                          f"ks={list(ks)}.")
     if not ks:
         raise ValueError("ks must list at least one number of experts.")
-    Xa, y, fit_kwargs = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula, weights=weights,
-                                      fit_kwargs=fit_kwargs)
+    Xa, y, fit_kwargs, design = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula,
+                                              weights=weights, fit_kwargs=fit_kwargs)
     if Xa.ndim != 2:
         raise ValueError(f"select_k needs X of shape (n, d), got shape {Xa.shape}.")
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     fits, rows = {}, []
     with _Stages("select_k", [f"k={k}" for k in ks], progress, weights=[float(k) for k in ks]) as bar:
         for k, s in zip(ks, ss.spawn(len(ks)), strict=True):
-            fits[k] = f = _fit_one_k(MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1], response=family), Xa, y,
-                                     method=method, restarts=restarts, seed=s, fit_kwargs=fit_kwargs)
+            fits[k] = f = _keep_design(_fit_one_k(MoE(gate=gate, expert=expert, k=k, d=Xa.shape[1], response=family),
+                                                  Xa, y, method=method, restarts=restarts, seed=s,
+                                                  fit_kwargs=fit_kwargs), design)
             bar.step()
             g = f.glance().iloc[0]
             found = f.degeneracy()

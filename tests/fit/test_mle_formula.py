@@ -183,4 +183,10 @@ def test_select_k_and_the_lrt_take_a_formula_with_a_gate_formula():
     assert sel.fits[2].loglik == pytest.approx(direct.loglik, rel=1e-6)
     lrt = ms.test_n_experts(formula="y ~ x", data=df, gate_formula="~ w", k0=1, k1=2, n_resamples=9, seed=0)
     assert lrt.fit1.param_names == sel.fits[2].param_names
+    # the fits keep the formula: the summary names the response, new frames go through the formula's terms
+    named = ms.select_k(formula="np.log(visits) ~ x", data=df.assign(visits=np.exp(df["y"])), gate_formula="~ w",
+                        ks=(2,), seed=0)
+    assert named.fits[2].response_name == "np.log(visits)" and "np.log(visits)" in str(named.fits[2].summary())
+    # the same model fitted from other starts: the two EM runs stop within their tolerance of one maximum
+    np.testing.assert_allclose(named.fits[2].predict(df.head(5)), sel.fits[2].predict(df.head(5)), atol=1e-4)
     assert lrt.p_value == pytest.approx(0.1)  # two clearly separated experts: no null draw reaches the statistic
