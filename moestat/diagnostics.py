@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._validation import check_int, renamed_arguments
+from ._validation import Boolean, Integer, Real, Seed, check_int, renamed_arguments, validate_arguments
 from .model import MoE
 from .params import Params
 from .rates import RateWarning, compare_rates, fit_rate
@@ -272,6 +272,8 @@ split of an atom's weight between two copies with the truth's expert is exact (d
 DESIGN_COLUMNS = ["check", "scope", "value", "threshold", "passed", "note"]
 
 
+@validate_arguments(min_obs_per_param=Real(0, open_low=True), min_decades=Real(0), min_truths=Integer(1),
+                    basin=Boolean(), n_mc=Integer(1), seed=Seed(), exact_gap=Real(0, open_low=True))
 def design_check(truths: Sequence[Any], n: Sequence[float], *, k: int | str = "truth+1", min_obs_per_param: float = 50,
                  min_decades: float = 2.0, min_truths: int = 10, basin: bool = True, n_mc: int = 20_000,
                  restarts: int | None = None, seed: int = 0, exact_gap: float = 1e-3) -> pd.DataFrame:

@@ -17,7 +17,8 @@ from moestat._validation import Choice, Integer, Real, Seed, validate_arguments
 PUBLIC = [ms.fit_lse, ms.fit_mle, ms.fit_tensor, ms.fit_em_gated, ms.fit_l2_gated, ms.estimate_gbar, ms.bootstrap,
           ms.test_n_experts, ms.select_k, ms.simulate, ms.simulate_clusters, ms.simulate_patches,
           ms.simulate_gated_nn, ms.fit_rate, ms.compare_rates, ms.window_sensitivity, ms.sample_complexity,
-          deep.fit_cluster_moe, deep.fit_single_cnn, deep.fit_pmoe, deep.fit_cnn]
+          deep.fit_cluster_moe, deep.fit_single_cnn, deep.fit_pmoe, deep.fit_cnn, ms.voronoi_loss,
+          ms.metrics.voronoi_losses, ms.match_atoms, ms.l2_distance, ms.design_check]
 CASES = [(fn, name) for fn in PUBLIC for name in fn.parameter_constraints]
 
 GARBAGE = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .._torch import is_torch, to_numpy
+from .._validation import Integer, validate_arguments
 from ..model import MoE
 from ..params import Params
 from ._common import blocks, broadcast_reps, check_compatible, reference_device, unpack
@@ -50,6 +51,7 @@ def _mean(spec: MoE, p: Params, X: torch.Tensor, dev: torch.device, dt: torch.dt
     return torch.cat(outs, dim=-1)
 
 
+@validate_arguments(chunk=Integer(1))
 def l2_distance(spec: MoE, params_a: Params, params_b: Params, X_mc: Any, *,
                 spec_b: MoE | None = None, chunk: int = 65536) -> np.ndarray | float:
     r"""Monte-Carlo :math:`L^2(\mu)` distance between two MoE regression functions, per replicate.

@@ -25,7 +25,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from .._torch import to_numpy
-from .._validation import check_choice
+from .._validation import Boolean, Choice, check_choice, validate_arguments
 from ._common import Blocks, broadcast_reps, check_compatible, reference_device, unpack
 from ._common import blocks as to_blocks
 from .voronoi import center_softmax
@@ -101,6 +101,7 @@ class Matching:
         })
 
 
+@validate_arguments(method=Choice("hungarian", "voronoi"), softmax=Boolean())
 def match_atoms(params: Any, truth: Any, method: str = "hungarian", *,
                 blocks: Sequence[str] = CELL_BLOCKS, softmax: bool = False) -> Matching:
     r"""Align fitted atoms to true atoms, replicate by replicate.

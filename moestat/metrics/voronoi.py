@@ -56,7 +56,7 @@ import pandas as pd
 import torch
 
 from .._torch import to_numpy
-from .._validation import check_choice
+from .._validation import Boolean, Choice, Integer, Optional, Real, check_choice, validate_arguments
 from ..params import Params
 from ._common import Blocks, as_set, blocks, broadcast_reps, check_compatible, reference_device, unpack
 
@@ -301,6 +301,8 @@ def _check_r(kind: str, r: float | None) -> float | None:
     return float(r)
 
 
+@validate_arguments(kind=Choice(*KINDS), r=Optional(Real(0, open_low=True)), strict=Boolean(),
+                    translation=Choice("center", "none"), chunk_elements=Integer(1))
 def voronoi_loss(params: Any, truth: Any = None, kind: str = "D1", *, r: float | None = None,
                  strict: bool = False, gbar: Any = None, translation: str = "center",
                  chunk_elements: int = 2**24) -> np.ndarray | float:
@@ -405,6 +407,7 @@ def _d3(p: Params, ref_set: Params, strict: bool, chunk_elements: int) -> np.nda
     return out if p.is_batched else float(out[0])
 
 
+@validate_arguments(r=Optional(Real(0, open_low=True)), strict=Boolean(), translation=Choice("center", "none"))
 def voronoi_losses(params: Any, truth: Any, kinds: Sequence[str] = ("D1",), *, r: float | None = None,
                    strict: bool = False, gbar: Any = None, translation: str = "center") -> pd.DataFrame:
     """Several Voronoi losses as a tidy frame: one row per (rep, loss) with the settings recorded.
