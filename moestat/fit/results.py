@@ -25,16 +25,16 @@ The predictive side reads the fitted conditional distribution
 mean, quantiles (bisection on :func:`mixture_cdf`, :func:`mixture_quantile`) and central prediction intervals,
 :meth:`MLEFit.simulate` draws from it (:func:`sample_mixture`, also the parametric bootstrap's sampler), and
 :meth:`MLEFit.posterior_frame` tabulates the posterior expert probabilities with the MAP expert.
-:meth:`MLEFit.summary` groups the coefficients per gate row and expert (:class:`MLESummary`) and
+:meth:`MLEFit.summary` groups the coefficients per gate row and expert (a :class:`moestat.report.Summary` with
+``blocks``) and
 :meth:`MLEFit.plot` draws the fit (:mod:`moestat.fit.plots`).
 """
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -193,84 +193,6 @@ class WaldTest:
 
     def __repr__(self) -> str:
         return f"WaldTest(statistic={self.statistic}, df={self.df}, p_value={self.p_value}, kind={self.kind!r})"
-
-
-@dataclass(repr=False)
-class MLESummary(Summary):
-    """The :class:`moestat.report.Summary` of an :class:`MLEFit`, its coefficients grouped in one block per gate
-    row and per expert (flexmix's ``summary(refit(m))``, one table per component).
-
-    ``coef`` keeps the flat coefficient table (one row per term of :attr:`MLEFit.param_names`); ``blocks`` holds
-    ``(title, table)`` pairs with the same rows, grouped; every renderer (text, HTML, LaTeX) prints the blocks."""
-
-    blocks: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
-
-    def _header_lines(self, width: int) -> list[str]:
-        items = list(self.header.items())
-        half = (len(items) + 1) // 2
-        lines = []
-        for left, right in zip(items[:half], items[half:] + [("", "")] * (2 * half - len(items)), strict=True):
-            lt = f"{left[0] + ':':<16}{left[1]!s:>26}"
-            rt = f"{right[0] + ':':<16}{right[1]!s:>26}" if right[0] else ""
-            lines.append(f"{lt}    {rt}")
-        return lines
-
-    def as_text(self) -> str:
-        w = 88
-        lines = ["=" * w, self.title.center(w), "=" * w, *self._header_lines(w)]
-        with pd.option_context("display.float_format", "{:.4f}".format, "display.width", w):
-            for title, table in self.blocks:
-                lines += ["-" * w, title, table.to_string()]
-            if len(self.components):
-                lines += ["-" * w, "Components", self.components.to_string()]
-        lines.append("=" * w)
-        lines += [f"Note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def as_html(self) -> str:
-        """The summary as an HTML fragment: header table, one titled table per block, components, notes."""
-        import html
-
-        head = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in self.header.items())
-        parts = [f"<h4>{html.escape(self.title)}</h4>", f"<table>{head}</table>"]
-        for title, table in self.blocks:
-            parts += [f"<h5>{html.escape(title)}</h5>", table.to_html(float_format="{:.4f}".format)]
-        if len(self.components):
-            parts += ["<h5>Components</h5>", self.components.to_html(float_format="{:.4f}".format)]
-        parts += [f"<p>Note: {html.escape(n)}</p>" for n in self.notes]
-        return "\n".join(parts)
-
-    _repr_html_ = as_html
-
-    def as_latex(self) -> str:
-        """The summary as LaTeX: a ``tabular`` for the header, then per block a bold title and its ``tabular``."""
-        head = pd.DataFrame({"value": [str(v) for v in self.header.values()]},
-                            index=pd.Index([str(k) for k in self.header], name="item"))
-        parts = [f"% {_tex(self.title)}", _tex_table(head)]
-        for title, table in self.blocks:
-            parts.append(f"\\noindent\\textbf{{{_tex(title)}}}\\par\n" + _tex_table(table.rename_axis("term")))
-        if len(self.components):
-            parts.append("\\noindent\\textbf{Components}\\par\n" + _tex_table(self.components))
-        parts += [f"% Note: {_tex(n)}" for n in self.notes]
-        return "\n\n".join(parts)
-
-
-_TEX_SPECIAL = {"\\": r"\textbackslash{}", "_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$",
-                "{": r"\{", "}": r"\}"}
-
-
-def _tex(x: Any) -> str:
-    """A cell or title as LaTeX text: floats with 4 decimals, specials escaped in one pass."""
-    text = f"{x:.4f}" if isinstance(x, (float, np.floating)) else str(x)
-    return re.sub(r"[\\_%&#${}]", lambda m: _TEX_SPECIAL[m.group()], text)
-
-
-def _tex_table(frame: pd.DataFrame) -> str:
-    flat = frame.reset_index()
-    rows = [" & ".join(_tex(c) for c in flat.columns) + r" \\ \hline"]
-    rows += [" & ".join(_tex(v) for v in r) + r" \\" for r in flat.itertuples(index=False)]
-    return "\\begin{tabular}{" + "l" * int(flat.shape[1]) + "}\n" + "\n".join(rows) + "\n\\end{tabular}"
 
 
 class MLEFit(FitResult):
@@ -1009,11 +931,11 @@ class MLEFit(FitResult):
             frame[key] = self.settings[key]
         return frame
 
-    def summary(self, rep: int = 0, kind: str = "oim", alpha: float = 0.05) -> MLESummary:
+    def summary(self, rep: int = 0, kind: str = "oim", alpha: float = 0.05) -> Summary:
         """A statsmodels-like printable summary of replicate ``rep``: the header (response, model, fit criteria),
         then the coefficients in one block per gate row and per expert (flexmix's ``summary(refit(m))``), each
         expert's block titled with its mean weight and sigma, the components table and notes
-        (:class:`MLESummary`; ``as_text()``, ``as_html()``, ``as_latex()``)."""
+        (a :class:`moestat.report.Summary` with ``blocks``; ``as_text()``, ``as_html()``, ``as_latex()``)."""
         if not 0 <= rep < self.n_reps:
             raise ValueError(f"rep must be in [0, {self.n_reps}), got {rep}.")
         tf = self.to_frame(kind, alpha)
@@ -1055,8 +977,8 @@ class MLEFit(FitResult):
                          f"< {COLLAPSE_RATIO} x the largest): likely a spurious maximiser; refit with more restarts, a "
                          "higher sd_floor or fewer experts.")
         kind_name = {"gaussian": "Gaussian", "poisson": "Poisson", "binomial": "Binomial"}[self.spec.response]
-        return MLESummary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood",
-                          blocks=self._summary_blocks(coef, tf, comp, kind_name))
+        return Summary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood",
+                       blocks=self._summary_blocks(coef, tf, comp, kind_name))
 
     def _summary_blocks(self, coef: pd.DataFrame, tf: pd.DataFrame, comp: pd.DataFrame,
                         kind_name: str) -> list[tuple[str, pd.DataFrame]]:
