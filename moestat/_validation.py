@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -288,3 +288,15 @@ def input_scale(X: Any) -> np.ndarray | None:
         return None
     out: np.ndarray = np.where(rms > 0, rms, 1.0)
     return out
+
+
+def column_list(name: str, value: Any) -> list[str]:
+    """``None`` -> ``[]``, a column name -> ``[name]``, a sequence of names -> a list; anything else is a TypeError
+    naming the argument."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise TypeError(f"{name} must be a column name or a list of column names, got {value!r}.")

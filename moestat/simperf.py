@@ -31,6 +31,7 @@ import pandas as pd
 from scipy import stats
 
 from ._validation import Real, validate_arguments
+from ._validation import column_list as _columns
 
 __all__ = ["MEASURES", "jackknife_mcse", "n_reps_for", "performance_measures"]
 
@@ -54,14 +55,6 @@ _Row = tuple[str, float, float, int]
 
 
 # ----------------------------------------------------------------------------------------------- input checks
-def _columns(name: str, value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise TypeError(f"{name} must be a column name or a list of column names, got {value!r}.")
 
 
 def _numeric_column(frame: pd.DataFrame, arg: str, column: str) -> np.ndarray:

@@ -50,14 +50,6 @@ def rao_wu(centre: Any, draws: Any, size: int) -> Any:
 # validation helpers
 
 
-def _as_list(name: str, value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise TypeError(f"{name} must be a column name or a list of column names, got {value!r}.")
 
 
 def _check_columns(frame: Any, columns: dict[str, list[str]]) -> None:

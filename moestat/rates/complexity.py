@@ -25,10 +25,10 @@ from .._validation import (
     renamed_arguments,
     validate_arguments,
 )
+from .._validation import column_list as _as_list
 from ..exceptions import RateWarning, warn_user
 from ..report import Result
 from ._core import (
-    _as_list,
     _cells,
     _check_choice,
     _check_columns,

@@ -37,6 +37,7 @@ from .._validation import (
     renamed_arguments,
     validate_arguments,
 )
+from .._validation import column_list as _as_list
 from ..exceptions import RateWarning, warn_user
 from ..report import Result, Summary
 from ._core import (
@@ -52,7 +53,6 @@ from ._core import (
     RECOMMENDED_N_VALUES,
     TABLE_COLUMNS,
     VERDICTS,
-    _as_list,
     _cell_stat,
     _Cells,
     _cells,
