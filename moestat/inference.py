@@ -393,6 +393,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
             bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb,
                            feature_names=fit.layout.feature_names, **opts)
         bar.step()
+        _warn_degenerate_refits(bfit, "bootstrap refits")
         th = _align(spec, fit, bfit)
         bar.step()
     ok = np.asarray(bfit._converged) & np.isfinite(bfit._loglik) & np.isfinite(th).all(-1)
@@ -512,6 +513,18 @@ def _keep_design(fit: MLEFit, design: Any) -> MLEFit:
     return fit
 
 
+def _warn_degenerate_refits(batch: MLEFit, what: str) -> None:
+    """One warning for a batch of refits whose per-fit degeneracy warnings were held back: how many degenerated and
+    of which kinds (they are kept, not redrawn)."""
+    found = batch.degeneracy()
+    if found.empty:
+        return
+    kinds = ", ".join(sorted(set(found["kind"].str.replace("_", " "))))
+    warn_user(f"{found['rep'].nunique()} of {batch.n_reps} {what} degenerated ({kinds}); they are kept, not "
+              "redrawn. A large share means the fitted model sits near a degenerate maximum (see fit.degeneracy()).",
+              DegenerateFitWarning)
+
+
 def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, restarts: int, seed,
               opts: dict, step: Callable[[], None] = lambda: None) -> tuple[MLEFit, MLEFit]:
     """The k0 fit, then the k1 fit started from it split (:func:`split_start`); ``step`` is called after each."""
@@ -550,6 +563,7 @@ def _lrt_fits(spec0: MoE, spec1: MoE, Xn: np.ndarray, yn: np.ndarray, B: int, re
     init0 = Params(**{name: np.repeat(a, B, axis=0) for name, a in p0.blocks()})
     g0, g1 = _fit_pair(spec0, spec1, Xs, ys, init0=init0, restarts=restarts, seed=s_boot, opts=opts,
                        step=bar.step)
+    _warn_degenerate_refits(g1, f"k={k1} refits to the null resamples")
     return f0, f1, lr, (g0, g1)
 
 
@@ -762,6 +776,11 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
                                                                      for r in bad.itertuples())
                   + f" (their fits[k].degeneracy() says which expert and why); the choice is among k in "
                   f"{usable['k'].tolist()}.", DegenerateFitWarning)
+    marked = table[~skip & (table["degenerate"] != "")]
+    if len(marked):
+        warn_user("select_k kept fit(s) marked degenerate but not spurious: " + "; ".join(
+            f"k={r.k} ({r.degenerate})" for r in marked.itertuples()) + " (see the 'degenerate' column).",
+            DegenerateFitWarning)
     best = int(usable.loc[usable[criterion].idxmin(), "k"])
     table["best"] = table["k"] == best
     table["criterion"], table["gate"], table["expert"], table["method"] = criterion, gate, expert, method

@@ -75,7 +75,8 @@ def test_select_k_skips_spurious_fits_and_says_which():
 
 def test_select_k_marks_but_keeps_a_step_gate():
     X, y = _switch_data(seed=6)
-    sel = ms.select_k(X, y, ks=(1, 2), seed=0)
+    with pytest.warns(ms.DegenerateFitWarning, match=r"kept fit\(s\) marked degenerate .*k=2 \(separating_gate\)"):
+        sel = ms.select_k(X, y, ks=(1, 2), seed=0)
     assert sel.best_k == 2 and "separating_gate" in sel.table.set_index("k").loc[2, "degenerate"]
 
 
@@ -83,3 +84,11 @@ def test_the_lrt_warns_when_a_fit_to_the_data_is_degenerate():
     X, y = _point_mass_data(seed=4)
     with pytest.warns(ms.DegenerateFitWarning, match="k=2 fit to the data is degenerate"):
         ms.test_n_experts(X, y, k0=1, k1=2, n_resamples=3, seed=0)
+
+
+def test_degenerate_bootstrap_refits_are_counted_in_one_warning():
+    X, y = _point_mass_data(seed=8)
+    with pytest.warns(ms.DegenerateFitWarning):
+        fit = ms.fit_mle(ms.MoE(k=2, d=1), X, y, seed=1)
+    with pytest.warns(ms.DegenerateFitWarning, match=r"of 6 bootstrap refits degenerated \(.*tied responses"):
+        ms.bootstrap(fit, n_resamples=6, kind="nonparametric", seed=0)
