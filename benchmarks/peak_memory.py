@@ -59,7 +59,7 @@ except OSError:  # not glibc: the RSS measure then includes what the allocator h
 
 
 def _status(field: str) -> int:
-    """A ``VmXXX`` field of /proc/self/status, in bytes."""
+    """A memory field of /proc/self/status (``VmRSS``, ``VmHWM``, ...), in bytes."""
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"{field}:\s+(\d+) kB", text).group(1)) * 1024
 
