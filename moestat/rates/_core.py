@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy import special, stats
 
+from .._validation import column_list as _as_list  # noqa: F401  (its former home: old imports keep working)
+
 RATE_MODELS: dict[str, str] = {
     "power": "log y = c - alpha * log n",
     "power_log": "log y = c - alpha * log(n / log n)",
