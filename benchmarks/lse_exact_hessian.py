@@ -24,7 +24,7 @@ import torch
 
 import moestat as ms
 from moestat.fit._objective import LSProblem, MeanKernel, _pair_products
-from moestat.simulators import presets
+from moestat.papers import presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lse_batched import lower_decile

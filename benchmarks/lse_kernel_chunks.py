@@ -18,7 +18,7 @@ import torch
 
 import moestat as ms
 from moestat.fit._objective import MeanKernel
-from moestat.simulators import presets
+from moestat.papers import presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lse_batched import interleaved_ratio

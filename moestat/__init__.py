@@ -7,7 +7,7 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates, hermite, metrics, rates
+from . import deep, experts, gates, hermite, metrics, papers, rates
 from .diagnostics import design_check, lowest_objective, optimizer_invariance
 from .exceptions import (
     CheckpointWarning,
@@ -54,6 +54,7 @@ from .metrics import (
 )
 from .metrics.gated import gating_error, regressor_error
 from .model import MoE
+from .papers import presets
 from .params import Params
 from .rates import (
     RateResult,
@@ -73,7 +74,7 @@ from .rates import (
     window_sensitivity,
 )
 from .simperf import jackknife_mcse, n_reps_for, performance_measures
-from .simulators import ClusterData, Dataset, PatchData, presets, simulate, simulate_clusters, simulate_patches
+from .simulators import ClusterData, Dataset, PatchData, Truth, simulate, simulate_clusters, simulate_patches
 from .simulators.gated_nn import GatedNNData, GatedNNTruth, simulate_gated_nn
 from .solve_n import SolveNResult, solve_n
 from .study import Study, StudyFailureError
@@ -128,6 +129,7 @@ __all__ = [
     "StudyConfigError",
     "StudyFailureError",
     "StudyFailureWarning",
+    "Truth",
     "UnderdeterminedWarning",
     "WindowSensitivity",
     "__version__",
@@ -162,6 +164,7 @@ __all__ = [
     "metrics",
     "n_reps_for",
     "optimizer_invariance",
+    "papers",
     "parameter_errors",
     "performance_measures",
     "permutation_invariant_error",

@@ -5,7 +5,7 @@ simulates ``reps`` replicate data sets and fits all of them in **one batched cal
 Estimators and metrics are looked up by name in two small registries:
 
 * an estimator is ``fn(spec, X, y, *, truth, seed, device, **options) -> Estimate``
-  (``X (R, n, d)``, ``y (R, n)``; ``truth`` is the :class:`~moestat.simulators.presets.Truth`);
+  (``X (R, n, d)``, ``y (R, n)``; ``truth`` is the :class:`~moestat.simulators.Truth`);
 * a metric is ``fn(ctx: MetricContext, **options)`` returning an ``(R,)`` array (one column
   named after the metric) or a dict ``{column: (R,) array}``.
 
@@ -42,10 +42,10 @@ import torch
 from ._validation import Choice, Constraint, Real
 from .checkpoint import write_atomic
 from .model import MoE
+from .papers import presets as _presets
 from .params import Params
-from .simulators import presets as _presets
-from .simulators.presets import Truth
 from .simulators.regression import Dataset, simulate
+from .simulators.truth import Truth
 
 # ---------------------------------------------------------------------------- truths
 

@@ -25,7 +25,8 @@ import pandas as pd
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulators import presets, simulate
+    from .papers import presets
+    from .simulators import simulate
 
     truth = presets.sigmoid_vs_softmax(regime=args.regime, expert=args.expert,
                                        truth_gate=args.gate, seed=args.truth_seed)

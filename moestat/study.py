@@ -81,7 +81,7 @@ from .checkpoint import read_frame, write_atomic, write_frame
 from .exceptions import CheckpointWarning, StudyConfigError, StudyFailureWarning, warn_user
 from .experts import EXPERTS, get_expert
 from .gates import GATES
-from .simulators.presets import PRESETS
+from .papers.presets import PRESETS
 from .study_report import successful_rows
 
 __all__ = [

@@ -9,7 +9,7 @@ import moestat as ms
 from moestat import cells as _cells
 from moestat.cells import MetricContext, gate_matched_loss, lse_estimator
 from moestat.metrics import split_family
-from moestat.simulators.presets import Truth
+from moestat.simulators import Truth
 
 GBAR = {"gbar_n_mc": 3000, "gbar_restarts": 2, "gbar_max_iter": 300, "gbar_init_scale": 0.05}
 

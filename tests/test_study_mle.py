@@ -11,7 +11,7 @@ from scipy import stats
 
 import moestat as ms
 from moestat.cells import MetricContext, gaussian_voronoi_metric, near_truth_mle_start
-from moestat.simulators.presets import Truth
+from moestat.simulators import Truth
 from moestat.study import Study, StudyConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,10 +1,11 @@
-"""Simulators: regression/Gaussian-MoE data (``simulate``), the papers' true models (``presets``) and
-chen2022 clustered patches (``simulate_clusters``)."""
+"""Simulators: regression/Gaussian-MoE data (``simulate``) from a :class:`Truth`, clustered patches
+(``simulate_clusters``) and patch-routing data (``simulate_patches``).  The papers' true models are in
+:mod:`moestat.papers`."""
 
-from . import presets
 from .clusters import ClusterConfig, ClusterData, simulate_clusters
 from .patches import PatchData, simulate_patches
 from .regression import Dataset, replicate_seeds, simulate
+from .truth import Truth
 
-__all__ = ["ClusterConfig", "ClusterData", "Dataset", "PatchData", "presets", "replicate_seeds", "simulate",
+__all__ = ["ClusterConfig", "ClusterData", "Dataset", "PatchData", "Truth", "replicate_seeds", "simulate",
            "simulate_clusters", "simulate_patches"]

@@ -34,8 +34,8 @@ from ..exceptions import warn_user
 from ..hermite import get_activation
 from ..model import MoE
 from ..params import Params
-from .presets import Truth
 from .regression import Dataset, SeedLike, replicate_seeds
+from .truth import Truth
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import moestat as ms
 from moestat.fit import ConvergenceWarning, _native
 from moestat.fit._objective import LSProblem, MeanKernel
 from moestat.fit.init import check_duplicate, near_truth, split_gate_bias
-from moestat.simulators.presets import draw_truth
+from moestat.papers.nguyen2024 import draw_truth
 
 GATES = [("sigmoid", None), ("softmax", None), ("topk", 2)]
 EXPERTS = ["linear", "relu", "gelu", "tanh", "sigmoid", "poly3", "constant"]

@@ -12,7 +12,7 @@ from scipy.optimize import linear_sum_assignment
 
 import moestat as ms
 from moestat.metrics.representations import RepresentationWarning, representation_errors, sample_representations
-from moestat.simulators.presets import draw_truth
+from moestat.papers.nguyen2024 import draw_truth
 
 X_MC = np.random.default_rng(0).uniform(-1, 1, (20_000, 2))
 

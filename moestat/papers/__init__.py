@@ -1,0 +1,45 @@
+"""The founding papers, one module each: their true models (presets), the rates they prove (as data), and the
+criteria their experiments are judged by.
+
+========================  ==================================================================================
+module                    paper
+========================  ==================================================================================
+``nguyen2024``            sigmoid vs softmax gating (presets ``sigmoid_vs_softmax``, ``gate_comparison``)
+``makkuva2020``           learning in gated neural networks (tensor method)
+``chen2022``              mixtures of CNN experts on clustered patches
+``chowdhury2023``         patch-level routing (pMoE) sample complexity
+========================  ==================================================================================
+
+:data:`PRESETS` maps every preset name to its constructor (:class:`moestat.Study` truths name them as
+``preset``); :func:`theory_rows` gives every paper's rows for :func:`moestat.rates.theory_rates`.
+The papers depend on the library (model, simulators, metrics), never the other way round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import chen2022, chowdhury2023, makkuva2020, nguyen2024, presets
+from .presets import PRESETS
+
+__all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2024",
+           "presets", "theory_rows"]
+
+PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen2022,
+          "chowdhury2023": chowdhury2023}
+"""The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
+
+THEORY_COLUMNS = ("source", "result", "gate", "regime", "expert", "examples", "quantity", "response", "regressor",
+                  "rate", "exponent", "rate_model", "direction", "kind", "note")
+"""The columns of a paper's ``THEORY`` rows (see :func:`moestat.rates.theory_rates` for their meaning)."""
+
+
+def theory_rows() -> list[dict[str, Any]]:
+    """Every paper's theory rows as dicts keyed by :data:`THEORY_COLUMNS`, in the order of :data:`PAPERS`."""
+    rows: list[dict[str, Any]] = []
+    for module in PAPERS.values():
+        rows += [dict(zip(THEORY_COLUMNS, row, strict=True)) for row in getattr(module, "THEORY", [])]
+    return rows
+
+
+

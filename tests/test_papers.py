@@ -1,0 +1,42 @@
+"""The papers package: one module per founding paper, each with its citation, presets and theory rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import moestat as ms
+from moestat import papers
+from moestat.rates import theory_rates
+
+
+def test_every_paper_has_a_citation_and_theory_rows_carry_its_key():
+    for key, module in papers.PAPERS.items():
+        assert key[-4:].isdigit() and module.REFERENCE.count("(") >= 1
+        for row in getattr(module, "THEORY", []):
+            assert len(row) == len(papers.THEORY_COLUMNS)
+            assert row[0] == key, f"{key}.THEORY has a row of {row[0]}"
+
+
+def test_theory_rates_is_the_union_of_the_papers_rows_in_paper_order():
+    table = theory_rates()
+    expected = [row for m in papers.PAPERS.values() for row in getattr(m, "THEORY", [])]
+    assert len(table) == len(expected) == 64
+    assert list(table["source"].unique()) == ["nguyen2024", "makkuva2020", "chowdhury2023"]
+    np.testing.assert_array_equal(table["exponent"].to_numpy(float), np.array([r[10] for r in expected], float))
+
+
+def test_chowdhury2023_rows_are_built_from_its_slope_table():
+    rows = [r for r in papers.chowdhury2023.THEORY]
+    assert len(rows) == len(papers.chowdhury2023.SLOPES)
+    for row, (response, regressor, arch, slope, result) in zip(rows, papers.chowdhury2023.SLOPES, strict=True):
+        assert (row[1], row[4], row[7], row[8], row[10]) == (result, arch, response, regressor, slope)
+        assert row[2] == ("none" if arch == "cnn" else "patch_top_l")
+
+
+def test_the_preset_registry_is_what_ms_presets_and_study_read():
+    assert ms.presets.PRESETS is papers.PRESETS
+    assert ms.presets.sigmoid_vs_softmax is papers.nguyen2024.sigmoid_vs_softmax
+    truth = ms.presets.PRESETS["sigmoid_vs_softmax"](regime=2, expert="gelu", seed=0)
+    assert isinstance(truth, ms.Truth) and truth.spec.k == 8
+    study = ms.Study(truth={"preset": "gate_comparison", "seed": 1}, fit={}, n=[200], reps=1)
+    assert study.truths[0]["preset"] == "gate_comparison"
