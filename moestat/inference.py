@@ -297,7 +297,7 @@ def _align(spec: MoE, fit: MLEFit, boot: MLEFit) -> np.ndarray:
     a0 = atoms(ref.expert_weight, ref.expert_bias, ref.noise_sd)  # (k, c)
     ab = atoms(bp.expert_weight, bp.expert_bias, bp.noise_sd)  # (B, k, c)
     coef_se = se[lay.n_gate:lay.n_gate + lay.n_expert].reshape(spec.k, lay.pe)  # (const, x1..xd) per expert
-    sig_se = se[lay.n_gate + lay.n_expert:][:, None]
+    sig_se = se[lay.n_gate + lay.n_expert + lay.n_shared:][:, None]  # after the shared terms (if any)
     scale = np.concatenate([coef_se, sig_se], -1) if lay.dispersion else coef_se
     scale = scale if np.isfinite(scale).all() else np.ones_like(a0)
     scale = np.maximum(scale, 1e-8)
@@ -354,6 +354,9 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         raise TypeError(f"fit must be an MLEFit, got {type(fit).__name__}.")
     if not fit.single:
         raise ValueError("bootstrap needs a fit to a single data set; select one replicate's data and refit.")
+    if fit._m is not None:
+        raise ValueError("bootstrap does not support fits with binomial trials= yet; expand the rows into one row per "
+                         "trial only for k = 1 (a mixture keeps each row's trials in one expert), or refit by hand.")
     check_choice("kind", kind, ("parametric", "nonparametric"))
     B = check_int("n_resamples", n_resamples, minimum=2)
     spec = fit.spec
@@ -375,7 +378,8 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         bar.step()
         opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
                 "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
-                "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns}
+                "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns,
+                "shared_columns": fit.layout.shared_columns or None}
         opts.update(fit_kwargs)
         failed_data = np.zeros(B, dtype=bool)
         if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed
@@ -407,7 +411,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
                       "resample); they are excluded from the bootstrap summaries and not redrawn.",
                       MLEConvergenceWarning)
     config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy,
-              **{key: v for key, v in opts.items() if key not in ("gate_columns", "expert_columns")}}
+              **{key: v for key, v in opts.items() if key not in ("gate_columns", "expert_columns", "shared_columns")}}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..families import irls_weighted
+from ..families import Family, irls_weighted
 from ..model import MoE, normal_log_density
 from ._layout import BlockParams
 
@@ -219,10 +219,106 @@ def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch
     return torch.where(better[..., None, None], new, theta)
 
 
+def _shared_objective(glm: Family | None, y: torch.Tensor, eta: torch.Tensor, tau: torch.Tensor,
+                      wt: torch.Tensor, trials: torch.Tensor | None) -> torch.Tensor:
+    r"""The expert part of the M-step objective, (A,): :math:`\sum_{t,j} w_{tj}\,\mathrm{kernel}(y_t, \eta_{tj})`."""
+    if glm is None:
+        r = y.unsqueeze(1) - eta
+        return -0.5 * (wt * r * r).sum((1, 2))
+    return (tau * glm.log_kernel(y.unsqueeze(1), eta, None if trials is None else trials.unsqueeze(1))).sum((1, 2))
+
+
+def shared_newton_step(Ze: torch.Tensor, Zs: torch.Tensor, y: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor,
+                       gamma: torch.Tensor, prox: float, *, glm: Family | None = None, var: torch.Tensor | None = None,
+                       trials: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Joint expert M-step with coefficients :math:`\gamma` shared by all experts (flexmix's ``FLXMRglmfix``).
+
+    The linear predictor of expert :math:`j` is :math:`\eta_{tj} = z_t^	opeta_j + s_t^	op\gamma`, so the M-step
+    maximises :math:`Q(eta_1, \ldots, eta_k, \gamma) = \sum_j\sum_t w_{tj}\,\kappa(y_t, \eta_{tj})` jointly: the
+    regression of the response stacked :math:`k` times on the block design
+
+    .. math:: egin{pmatrix} Z & & & S\ & \ddots & & dots\ & & Z & S \end{pmatrix}
+              egin{pmatrix}eta_1\ dots\ eta_k\ \gamma\end{pmatrix},
+              \qquad H = egin{pmatrix} A_1 & & & C_1\ & \ddots & & dots\ & & A_k & C_k\
+              C_1^	op & \cdots & C_k^	op & D\end{pmatrix},
+
+    :math:`A_j = \sum_t h_{tj} z_tz_t^	op + \epsilon I`, :math:`C_j = \sum_t h_{tj} z_ts_t^	op`,
+    :math:`D = \sum_{j,t} h_{tj} s_ts_t^	op + \epsilon I`.  The Newton step :math:`H\delta = g` is solved exactly
+    through the Schur complement of the block-diagonal part,
+    :math:`(D - \sum_j C_j^	op A_j^{-1}C_j)\,\delta_\gamma = g_\gamma - \sum_j C_j^	op A_j^{-1}g_{eta_j}` and
+    :math:`\delta_{eta_j} = A_j^{-1}(g_{eta_j} - C_j\delta_\gamma)`: :math:`k` solves of size :math:`p` and one of
+    size :math:`q` instead of one of size :math:`kp + q`.
+
+    * **Gaussian experts** (``glm=None``; ``var`` the current variances): :math:`\kappa = -(y-\eta)^2/(2\sigma_j^2)`,
+      weights :math:`h_{tj} = w_{tj}\,\sigma_{\min}^2/\sigma_j^2` (a common factor, so :math:`\epsilon` keeps the
+      scale of the unshared M-step).  :math:`Q` is quadratic, so this one step is the exact weighted least-squares
+      solution given the variances; the variances are then updated given the coefficients.  Together the two are
+      the conditional-maximisation steps of ECM (Meng & Rubin 1993, Biometrika 80), which keep the EM ascent
+      property.
+    * **GLM experts**: :math:`\kappa = m_t[y_t\eta - b(\eta)]`, :math:`h_{tj} = w_{tj} m_t V(\mu_{tj})` (the IRLS
+      weights, McCullagh & Nelder 1989, §2.5), and the step is halved (:math:`t = 1, 1/2, \ldots`) until
+      :math:`Q` does not decrease: a generalised M-step.
+
+    The proximal term :math:`-	frac\epsilon2\lVert(eta,\gamma) - (eta,\gamma)^{old}
+Vert^2` (``prox``) is zero
+    at the start, as in :func:`em_fit`.  Shapes (A pairs): ``Ze`` (A, p, n), ``Zs`` (A, q, n), ``y`` (A, n),
+    ``tau`` (A, k, n) (responsibilities times case weights), ``beta`` (A, k, p), ``gamma`` (A, q), ``var`` (A, k),
+    ``trials`` (A, n).  Returns the new ``beta`` and ``gamma``.
+    """
+    eta = torch.bmm(beta, Ze) + torch.bmm(gamma.unsqueeze(1), Zs)
+    if glm is None:
+        if var is None:
+            raise ValueError("shared_newton_step with Gaussian experts needs var=, the current variances (A, k).")
+        wt = tau * (var.amin(-1, keepdim=True) / var).unsqueeze(-1)
+        resid, hw = y.unsqueeze(1) - eta, wt
+    else:
+        mu = glm.inverse_link(eta)
+        wt = tau if trials is None else tau * trials.unsqueeze(1)
+        resid = y.unsqueeze(1) - mu
+        hw = wt * glm.variance(mu).clamp_min(torch.finfo(eta.dtype).tiny)
+    g_b = torch.einsum("akn,apn->akp", wt * resid, Ze)
+    g_s = torch.einsum("akn,aqn->aq", wt * resid, Zs)
+    p, q = Ze.shape[1], Zs.shape[1]
+    eye_p = torch.eye(p, dtype=Ze.dtype, device=Ze.device)
+    eye_q = torch.eye(q, dtype=Ze.dtype, device=Ze.device)
+    A = torch.einsum("akn,apn,arn->akpr", hw, Ze, Ze) + prox * eye_p
+    C = torch.einsum("akn,apn,aqn->akpq", hw, Ze, Zs)
+    D = torch.einsum("an,aqn,arn->aqr", hw.sum(1), Zs, Zs) + prox * eye_q
+    Ainv_g = torch.linalg.solve(A, g_b.unsqueeze(-1)).squeeze(-1)  # (A, k, p)
+    Ainv_C = torch.linalg.solve(A, C)  # (A, k, p, q)
+    schur = D - torch.einsum("akpq,akpr->aqr", C, Ainv_C)
+    rhs = g_s - torch.einsum("akpq,akp->aq", C, Ainv_g)
+    d_s, info = torch.linalg.solve_ex(schur, rhs.unsqueeze(-1))
+    d_s = d_s.squeeze(-1)
+    d_b = Ainv_g - torch.einsum("akpq,aq->akp", Ainv_C, d_s)
+    ok = (info == 0) & torch.isfinite(d_s).all(-1) & torch.isfinite(d_b).flatten(1).all(-1)
+    d_b = torch.where(ok[:, None, None], d_b, torch.zeros_like(d_b))
+    d_s = torch.where(ok[:, None], d_s, torch.zeros_like(d_s))
+    if glm is None:  # a quadratic: the full step is the exact maximiser
+        return beta + d_b, gamma + d_s
+    q0 = _shared_objective(glm, y, eta, tau, wt, trials)
+    step_sq = (d_b * d_b).sum((1, 2)) + (d_s * d_s).sum(-1)
+    todo = ok.clone()
+    t = 1.0
+    for _ in range(_LINE_SEARCH + 18):  # t down to 2^-29, as irls_weighted
+        if not bool(todo.any()):
+            break
+        cb, cs = beta + t * d_b, gamma + t * d_s
+        qc = _shared_objective(glm, y, torch.bmm(cb, Ze) + torch.bmm(cs.unsqueeze(1), Zs), tau, wt, trials)
+        qc = qc - 0.5 * prox * t * t * step_sq
+        acc = todo & torch.isfinite(qc) & (qc >= q0)
+        beta = torch.where(acc[:, None, None], cb, beta)
+        gamma = torch.where(acc[:, None], cs, gamma)
+        todo &= ~acc
+        t *= 0.5
+    return beta, gamma
+
+
 def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, var_floor: torch.Tensor,
            tol: float, max_iter: int, gate_steps: int = 2, gate_solver: str = "newton",
            prox: float = 1e-8, gate_columns: Sequence[int] | None = None,
-           expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None) -> EMState:
+           expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None,
+           shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
@@ -232,6 +328,10 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     slopes stay zero; :class:`moestat.fit._layout.ParamLayout`).  Case weights ``weights`` (R, n) multiply each
     observation's log-likelihood, :math:`\ell = \sum_t c_t \log p(y_t\mid x_t)`: every M-step then uses the
     weighted responsibilities :math:`c_t\tau_{ti}` (integer weights give the fit of the data with repeated rows).
+
+    ``shared_columns`` are input columns whose expert slope :math:`\gamma` is common to all experts; the expert
+    M-step then solves for every expert's own coefficients and :math:`\gamma` jointly (:func:`shared_newton_step`).
+    ``trials`` (R, n) are binomial trials :math:`m_t` (binomial experts; ``y`` is then the proportion of successes).
 
     Every per-observation array is laid out (pairs, k, n), observations last, so the reductions over
     experts run along a strided axis instead of a length-k inner axis (several times faster on CPU).
@@ -249,11 +349,15 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     dependent = spec.family.input_dependent
     # flat (replicate, restart) pairs; each iteration works on the still-active pairs only
     gcols = list(range(d)) if gate_columns is None else list(gate_columns)
-    ecols = list(range(d)) if expert_columns is None else list(expert_columns)
+    scols = [] if shared_columns is None else list(shared_columns)
+    ecols = [j for j in range(d) if j not in scols] if expert_columns is None else list(expert_columns)
     same_cols = gcols == ecols
     yf = y.repeat_interleave(S, dim=0)
     floor_f = var_floor.repeat_interleave(S, dim=0)
     wf = None if weights is None else weights.repeat_interleave(S, dim=0)
+    mf = None if trials is None else trials.repeat_interleave(S, dim=0)
+    # shared design (B, q, n), no intercept; None without shared columns
+    Zs = X[..., scols].transpose(1, 2).repeat_interleave(S, dim=0).contiguous() if scols else None
     Zg = design(X[..., gcols], True).transpose(1, 2).repeat_interleave(S, dim=0).contiguous()  # gate (B, pg, n)
     if not dependent:
         Ze = Zg[:, :1].contiguous()  # expert design (B, pe, n)
@@ -274,6 +378,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     else:
         beta = flat.expert_bias.unsqueeze(-1).contiguous()
     p_e = beta.shape[-1]
+    # shared slopes: the mean over experts projects a start onto the constraint (all experts equal)
+    gamma = flat.expert_weight[..., scols].mean(-2).contiguous() if scols else None
     var = (flat.noise_sd**2).contiguous()
     eye = torch.eye(p_e, dtype=X.dtype, device=X.device)
     converged = torch.zeros(B, dtype=torch.bool, device=X.device)
@@ -289,20 +395,29 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         ew = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device)
         if dependent:
             ew[..., ecols] = beta[..., 1:]
+        if gamma is not None:
+            ew[..., scols] = gamma.unsqueeze(-2).expand(*beta.shape[:-1], len(scols))
         gw = torch.zeros(*g.shape[:-1], d, dtype=X.dtype, device=X.device)
         gw[..., gcols] = g[..., 1:]
         return BlockParams(g[..., 0], gw, ew, beta[..., 0], var.sqrt())
 
-    ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf
+    ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa, ma, Zsa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf, mf, Zs
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()
+    gm_a = None if gamma is None else gamma.clone()
     logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)  # (A, k, n)
     glm = None if spec.has_noise_sd else spec.glm
+
+    def linear_predictor() -> torch.Tensor:
+        eta = torch.bmm(beta_a, Zea)
+        return eta if gm_a is None else eta + torch.bmm(gm_a.unsqueeze(1), Zsa)
+
     for it in range(max_iter + 1):
         if glm is None:
-            resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
+            resid = ya.unsqueeze(1) - linear_predictor()
             logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
         else:  # GLM experts: the family's log-density at the linear predictor
-            logc = logw + glm.log_density(ya.unsqueeze(1), torch.bmm(beta_a, Zea))
+            logc = logw + glm.log_density(ya.unsqueeze(1), linear_predictor(),
+                                          trials=None if ma is None else ma.unsqueeze(1))
         lse = torch.logsumexp(logc, dim=1)
         ll = lse.sum(-1) if wa is None else (lse * wa).sum(-1)
         ll_all[idx] = ll
@@ -316,9 +431,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             break
         if not bool(keep.all()):  # drop finished pairs from the working set
             theta_g[idx], beta[idx], var[idx] = tg_a, beta_a, var_a
+            if gamma is not None and gm_a is not None and Zsa is not None:
+                gamma[idx] = gm_a
+                gm_a, Zsa = gm_a[keep], Zsa[keep]
             idx, logc, lse, ll, logw = idx[keep], logc[keep], lse[keep], ll[keep], logw[keep]
             ya, Zga, Zya, fl = ya[keep], Zga[keep], Zya[keep], fl[keep]
             wa = None if wa is None else wa[keep]
+            ma = None if ma is None else ma[keep]
             Zea = Zga if dependent and same_cols else Zea[keep]
             ZZga = None if ZZga is None else ZZga[keep]
             ZZea = (ZZga if same_cols else (None if ZZea is None else ZZea[keep])) if dependent else None
@@ -327,11 +446,19 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         tau = torch.exp(logc - lse.unsqueeze(1))  # (A, k, n) responsibilities
         if wa is not None:
             tau = tau * wa.unsqueeze(1)
-        if glm is not None:
+        if gm_a is not None and Zsa is not None:
+            # shared slopes: one joint (proximal) Newton step on every expert's coefficients and gamma; exact
+            # weighted least squares for Gaussian experts (at the current variances), step-halved IRLS for GLMs
+            beta_a, gm_a = shared_newton_step(Zea, Zsa, ya, tau, beta_a, gm_a, eps, glm=glm, var=var_a, trials=ma)
+            if glm is None:
+                resid = ya.unsqueeze(1) - linear_predictor()
+                ssq = (tau * resid * resid).sum(-1)
+                var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
+        elif glm is not None:
             # GLM experts: a proximal IRLS (Newton) step on each expert's weighted log-likelihood, which never
             # lower it (step halving): a generalised M-step
             beta_a = irls_weighted(Zea.transpose(1, 2), ya, tau.transpose(1, 2).unsqueeze(1), beta_a.unsqueeze(1),
-                                   glm, max_iter=_GLM_NEWTON_STEPS, prox=eps).squeeze(1)
+                                   glm, max_iter=_GLM_NEWTON_STEPS, prox=eps, trials=ma).squeeze(1)
         else:
             # expert M-step: proximal weighted least squares, then the floored proximal variance update
             gram = _weighted_gram(tau, Zea, ZZea) + eps * eye
@@ -349,6 +476,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
                     tg_a, logw = _newton_gate_step(Zga, ZZga, tau, tg_a, logw, wa)
         ll_prev = ll
     theta_g[idx], beta[idx], var[idx] = tg_a, beta_a, var_a
+    if gamma is not None:
+        gamma[idx] = gm_a
 
     def unflat(a: torch.Tensor) -> torch.Tensor:
         return a.reshape(R, S, *a.shape[1:])

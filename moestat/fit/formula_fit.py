@@ -10,6 +10,12 @@ at zero on gate-only columns (:class:`moestat.fit._layout.ParamLayout`'s ``gate_
 
 the concomitant-variable mixture of flexmix (Grün & Leisch 2008, ``concomitant = FLXPmultinom(~ w)``).  A term
 that both formulas contain is one column used by both blocks.
+
+Shared covariates (``shared="~ z"``, flexmix's ``FLXMRglmfix(fixed = ~ z)``) are further columns of the union,
+placed after the experts' own, whose expert coefficient is one :math:`\gamma` common to every expert
+(``shared_columns``; :class:`moestat.fit._layout.ParamLayout` writes it into every expert's slope row):
+:math:`\eta_{tj} = b_j + a_j^\top x_t + \gamma^\top z_t`.  The union's column order is experts', shared, then
+gate-only columns.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..formula import DesignMatrices, ModelDesign, build_design
 
@@ -37,6 +44,10 @@ class FormulaInputs:
     gate_columns, expert_columns : tuple of int
         The columns of ``X`` each block uses.
     design : ModelDesign
+    shared_columns : tuple of int
+        The columns of ``X`` with one coefficient common to all experts (empty without ``shared``).
+    trials : ndarray (n,) or None
+        Binomial trials of the rows kept.
     """
 
     X: np.ndarray
@@ -46,38 +57,67 @@ class FormulaInputs:
     gate_columns: tuple[int, ...]
     expert_columns: tuple[int, ...]
     design: ModelDesign
+    shared_columns: tuple[int, ...] = ()
+    trials: np.ndarray | None = None
 
 
 def _union_names(design: ModelDesign) -> tuple[list[str], list[int]]:
-    """Union column names and, for each gate-only column, its index in ``design.X_gate``."""
-    names = list(design.expert_names)
+    """Union column names (experts', shared, gate-only) and, for each gate-only column, its index in
+    ``design.X_gate``."""
+    names = list(design.expert_names) + list(design.shared_names)
     extra = [j for j, g in enumerate(design.gate_names) if g not in names]
     return names + [design.gate_names[j] for j in extra], extra
 
 
-def union_matrix(design: ModelDesign, X: np.ndarray, X_gate: np.ndarray) -> np.ndarray:
-    """``[X, X_gate[:, gate-only columns]]``: the inputs of the union MoE."""
+def union_matrix(design: ModelDesign, X: np.ndarray, X_gate: np.ndarray, X_shared: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """``[X, X_shared, X_gate[:, gate-only columns]]``: the inputs of the union MoE."""
     _, extra = _union_names(design)
-    return np.ascontiguousarray(np.concatenate([X, X_gate[:, extra]], axis=1)) if extra else X
+    parts = [X] + ([X_shared] if X_shared is not None and X_shared.shape[1] else []) + \
+        ([X_gate[:, extra]] if extra else [])
+    return np.ascontiguousarray(np.concatenate(parts, axis=1)) if len(parts) > 1 else X
 
 
 def transform_union(design: ModelDesign, new_data: Any) -> np.ndarray:
     """New data (a frame, columns found by name) as the union MoE's inputs."""
     m: DesignMatrices = design.transform(new_data)
-    return union_matrix(design, m.X, m.X_gate)
+    return union_matrix(design, m.X, m.X_gate, m.X_shared)
+
+
+def _trials(trials: Any, data: Any, design: ModelDesign) -> np.ndarray | None:
+    """Binomial trials as an array over the design's kept rows: a column name of ``data`` or one value per row."""
+    if trials is None:
+        return None
+    if isinstance(trials, str):
+        if not isinstance(data, pd.DataFrame) or trials not in data.columns:
+            raise ValueError(f"trials={trials!r} is not a column of data; pass a column name or an array of "
+                             f"{len(design.kept)} numbers of trials.")
+        trials = data[trials]
+    arr = np.asarray(trials.to_numpy() if isinstance(trials, pd.Series) else trials)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"trials must hold numbers of binomial trials, got an array of dtype {arr.dtype}.")
+    if arr.ndim != 1 or arr.shape[0] != len(design.kept):
+        raise ValueError(f"trials has shape {arr.shape} but data has {len(design.kept)} rows; pass one number of "
+                         "trials per row of data (or a column name).")
+    return np.array(arr[design.kept], dtype=np.float64)
 
 
 def formula_inputs(formula: str, data: Any, *, gate_formula: str | None = None, weights: Any = None,
-                   missing: str = "raise", context: dict[str, Any] | None = None) -> FormulaInputs:
+                   missing: str = "raise", context: dict[str, Any] | None = None, shared: str | None = None,
+                   trials: Any = None) -> FormulaInputs:
     """Build the design (:func:`moestat.build_design`) and the union MoE's arrays.
+
+    ``shared`` (``"~ z"``) adds covariates with one coefficient common to all experts; ``trials`` (a column name
+    of ``data`` or an array with one entry per row) are binomial trials, subset to the rows the design keeps (they
+    must have no missing values).
 
     Raises
     ------
     ValueError
         If a formula removes the intercept (moestat's gates and experts always have one).
     """
-    design = build_design(formula, data, gate_formula=gate_formula, weights=weights, missing=missing,
-                          context=context)
+    design = build_design(formula, data, gate_formula=gate_formula, shared=shared, weights=weights,
+                          missing=missing, context=context)
     if not design.expert_intercept:
         raise ValueError(f"formula={formula!r} removes the intercept ('0 +' or '- 1'); moestat's experts always "
                          "have one: drop the '0 +' / '- 1'.")
@@ -89,6 +129,9 @@ def formula_inputs(formula: str, data: Any, *, gate_formula: str | None = None, 
         raise ValueError(f"formula={formula!r} has no covariates; a mixture of experts needs at least one (for a "
                          "mixture of constants use an array fit with expert='constant').")
     gate_cols = tuple(sorted(names.index(g) for g in design.gate_names))
-    expert_cols = tuple(range(len(design.expert_names)))
-    X = union_matrix(design, design.X, design.X_gate)
-    return FormulaInputs(X, design.y, design.weights, names, gate_cols, expert_cols, design)
+    d_e = len(design.expert_names)
+    expert_cols = tuple(range(d_e))
+    shared_cols = tuple(range(d_e, d_e + len(design.shared_names)))
+    X = union_matrix(design, design.X, design.X_gate, design.X_shared)
+    return FormulaInputs(X, design.y, design.weights, names, gate_cols, expert_cols, design, shared_cols,
+                         _trials(trials, data, design))

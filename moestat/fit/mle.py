@@ -57,13 +57,13 @@ from ._layout import BlockParams, ParamLayout
 from ._optim import ClosureProblem, lbfgs
 from .em import design, em_fit, weighted_ls
 from .formula_fit import formula_inputs
-from .results import MLEFit
+from .results import MLEFit, log_joint
 
 METHODS = ("em", "gradient")
 
 
-def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLayout | None = None
-                ) -> tuple[np.ndarray, np.ndarray, bool]:
+def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLayout | None = None,
+                trials: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
     X, y = as_numeric("X", X), as_numeric("y", y)
     Xn = np.array(X.detach().cpu().numpy() if isinstance(X, torch.Tensor) else X, dtype=np.float64)
     yn = np.array(y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
@@ -100,7 +100,7 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLa
                          "Use fewer experts or more data.")
     sd = yn.std(axis=1)
     if not spec.has_noise_sd:
-        spec.glm.check_response(yn)
+        spec.glm.check_response(yn, trials)
     elif (sd <= 1e-12 * (1.0 + np.abs(yn).max(axis=1))).any():
         raise ValueError("y is constant (zero variance) in at least one replicate; a Gaussian MoE cannot be "
                          "fitted to a constant response.")
@@ -136,14 +136,17 @@ def _as_init_list(init, spec: MoE, R: int) -> list[Params]:
 
 
 def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
-                  seeds: Sequence[np.random.SeedSequence], expert_columns: Sequence[int] | None = None) -> BlockParams:
+                  seeds: Sequence[np.random.SeedSequence], expert_columns: Sequence[int] | None = None,
+                  trials: torch.Tensor | None = None) -> BlockParams:
     r"""Random-subset starts, shape (R, S, ...).
 
     Each expert of each start is the least-squares fit through ``p + 1`` random observations
     (``p = d + 1``; weight 1, every other observation weight :math:`0.01\,(p+1)/n`), with
     :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate (all gate
     coefficients 0).  Replicate ``r`` draws from its own stream ``seeds[r]``, so adding
-    replicates never changes earlier replicates' starts.
+    replicates never changes earlier replicates' starts.  ``expert_columns`` are all the columns of the experts'
+    linear predictor (shared ones included: each expert gets its own slope there, which the fit's layout then
+    projects onto the constraint by averaging); ``trials`` are binomial trials (R, n).
     """
     R, n, d = X.shape
     k = spec.k
@@ -160,8 +163,8 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
         mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
         var = ((y[:, None, :, None] - mu) ** 2).mean(-2)
     else:  # GLM experts: a few IRLS steps on the subset weights (ridge: a subset of p + 1 points may separate)
-        beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6), spec.glm, max_iter=10,
-                             ridge=1e-6)
+        beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6, trials=trials), spec.glm,
+                             max_iter=10, ridge=1e-6, trials=trials)
         var = torch.ones(R, S, k, dtype=X.dtype, device=X.device)
     zeros_k = torch.zeros(R, S, k, dtype=X.dtype, device=X.device)
     ew = torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
@@ -171,7 +174,8 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
                        var.sqrt())
 
 
-def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor,
+                   trials: torch.Tensor | None = None) -> torch.Tensor:
     r""":math:`\log\tilde\pi_i(x_t) + \log\mathcal N(y_t; h_i(x_t), \sigma_i^2)` in the (A, k, n) layout.
 
     The same quantity as :meth:`moestat.MoE.log_density_components` (which returns (..., n, k)), for A
@@ -179,19 +183,21 @@ def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor)
     ``y`` (A, n), and the blocks ``p`` have leading axis A.  Experts sit on axis 1 and observations
     last, so the softmax/log-sum-exp reductions over experts run along a strided axis (several times
     faster on CPU than over a short last axis) and logits and expert pre-activations are batched
-    matrix products.
+    matrix products.  ``trials`` (A, n): binomial trials (:func:`moestat.fit.results.log_joint`).
     """
     logits = torch.bmm(torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1), Zt)
     if spec.family.input_dependent:
         pre = torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt)
     else:
         pre = p.expert_bias.unsqueeze(-1)
-    return spec.log_joint_from_linear(logits, pre, y.unsqueeze(1), p.noise_sd.unsqueeze(-1))
+    return log_joint(spec, logits, pre, y.unsqueeze(1), p.noise_sd.unsqueeze(-1),
+                     None if trials is None else trials.unsqueeze(1))
 
 
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
                  sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float,
-                 weights: torch.Tensor | None = None) -> tuple[BlockParams, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 weights: torch.Tensor | None = None, trials: torch.Tensor | None = None
+                 ) -> tuple[BlockParams, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Batched L-BFGS on :math:`-\ell_{rs}(\theta_{rs})/n` for every pair; returns params, loglik, converged, n_iter.
 
     The noise sd is parameterised as :math:`\sigma = (\sigma_{\min}^2 + e^{2\rho})^{1/2}` so the floor
@@ -225,8 +231,9 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     def negll(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         if cache.get("rows") is not rows:  # gather the active pairs' data once per active set
             r = rep_of[rows]
-            cache.update(rows=rows, Zt=Zt[r], y=y[r], fl2=floor2[rows], w=None if weights is None else weights[r])
-        logc = log_components(spec, unpack(v, cache["fl2"]), cache["Zt"], cache["y"])
+            cache.update(rows=rows, Zt=Zt[r], y=y[r], fl2=floor2[rows], w=None if weights is None else weights[r],
+                         m=None if trials is None else trials[r])
+        logc = log_components(spec, unpack(v, cache["fl2"]), cache["Zt"], cache["y"], cache["m"])
         lse = torch.logsumexp(logc, dim=1)
         return -(lse if cache["w"] is None else lse * cache["w"]).sum(-1) / n
 
@@ -239,13 +246,15 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
 
 def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, ll: torch.Tensor, conv: torch.Tensor,
                   n_iter: torch.Tensor, slow: torch.Tensor, layout: ParamLayout, floor: torch.Tensor, *,
-                  max_iter: int, gtol: float, ftol: float, weights: torch.Tensor | None = None):
+                  max_iter: int, gtol: float, ftol: float, weights: torch.Tensor | None = None,
+                  trials: torch.Tensor | None = None):
     """Continue the (replicate, restart) pairs flagged ``slow`` with batched L-BFGS from their EM state."""
     r_idx, s_idx = slow.nonzero(as_tuple=True)
     sub = pb.map(lambda a: a[r_idx, s_idx].unsqueeze(1))
     p2, ll2, conv2, it2 = gradient_fit(spec, X[r_idx], y[r_idx], sub, layout, sd_floor=floor[r_idx],
                                        max_iter=max(max_iter, 1), gtol=gtol, ftol=ftol,
-                                       weights=None if weights is None else weights[r_idx])
+                                       weights=None if weights is None else weights[r_idx],
+                                       trials=None if trials is None else trials[r_idx])
     better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= ll[r_idx, s_idx])
     out = pb.map(lambda a: a.clone())
     for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
@@ -262,16 +271,18 @@ def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, 
 
 def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, layout: ParamLayout,
            floor: torch.Tensor, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
-           gtol: float, switch_after: int | None, screen: float | None, weights: torch.Tensor | None = None):
+           gtol: float, switch_after: int | None, screen: float | None, weights: torch.Tensor | None = None,
+           trials: torch.Tensor | None = None):
     """EM (then L-BFGS for the slow starts) or L-BFGS from the starts ``init_b`` (R, S, ...)."""
     if method != "em":
         pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
-                                            gtol=gtol, ftol=0.01 * tol, weights=weights)
+                                            gtol=gtol, ftol=0.01 * tol, weights=weights, trials=trials)
         return pb, ll, conv, n_iter, None
     em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
     st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
                 gate_steps=gate_steps, gate_solver=gate_solver, gate_columns=layout.gate_columns,
-                expert_columns=layout.expert_columns, weights=weights)
+                expert_columns=layout.expert_columns, weights=weights, shared_columns=layout.shared_columns,
+                trials=trials)
     pb, ll, conv, n_iter = st.params, st.loglik, st.converged, st.n_iter
     slow = ~conv & torch.isfinite(ll)
     if screen is not None:
@@ -280,7 +291,7 @@ def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, l
     if switch_after is not None and bool(slow.any()):
         pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
                                              max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol,
-                                             weights=weights)
+                                             weights=weights, trials=trials)
     return pb, ll, conv, n_iter, st.history
 
 
@@ -291,7 +302,8 @@ def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, l
 def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = None, data=None, k: int | None = None,
             gate_formula: str | None = None, weights=None, missing: str = "raise",
             gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
-            family: str | None = None, method: str = "em",
+            family: str | None = None, method: str = "em", shared: str | None = None,
+            shared_columns: Sequence[int] | None = None, trials=None,
             restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
@@ -333,11 +345,25 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         The experts' response distribution (``MoE(response=...)``): Gaussian experts, or GLM experts with the
         canonical link (log for counts, logit for 0/1 responses), fitted by EM with IRLS expert steps or by
         L-BFGS, with observed-information standard errors (:mod:`moestat.families`).  Default: the spec's
-        (``"gaussian"``).  Binomial responses are 0/1 (one trial per row; several trials: one row per trial, or
-        the counts as case weights).
+        (``"gaussian"``).  Binomial responses are 0/1, or proportions of successes with ``trials``.
     gate_columns, expert_columns : sequence of int, optional
-        Array interface: the columns of ``X`` the gate and the experts use (default: all); the other block's slopes
-        are fixed at zero.  ``gate_formula`` sets them for a formula fit.
+        Array interface: the columns of ``X`` the gate and the experts use (default: all; the experts' default
+        leaves out ``shared_columns``); the other block's slopes are fixed at zero.  ``gate_formula`` sets them for a
+        formula fit.
+    shared : str, optional
+        Formula interface: covariates whose coefficient :math:`\gamma` is common to every expert, e.g. ``"~ z"``
+        (flexmix's ``FLXMRglmfix(fixed = ~ z)``): expert :math:`j`'s linear predictor is
+        :math:`b_j + a_j^\top x + \gamma^\top z`.  EM solves every expert's coefficients and :math:`\gamma`
+        jointly (:func:`moestat.fit.em.shared_newton_step`); the gradient path and all standard errors include
+        :math:`\gamma`, which appears once in ``tidy()`` (block ``"shared"``, terms ``shared:z``).  Shared columns
+        are not gate covariates unless ``gate_formula`` names them.
+    shared_columns : sequence of int, optional
+        Array interface: the columns of ``X`` with a shared expert coefficient (disjoint from ``expert_columns``).
+    trials : array (n,) or (R, n), or a column name with ``formula``, optional
+        Binomial experts: the number of trials :math:`m_t` of each row, with ``y`` the *proportion* of successes
+        (statsmodels' ``GLM(y, X, Binomial(), var_weights=m)`` convention).  The log-likelihood is the full binomial
+        log-pmf, :math:`\log\binom{m_t}{m_ty_t}` included (so it is not the Bernoulli log-likelihood of the rows
+        expanded into trials, which lacks that constant).
     method : {"em", "gradient"}
         EM (softmax gate; linear or constant experts) or L-BFGS on the log-likelihood (any gate/expert).
     restarts : int
@@ -418,7 +444,9 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     spec, X, y, weights, design, columns, n_dropped = _resolve_inputs(spec, X, y, formula=formula, data=data, k=k,
                                                                       gate_formula=gate_formula, weights=weights,
                                                                       missing=missing, gate_columns=gate_columns,
-                                                                      expert_columns=expert_columns)
+                                                                      expert_columns=expert_columns, shared=shared,
+                                                                      shared_columns=shared_columns, trials=trials)
+    trials = columns[4]
     if design is not None:
         feature_names = columns[0]
     if family is not None:
@@ -440,10 +468,13 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                          f"gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")
     max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
     check_choice("underdetermined", underdetermined, ("raise", "warn"))
-    layout = ParamLayout(spec, feature_names, gate_columns=columns[1], expert_columns=columns[2])
-    Xn, yn, single = _check_data(spec, X, y, underdetermined, layout)
+    layout = ParamLayout(spec, feature_names, gate_columns=columns[1], expert_columns=columns[2],
+                         shared_columns=columns[3])
+    m_n = _check_trials(trials, spec, X)
+    Xn, yn, single = _check_data(spec, X, y, underdetermined, layout, m_n)
     R = Xn.shape[0]
     w_n = _check_weights(weights, yn)
+    m_n = None if m_n is None else np.array(np.broadcast_to(m_n, yn.shape), dtype=np.float64, copy=True)
     user = _as_init_list(init, spec, R)
     if restarts + len(user) == 0:
         raise ValueError("restarts=0 needs at least one start in init.")
@@ -459,6 +490,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     seeds = ss.spawn(R)
     w_t = None if w_n is None else to_tensor(w_n, device=dev, dtype=dt)
+    m_t = None if m_n is None else to_tensor(m_n, device=dev, dtype=dt)
     floor = to_tensor(sd_floor * yn.std(axis=1) if spec.has_noise_sd else np.zeros(R), device=dev, dtype=dt)
     starts = []
     for p in user:
@@ -468,14 +500,15 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
             b.gate_weight, b.expert_weight = b.gate_weight * s_t, b.expert_weight * s_t
         starts.append(b)
     if restarts:
-        starts.append(random_starts(spec, X_fit, yt, restarts, seeds, layout.expert_columns))
+        starts.append(random_starts(spec, X_fit, yt, restarts, seeds, layout.expert_design_columns, m_t))
     fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
     init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
     init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
     with cpu_threads(threads, dev):
         pb, ll, conv, n_iter, history = _solve(spec, X_fit, yt, init_b, layout, floor, method=method, tol=tol,
                                                max_iter=max_iter, gate_steps=gate_steps, gate_solver=gate_solver,
-                                               gtol=gtol, switch_after=switch_after, screen=screen, weights=w_t)
+                                               gtol=gtol, switch_after=switch_after, screen=screen, weights=w_t,
+                                               trials=m_t)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)
@@ -490,22 +523,28 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key),
                 "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
                 "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
-                "n_dropped": n_dropped}
+                "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None}
     fit = MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
                   history=None if history is None else history[:, r_idx, best], weights=w_t, design=design,
-                  response_name="y" if design is None else design.response_name)
+                  response_name="y" if design is None else design.response_name, trials=m_t)
     fit._warn_degenerate()
     return fit
 
 
 def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, data: Any, k: int | None,
                     gate_formula: str | None, weights: Any, missing: str, gate_columns: Sequence[int] | None = None,
-                    expert_columns: Sequence[int] | None = None) -> tuple[MoE, Any, Any, Any, Any, tuple, int]:
-    """``(spec, X, y, weights, design, (names, gate_columns, expert_columns), n_dropped)`` for either interface."""
+                    expert_columns: Sequence[int] | None = None, shared: str | None = None,
+                    shared_columns: Sequence[int] | None = None, trials: Any = None
+                    ) -> tuple[MoE, Any, Any, Any, Any, tuple, int]:
+    """``(spec, X, y, weights, design, (names, gate_columns, expert_columns, shared_columns, trials), n_dropped)``
+    for either interface."""
     if formula is None:
-        for name, value in (("data", data), ("gate_formula", gate_formula)):
+        if isinstance(trials, str):
+            raise TypeError(f"trials={trials!r} names a column, which needs formula= and data=; with arrays pass "
+                            "the numbers of trials as an array.")
+        for name, value in (("data", data), ("gate_formula", gate_formula), ("shared", shared)):
             if value is not None:
                 raise TypeError(f"{name}= needs formula=; with arrays pass fit_mle(spec, X, y).")
         if not isinstance(spec, MoE):
@@ -515,10 +554,14 @@ def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, da
             raise TypeError("fit_mle needs X and y (or formula= and data=).")
         if k is not None and k != spec.k:
             raise ValueError(f"k={k} disagrees with spec.k={spec.k}; pass one of them.")
+        if missing == "drop" and trials is not None:
+            raise TypeError("missing='drop' with trials= is for formula fits; drop the rows with missing values from "
+                            "X, y and trials yourself.")
         X, y, weights, n_dropped = _drop_missing(X, y, weights, missing)
-        return spec, X, y, weights, None, (None, gate_columns, expert_columns), n_dropped
-    if gate_columns is not None or expert_columns is not None:
-        raise TypeError("gate_columns/expert_columns are for arrays; a formula fit sets them with gate_formula=.")
+        return spec, X, y, weights, None, (None, gate_columns, expert_columns, shared_columns, trials), n_dropped
+    if gate_columns is not None or expert_columns is not None or shared_columns is not None:
+        raise TypeError("gate_columns/expert_columns/shared_columns are for arrays; a formula fit sets them with "
+                        "gate_formula= and shared=.")
     if X is not None or y is not None:
         raise TypeError("pass either formula= and data= or arrays X and y, not both.")
     if data is None:
@@ -529,11 +572,28 @@ def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, da
         raise TypeError("a formula fit needs k= (the number of experts) or spec=.")
     if spec is not None and k is not None and k != spec.k:
         raise ValueError(f"k={k} disagrees with spec.k={spec.k}; pass one of them.")
-    inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights, missing=missing)
+    inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights, missing=missing, shared=shared,
+                            trials=trials)
     d = inputs.X.shape[1]
     spec = MoE(k=check_int("k", k), d=d) if spec is None else dataclasses.replace(spec, d=d)
     return (spec, inputs.X, inputs.y, inputs.weights, inputs.design,
-            (inputs.names, inputs.gate_columns, inputs.expert_columns), inputs.design.n_dropped)
+            (inputs.names, inputs.gate_columns, inputs.expert_columns, inputs.shared_columns or None, inputs.trials),
+            inputs.design.n_dropped)
+
+
+def _check_trials(trials: Any, spec: MoE, X: Any) -> np.ndarray | None:
+    """Binomial trials as a float64 array (n,) or (R, n) (values are checked with the response)."""
+    if trials is None:
+        return None
+    if spec.response != "binomial":
+        raise ValueError(f"trials= is for binomial experts (family='binomial'), not family={spec.response!r}; drop "
+                         "it, or pass family='binomial' with y the proportion of successes.")
+    m = np.asarray(as_numeric("trials", trials), dtype=np.float64)
+    shape = np.shape(X)[:-1]
+    if m.shape != tuple(shape) and m.shape != tuple(shape[-1:]):
+        raise ValueError(f"trials has shape {m.shape} but the data has shape {tuple(shape)} (observations); pass one "
+                         "number of trials per row.")
+    return m
 
 
 def _drop_missing(X: Any, y: Any, weights: Any, missing: str) -> tuple[Any, Any, Any, int]:

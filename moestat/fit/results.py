@@ -65,6 +65,28 @@ VANISHING_WEIGHT = 0.01
 SEPARATION_LOGIT_PER_SD = 20.0
 #: An expert puts at least this share of its responsibility on one repeated response value: collapsing onto ties.
 TIED_SHARE = 0.5
+#: A GLM expert whose linear predictor moves by more than this per SD of a covariate, or whose responsibility-
+#: weighted mean linear predictor is this far out (binomial: mean |eta|; Poisson: -mean eta), has a diverging
+#: coefficient.  A logit of 20 is a probability within 2e-9 of 0 or 1 (a log-rate of -20 a rate of 2e-9): a true
+#: slope that steep would separate any sample of fewer than e^20 ~ 5e8 observations, so finite estimates this large
+#: come from (quasi-)separation, where the MLE is infinite and the optimiser stopped on a tolerance
+#: (Albert & Anderson 1984, Biometrika 71).
+DIVERGING_LINPRED = 20.0
+
+
+def log_joint(spec: MoE, logits: torch.Tensor, pre: torch.Tensor, y: torch.Tensor, sd: torch.Tensor | float,
+              trials: torch.Tensor | None = None) -> torch.Tensor:
+    r""":meth:`moestat.MoE.log_joint_from_linear` with binomial trials: :math:`\log\tilde\pi_i(x_t) + \log f_i(y_t)`.
+
+    With ``trials`` :math:`m_t` (broadcasting like ``y``) a binomial expert's density is the full binomial log-pmf of
+    the proportion :math:`y_t` of :math:`m_t` trials, :math:`\log\binom{m_t}{m_ty_t} + m_t[y_t\eta - \log(1 +
+    e^\eta)]` (:mod:`moestat.families`); without, the model's own density.
+    """
+    if trials is None:
+        return spec.log_joint_from_linear(logits, pre, y, sd)
+    logw = log_mixture_weights(spec.gate, logits, top_k=spec.top_k, temperature=spec.temperature, dim=-2,
+                               n_shared=spec.n_shared)
+    return logw + spec.glm.log_density(y, spec.family.activation(pre), trials=trials)
 
 
 def _check_probabilities(name: str, q: Any) -> np.ndarray:
@@ -80,12 +102,14 @@ def _check_probabilities(name: str, q: Any) -> np.ndarray:
 
 
 def mixture_cdf(y: Any, weights: np.ndarray, means: np.ndarray, sd: Any = 1.0,
-                response: str = "gaussian") -> np.ndarray:
-    r"""The mixture CDF :math:`F(y\mid x) = \sum_i \pi_i F_i(y)` of Gaussian, Poisson or Bernoulli components.
+                response: str = "gaussian", trials: Any = None) -> np.ndarray:
+    r"""The mixture CDF :math:`F(y\mid x) = \sum_i \pi_i F_i(y)` of Gaussian, Poisson or binomial components.
 
     :math:`F_i(y) = \Phi((y - \mu_i)/\sigma_i)` (``"gaussian"``), the Poisson CDF with rate :math:`\mu_i`, or the
-    Bernoulli CDF with success probability :math:`\mu_i` (``"binomial"``, one trial).  ``y`` has shape ``(...,)``
-    and ``weights``, ``means`` (and ``sd``) shape ``(..., k)`` or anything broadcasting against ``y[..., None]``.
+    CDF of the proportion of successes in ``trials`` :math:`m` Bernoulli(:math:`\mu_i`) trials (``"binomial"``;
+    default one trial), :math:`P(\mathrm{Bin}(m, \mu_i) \le m y)`.  ``y`` has shape ``(...,)``
+    and ``weights``, ``means`` (and ``sd``) shape ``(..., k)`` or anything broadcasting against ``y[..., None]``;
+    ``trials`` broadcasts against ``y``.
     """
     yv = np.asarray(y, dtype=float)[..., None]
     if response == "gaussian":
@@ -93,25 +117,28 @@ def mixture_cdf(y: Any, weights: np.ndarray, means: np.ndarray, sd: Any = 1.0,
     elif response == "poisson":
         comp = stats.poisson.cdf(yv, means)
     elif response == "binomial":
-        comp = stats.binom.cdf(yv, 1, means)
+        m = 1.0 if trials is None else np.asarray(trials, dtype=float)[..., None]
+        comp = stats.binom.cdf(np.floor(yv * m + 1e-9), m, means)
     else:
         raise ValueError(f"response={response!r} is not supported; valid values are ['binomial', 'gaussian', "
                          "'poisson'].")
     return (weights * comp).sum(-1)
 
 
-def _component_quantiles(probs: np.ndarray, means: np.ndarray, sd: np.ndarray, response: str) -> np.ndarray:
-    """Each component's ``probs``-quantile: shape (..., m, Q, k) from means (..., m, k), sd (..., 1, k)."""
+def _component_quantiles(probs: np.ndarray, means: np.ndarray, sd: np.ndarray, response: str,
+                         trials: np.ndarray | float = 1.0) -> np.ndarray:
+    """Each component's ``probs``-quantile: shape (..., m, Q, k) from means (..., m, k), sd (..., 1, k); binomial
+    components in numbers of successes out of ``trials`` (..., m, 1, 1)."""
     p = probs[:, None]
     if response == "gaussian":
         return means[..., None, :] + sd[..., None, :] * special.ndtri(p)
     if response == "poisson":
         return stats.poisson.ppf(p, means[..., None, :])
-    return stats.binom.ppf(p, 1, means[..., None, :])
+    return stats.binom.ppf(p, trials, means[..., None, :])
 
 
 def mixture_quantile(probs: Any, weights: np.ndarray, means: np.ndarray, sd: Any = 1.0,
-                     response: str = "gaussian") -> np.ndarray:
+                     response: str = "gaussian", trials: Any = None) -> np.ndarray:
     r"""Quantiles :math:`F^{-1}(q\mid x)` of the mixture :func:`mixture_cdf`, vectorised over inputs and ``probs``.
 
     The quantile lies in :math:`[\min_i Q_i(q), \max_i Q_i(q)]` over the components with positive weight
@@ -129,6 +156,8 @@ def mixture_quantile(probs: Any, weights: np.ndarray, means: np.ndarray, sd: Any
     sd : array (..., 1, k) or float
         Gaussian components' sds (ignored otherwise).
     response : {"gaussian", "poisson", "binomial"}
+    trials : array (..., m) or None
+        Binomial components: trials per input (default one); the quantiles are then proportions of successes.
 
     Returns
     -------
@@ -137,13 +166,18 @@ def mixture_quantile(probs: Any, weights: np.ndarray, means: np.ndarray, sd: Any
     probs = _check_probabilities("probs", probs)
     w, mu = np.asarray(weights, dtype=float), np.asarray(means, dtype=float)
     sd = np.broadcast_to(np.asarray(sd, dtype=float), (*mu.shape[:-2], 1, mu.shape[-1]))
-    comp = _component_quantiles(probs, mu, sd, response)
+    m = np.ones(mu.shape[:-1]) if trials is None or response != "binomial" else \
+        np.broadcast_to(np.asarray(trials, dtype=float), mu.shape[:-1])
+    comp = _component_quantiles(probs, mu, sd, response, m[..., None, None])
     live = (w > 0)[..., None, :]
     lo = np.where(live, comp, np.inf).min(-1)
     hi = np.where(live, comp, -np.inf).max(-1)
     W, M, S = w[..., None, :], mu[..., None, :], sd[..., None, :]
+    mq = m[..., None]  # (..., m, 1) against (..., m, Q)
 
-    def below(y: np.ndarray) -> np.ndarray:
+    def below(y: np.ndarray) -> np.ndarray:  # y in counts of successes for binomial components
+        if response == "binomial":
+            return mixture_cdf(y / mq, W, M, S, response, mq) < probs
         return mixture_cdf(y, W, M, S, response) < probs
 
     if response != "gaussian":  # smallest integer y with F(y) >= q: F(lo) < q <= F(hi) throughout
@@ -152,7 +186,7 @@ def mixture_quantile(probs: Any, weights: np.ndarray, means: np.ndarray, sd: Any
             mid = np.floor((lo + hi) / 2)
             low = below(mid)
             lo, hi = np.where(low, mid, lo), np.where(low, hi, mid)
-        return hi
+        return hi / mq if response == "binomial" else hi
     for _ in range(200):  # each step halves the bracket; 200 steps reach any float64 resolution
         mid = 0.5 * (lo + hi)
         low = below(mid)
@@ -163,12 +197,14 @@ def mixture_quantile(probs: Any, weights: np.ndarray, means: np.ndarray, sd: Any
 
 
 def sample_mixture(response: str, weights: np.ndarray, means: np.ndarray, sd: np.ndarray, n_draws: int,
-                   rng: np.random.Generator) -> np.ndarray:
+                   rng: np.random.Generator, trials: np.ndarray | None = None) -> np.ndarray:
     r"""``n_draws`` responses per input from a mixture: weights and means (n, k), sds (k,); returns (n_draws, n).
 
     An expert :math:`z_t` per draw and input by inverse-CDF sampling of the weights, then a normal (mean
     :math:`\mu_{tz}`, sd :math:`\sigma_z`), Poisson (rate :math:`\mu_{tz}`) or Bernoulli (probability
-    :math:`\mu_{tz}`) draw.  The one sampler of :meth:`MLEFit.simulate` and the parametric bootstrap.
+    :math:`\mu_{tz}`) draw; with binomial ``trials`` :math:`m_t` (n,) the proportion
+    :math:`\mathrm{Bin}(m_t, \mu_{tz})/m_t`.  The one sampler of :meth:`MLEFit.simulate` and the parametric
+    bootstrap.
     """
     n, k = weights.shape
     cum = np.cumsum(weights, axis=-1)
@@ -177,6 +213,9 @@ def sample_mixture(response: str, weights: np.ndarray, means: np.ndarray, sd: np
     mean = np.take_along_axis(np.broadcast_to(means, (n_draws, n, k)), z[..., None], -1)[..., 0]
     if response == "poisson":
         return rng.poisson(mean).astype(float)
+    if response == "binomial" and trials is not None:
+        m = np.broadcast_to(np.asarray(trials, dtype=float), (n_draws, n))
+        return rng.binomial(m.astype(np.int64), mean) / m
     if response == "binomial":
         return (rng.uniform(size=(n_draws, n)) < mean).astype(float)
     return mean + np.asarray(sd)[z] * rng.standard_normal((n_draws, n))
@@ -219,8 +258,9 @@ class MLEFit(FitResult):
                  loglik: torch.Tensor, converged: torch.Tensor, n_iter: torch.Tensor, restart_loglik: torch.Tensor,
                  best_restart: torch.Tensor, sd_floor: torch.Tensor, single: bool, settings: dict,
                  history: torch.Tensor | None = None, weights: torch.Tensor | None = None,
-                 design: Any = None, response_name: str = "y") -> None:
+                 design: Any = None, response_name: str = "y", trials: torch.Tensor | None = None) -> None:
         self.spec = spec
+        self._m = trials  # binomial trials (R, n), or None
         self.layout = layout
         self._X, self._y = X, y
         self._w = torch.ones_like(y) if weights is None else weights
@@ -315,6 +355,7 @@ class MLEFit(FitResult):
         out = MLEFit.__new__(MLEFit)
         out.__dict__.update(self.__dict__)
         out._X, out._y, out._w = self._X[it], self._y[it], self._w[it]
+        out._m = None if self._m is None else self._m[it]
         out._blocks = self._blocks.map(lambda a: a[it])
         out._theta = self._theta[it]
         for name in ("_loglik", "_converged", "_n_iter", "_restart_loglik", "_best", "_floor"):
@@ -365,16 +406,21 @@ class MLEFit(FitResult):
         expert's responsibility sits on one repeated value of y — a point mass the Gaussian density can only chase
         with :math:`\\sigma \\to 0`), ``"separating_gate"`` (a gate slope moving the logit by more than
         ``SEPARATION_LOGIT_PER_SD`` per SD of its covariate: the gate is a step, its slope and SE are not finite
-        in the limit).  Empty when nothing degenerated.
+        in the limit), ``"diverging_expert"`` (GLM experts only: a slope moving the expert's linear predictor by
+        more than ``DIVERGING_LINPRED`` per SD of its covariate, or a fitted mean saturated at the responsibility-
+        weighted mean of the linear predictor (binomial: mean |logit| above it; Poisson: mean log-rate below minus it);
+        the expert's subgroup is (quasi-)separated, e.g. a near-empty subgroup with all-0 / all-1 responses, and its
+        coefficient runs off to infinity).  Empty when nothing degenerated.
         """
         rows: list[dict[str, Any]] = []
         comp = self.components()
         y = to_numpy(self._y)
         X = to_numpy(self._X)
-        tau = to_numpy(self._posterior_t(self._X, self._y)) * to_numpy(self._w)[..., None]  # (R, n, k)
+        tau = to_numpy(self._posterior_t(self._X, self._y, self._m)) * to_numpy(self._w)[..., None]  # (R, n, k)
         gw = to_numpy(self._blocks.gate_weight)
         ref = self.spec.gate in ("softmax", "topk")
         names = self.layout.feature_names
+        diverging = self._diverging_experts(X, tau)
         for r in range(self.n_reps):
             c = comp[comp["rep"] == r].set_index("expert")
             values, counts = np.unique(y[r], return_counts=True)
@@ -400,6 +446,10 @@ class MLEFit(FitResult):
                     rows.append({**base, "kind": "collapsed_variance",
                                  "detail": f"sigma {c.loc[i, 'sigma']:.3g} < {COLLAPSE_RATIO} x the largest",
                                  "advice": "more restarts, a higher sd_floor or fewer experts"})
+                if (r, i) in diverging:
+                    rows.append({**base, "kind": "diverging_expert", "detail": "; ".join(diverging[(r, i)]),
+                                 "advice": "a separated subgroup: the expert's coefficient is infinite in the limit; "
+                                           "drop k, remove or merge the covariate, or use a penalised (Firth) fit"})
                 if ref and i == self.spec.k - 1:
                     continue
                 slope = gw[r, i] - (gw[r, -1] if ref else 0.0)
@@ -411,6 +461,36 @@ class MLEFit(FitResult):
                                  "advice": "a separating gate direction: the gate is a step and its slope diverges; "
                                            "drop k, or read the split as a threshold, not a coefficient"})
         return pd.DataFrame(rows, columns=["rep", "expert", "kind", "detail", "advice"])
+
+    def _diverging_experts(self, X: np.ndarray, tau: np.ndarray) -> dict[tuple[int, int], list[str]]:
+        """``{(rep, expert): [details]}`` of GLM experts with a diverging coefficient (:meth:`degeneracy`)."""
+        if self.spec.has_noise_sd or not self.spec.family.input_dependent:
+            return {}
+        out: dict[tuple[int, int], list[str]] = {}
+        ew, eb = to_numpy(self._blocks.expert_weight), to_numpy(self._blocks.expert_bias)
+        cols = list(self.layout.expert_design_columns)
+        names = self.layout.feature_names
+        eta = np.einsum("rnd,rkd->rnk", X, ew) + eb[:, None, :]
+        for r in range(self.n_reps):
+            sdx = X[r].std(0)
+            for i in range(self.spec.k):
+                found = []
+                if cols:
+                    steep = np.abs(ew[r, i, cols]) * sdx[cols]
+                    j = int(np.argmax(steep))
+                    if steep[j] > DIVERGING_LINPRED:
+                        found.append(f"slope {ew[r, i, cols[j]]:.4g} on {names[cols[j]]} ({steep[j]:.0f} per SD on "
+                                     f"the {self.spec.glm.link} scale)")
+                mass = tau[r, :, i].sum()
+                if mass > 0:  # binomial: mean |eta|, Poisson: mean eta, weighted by the expert's responsibility
+                    e = np.abs(eta[r, :, i]) if self.spec.response == "binomial" else eta[r, :, i]
+                    centre = float((tau[r, :, i] * e).sum() / mass)
+                    if (centre if self.spec.response == "binomial" else -centre) > DIVERGING_LINPRED:
+                        what = "|logit|" if self.spec.response == "binomial" else "log-rate"
+                        found.append(f"fitted mean saturated (mean {what} {centre:.3g} over its responsibility)")
+                if found:
+                    out[(r, i)] = found
+        return out
 
     def _warn_degenerate(self) -> None:
         found = self.degeneracy()
@@ -464,13 +544,27 @@ class MLEFit(FitResult):
         return self.relabel(perms[0] if self.single else perms)
 
     # ------------------------------------------------------ likelihood parts
-    def _f_obs(self):
-        spec, layout = self.spec, self.layout
+    def _components(self, blocks: Any, X: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+        """:meth:`moestat.MoE.log_density_components` (..., n, k), with binomial trials ``m`` (..., n) if given."""
+        spec = self.spec
+        if m is None:
+            return spec.log_density_components(blocks, X, y)
+        logits = spec._logits(blocks, X).transpose(-1, -2)
+        pre = spec._pre_activations(blocks, X).transpose(-1, -2)
+        return log_joint(spec, logits, pre, y.unsqueeze(-2), 1.0, m.unsqueeze(-2)).transpose(-1, -2)
 
-        def f(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return torch.logsumexp(spec.log_density_components(layout.unpack(theta), X, y), dim=-1)
+    def _f_obs(self):
+        layout = self.layout
+
+        def f(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+            return torch.logsumexp(self._components(layout.unpack(theta), X, y, m), dim=-1)
 
         return f
+
+    def _data_args(self) -> tuple[torch.Tensor, ...]:
+        """(X, y, w) and, for a fit with binomial trials, m: the per-replicate data of the likelihood."""
+        return (self._X, self._y, self._w) + (() if self._m is None else (self._m,))
 
     def _meat(self) -> np.ndarray:
         """:math:`J = \\sum_t c_t s_t s_t^\\top` (case weights :math:`c_t`; all one when unweighted)."""
@@ -484,13 +578,17 @@ class MLEFit(FitResult):
     def _hessian(self) -> torch.Tensor:
         if self._hess is None:
             f = self._f_obs()
+            data = self._data_args()
+
+            def total(t: torch.Tensor, X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, *m: torch.Tensor
+                      ) -> torch.Tensor:
+                return (f(t, X, y, *m) * w).sum()
+
             try:
-                h = torch.func.vmap(torch.func.hessian(lambda t, X, y, w: (f(t, X, y) * w).sum()))(
-                    self._theta, self._X, self._y, self._w)
+                h = torch.func.vmap(torch.func.hessian(total))(self._theta, *data)
             except RuntimeError:  # an op without a batching rule: fall back to a loop over replicates
                 h = torch.stack([torch.autograd.functional.hessian(
-                    lambda t, r=r: (f(t, self._X[r], self._y[r]) * self._w[r]).sum(), self._theta[r])
-                    for r in range(self.n_reps)])
+                    lambda t, r=r: total(t, *(a[r] for a in data)), self._theta[r]) for r in range(self.n_reps)])
             self._hess = h.detach()
         return self._hess
 
@@ -499,15 +597,16 @@ class MLEFit(FitResult):
             f = self._f_obs()
             # one gradient per observation, vmapped over observations in chunks: memory O(chunk x P), where the
             # Jacobian of all n terms at once (jacrev) needs O(n^2) and ran out of memory at n = 20,000
-            one = torch.func.grad(lambda t, x, y: f(t, x.unsqueeze(0), y.unsqueeze(0)).sum())
-            per_obs = torch.func.vmap(one, in_dims=(None, 0, 0))
+            data = tuple(a for i, a in enumerate(self._data_args()) if i != 2)  # X, y (and trials m)
+            one = torch.func.grad(lambda t, x, y, *m: f(t, x.unsqueeze(0), y.unsqueeze(0),
+                                                         *(v.unsqueeze(0) for v in m)).sum())
+            per_obs = torch.func.vmap(one, in_dims=(None,) + (0,) * len(data))
             n = self._X.shape[1]
             try:
-                s = torch.stack([torch.cat([per_obs(self._theta[r], self._X[r, i:i + _SCORE_CHUNK],
-                                                    self._y[r, i:i + _SCORE_CHUNK])
+                s = torch.stack([torch.cat([per_obs(self._theta[r], *(a[r, i:i + _SCORE_CHUNK] for a in data))
                                             for i in range(0, n, _SCORE_CHUNK)]) for r in range(self.n_reps)])
             except RuntimeError:
-                s = torch.stack([torch.autograd.functional.jacobian(lambda t, r=r: f(t, self._X[r], self._y[r]),
+                s = torch.stack([torch.autograd.functional.jacobian(lambda t, r=r: f(t, *(a[r] for a in data)),
                                                                     self._theta[r]) for r in range(self.n_reps)])
             self._scores = s.detach()
         return self._scores
@@ -617,12 +716,12 @@ class MLEFit(FitResult):
         return WaldTest(self._out(stat), int(M.shape[0]), self._out(pv), kind)
 
     # ---------------------------------------------------- model selection
-    def _posterior_t(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        lc = self.spec.log_density_components(self._blocks, X, y)
+    def _posterior_t(self, X: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+        lc = self._components(self._blocks, X, y, m)
         return torch.softmax(lc, dim=-1)
 
     def _entropy(self) -> np.ndarray:
-        tau = self._posterior_t(self._X, self._y)
+        tau = self._posterior_t(self._X, self._y, self._m)
         return to_numpy(-((tau * torch.log(tau.clamp_min(1e-300))).sum(-1) * self._w).sum(-1))
 
     @property
@@ -708,7 +807,8 @@ class MLEFit(FitResult):
         :math:`g^{-1}(a_i^\\top x + b_i)` (a Poisson expert's rate, a binomial expert's probability)."""
         return self._out(self._means_np(self._data(X)[0]))
 
-    def predict(self, X: Any, kind: str = "mean", *, q: Any = None, confidence_level: float = 0.95) -> Any:
+    def predict(self, X: Any, kind: str = "mean", *, q: Any = None, confidence_level: float = 0.95,
+                trials: Any = None) -> Any:
         r"""Predictions from the fitted conditional (mixture) distribution of :math:`y` given :math:`x`.
 
         The predictive distribution is the fitted mixture (Jordan & Jacobs 1994)
@@ -735,6 +835,9 @@ class MLEFit(FitResult):
         confidence_level : float in (0, 1)
             The coverage of ``kind="interval"`` (a prediction interval for a new response, not a confidence
             interval for a parameter).
+        trials : array (m,), optional
+            A fit with binomial trials: the new rows' numbers of trials, needed by ``"quantile"`` and ``"interval"``
+            (which are then proportions of successes); the mean proportion does not depend on them.
 
         Returns
         -------
@@ -747,6 +850,8 @@ class MLEFit(FitResult):
             if q is not None:
                 raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
             w, mu, _ = self._predictive(X)
+            if trials is not None:
+                self._new_trials(trials, w.shape[1], "predict")  # checked, unused: the mean proportion is free of m
             return self._out((w * mu).sum(-1))
         if kind == "quantile":
             if q is None:
@@ -761,12 +866,13 @@ class MLEFit(FitResult):
                 raise ValueError(f"confidence_level must be a number in (0, 1), e.g. 0.95; got {confidence_level!r}.")
             probs = np.array([(1 - confidence_level) / 2, (1 + confidence_level) / 2])
         w, mu, sd = self._predictive(X)
-        out = mixture_quantile(probs, w, mu, sd, self.spec.response)
+        m = self._new_trials(trials, w.shape[1], "predict")
+        out = mixture_quantile(probs, w, mu, sd, self.spec.response, None if m is None else to_numpy(m))
         if kind == "quantile" and np.ndim(q) == 0:
             out = out[..., 0]
         return self._out(out)
 
-    def simulate(self, X: Any = None, n_draws: int = 1, seed: Any = None) -> Any:
+    def simulate(self, X: Any = None, n_draws: int = 1, seed: Any = None, trials: Any = None) -> Any:
         r"""New responses drawn from the fitted conditional density at the inputs ``X``.
 
         For each input and draw: an expert :math:`z \sim \mathrm{Categorical}(\tilde\pi(x))`, then
@@ -781,6 +887,9 @@ class MLEFit(FitResult):
             Draws per input.
         seed : int, SeedSequence or list of SeedSequence, optional
             Replicate ``r`` of a batched fit draws from ``SeedSequence(seed).spawn(R)[r]`` (or ``seed[r]``).
+        trials : array (m,), optional
+            A fit with binomial trials: the new rows' trials (default with ``X=None``: the training trials); the
+            draws are proportions of successes.
 
         Returns
         -------
@@ -799,16 +908,39 @@ class MLEFit(FitResult):
             ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
             streams = ss.spawn(self.n_reps)
         w, mu, sd = self._predictive(X)
+        m_t = self._m if X is None and trials is None else self._new_trials(trials, w.shape[1], "simulate")
+        m = None if m_t is None else to_numpy(m_t)
         draws = np.stack([sample_mixture(self.spec.response, w[r], mu[r], sd[r, 0], n_draws,
-                                         np.random.default_rng(s)) for r, s in enumerate(streams)])
+                                         np.random.default_rng(s), None if m is None else m[r])
+                          for r, s in enumerate(streams)])
         return self._out(draws)
 
-    def posterior(self, X: Any, y: Any) -> Any:
-        r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k)."""
+    def posterior(self, X: Any, y: Any, trials: Any = None) -> Any:
+        r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k); a fit with binomial trials needs
+        the new rows' ``trials`` (``y`` is then their proportion of successes)."""
         Xt, yt = self._data(X, y)
-        return self._out(to_numpy(self._posterior_t(Xt, yt)))
+        m = self._new_trials(trials, Xt.shape[1], "posterior")
+        return self._out(to_numpy(self._posterior_t(Xt, yt, m)))
 
-    def posterior_frame(self, X: Any = None, y: Any = None) -> pd.DataFrame:
+    def _new_trials(self, trials: Any, m_rows: int, what: str) -> torch.Tensor | None:
+        """Binomial trials (R, m) of new rows: required by a fit with trials, refused by one without."""
+        if self._m is None:
+            if trials is not None:
+                raise TypeError(f"trials= is for fits with binomial trials; this fit has none, drop it from {what}().")
+            return None
+        if trials is None:
+            raise TypeError(f"this fit has binomial trials: {what}() at new inputs needs trials=, the number of trials "
+                            "of each new row.")
+        arr = np.asarray(trials, dtype=float)
+        arr = np.broadcast_to(arr, (m_rows,)) if arr.ndim == 0 else arr
+        if arr.shape != (m_rows,) or not np.all(np.isfinite(arr)) or np.any(arr < 1) or \
+                np.any(arr != np.round(arr)):
+            raise ValueError(f"trials must be {m_rows} positive whole numbers (one per new row), got shape "
+                             f"{arr.shape}.")
+        t = to_tensor(arr, device=self._X.device, dtype=self._X.dtype)
+        return t.unsqueeze(0).expand(self.n_reps, -1)
+
+    def posterior_frame(self, X: Any = None, y: Any = None, trials: Any = None) -> pd.DataFrame:
         r"""Posterior expert probabilities as a tidy frame, with the MAP expert.
 
         One row per observation: ``posterior_0 .. posterior_{k-1}``, the posterior probabilities
@@ -821,6 +953,8 @@ class MLEFit(FitResult):
             Default: the training data, indexed by the rows of the data frame a formula fit kept (so the frame
             joins back onto that data).  A formula fit also takes a new frame ``X`` alone when it holds the
             response column; otherwise pass ``y``.
+        trials : array, optional
+            New rows of a fit with binomial trials: their numbers of trials.
 
         Returns
         -------
@@ -831,7 +965,7 @@ class MLEFit(FitResult):
         if X is None:
             if y is not None:
                 raise TypeError("y= needs X=; posterior_frame() without arguments uses the training data.")
-            tau = to_numpy(self._posterior_t(self._X, self._y))
+            tau = to_numpy(self._posterior_t(self._X, self._y, self._m))
             index = self.design.index if self.design is not None else pd.RangeIndex(tau.shape[1])
         else:
             index = X.index if isinstance(X, pd.DataFrame) else None
@@ -841,7 +975,7 @@ class MLEFit(FitResult):
             if y is None:
                 raise TypeError("posterior_frame(X) needs y=, the responses (or a frame X holding the response "
                                 f"column {self.response_name!r} for a formula fit).")
-            tau = np.asarray(self.posterior(X, y)).reshape(self.n_reps, -1, self.spec.k)
+            tau = np.asarray(self.posterior(X, y, trials)).reshape(self.n_reps, -1, self.spec.k)
             index = pd.RangeIndex(tau.shape[1]) if index is None else index
         frames = []
         for r in range(self.n_reps):
@@ -1000,6 +1134,8 @@ class MLEFit(FitResult):
                                            ("collapsed", c["collapsed"])) if on]
             title = f"Expert {i}: {', '.join(facts)}" + (f" [{', '.join(flags)}]" if flags else "")
             blocks.append((title, coef[(tf["block"] == "expert") & (tf["atom"] == i)]))
+        if self.layout.n_shared:
+            blocks.append(("Shared: coefficients common to every expert", coef[tf["block"] == "shared"]))
         return blocks
 
     def __repr__(self) -> str:

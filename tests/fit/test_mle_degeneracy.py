@@ -92,3 +92,47 @@ def test_degenerate_bootstrap_refits_are_counted_in_one_warning():
         fit = ms.fit_mle(ms.MoE(k=2, d=1), X, y, seed=1)
     with pytest.warns(ms.DegenerateFitWarning, match=r"of 6 bootstrap refits degenerated \(.*tied responses"):
         ms.bootstrap(fit, n_resamples=6, kind="nonparametric", seed=0)
+
+
+def _separated_subgroup_data(seed: int = 1):
+    """A logistic majority on x ~ N(0, 1) and a near-empty subgroup (20 of 420 rows) at x in [3, 4] whose 0/1
+    responses are separated at x = 3.5: the expert that takes the subgroup has an infinite MLE slope."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=400)
+    y = (rng.uniform(size=400) < 1 / (1 + np.exp(-x))).astype(float)
+    xs = rng.uniform(3, 4, 20)
+    return np.r_[x, xs][:, None], np.r_[y, (xs > 3.5).astype(float)]
+
+
+def test_a_glm_expert_on_separated_data_is_named_diverging():
+    # k = 1: complete separation, the classic infinite logistic MLE (Albert & Anderson 1984)
+    x = np.random.default_rng(0).uniform(-1, 1, 100)
+    with pytest.warns(ms.DegenerateFitWarning, match="diverging expert"):
+        fit = ms.fit_mle(ms.MoE(k=1, d=1, response="binomial"), x[:, None], (x > 0).astype(float), seed=0)
+    row = fit.degeneracy().iloc[0]
+    assert row["kind"] == "diverging_expert" and "x1" in row["detail"]
+    # independent check of the criterion: the fitted slope times sd(x) is far beyond 20 logits
+    assert abs(fit.theta[1]) * x.std() > ms.fit.results.DIVERGING_LINPRED
+
+
+def test_a_glm_expert_running_off_in_a_near_empty_subgroup_is_named():
+    X, y = _separated_subgroup_data()
+    with pytest.warns(ms.DegenerateFitWarning, match="diverging expert"):
+        fit = ms.fit_mle(ms.MoE(k=2, d=1, response="binomial"), X, y, seed=0)
+    found = fit.degeneracy()
+    assert list(found["kind"]) == ["diverging_expert"]
+    j = int(found["expert"].iloc[0])
+    slope = fit.params.expert_weight[j, 0]
+    assert abs(slope) * X[:, 0].std() > 20  # the flagged expert is the steep one
+
+
+def test_a_healthy_binomial_fit_is_silent():
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-2, 2, 600)
+    first = rng.uniform(size=600) < 1 / (1 + np.exp(-2 * x))
+    p = np.where(first, 1 / (1 + np.exp(-(1 + x))), 1 / (1 + np.exp(-(-1 - 0.5 * x))))
+    y = (rng.uniform(size=600) < p).astype(float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ms.DegenerateFitWarning)
+        fit = ms.fit_mle(ms.MoE(k=1, d=1, response="binomial"), x[:, None], y, seed=0)
+    assert fit.degeneracy().empty
