@@ -26,8 +26,9 @@ Parts (``--parts``), all ratios measured in the same run:
     per-problem cost ratio (A = R time / R / A = 1 time; below 1 means batching pays) and page faults per call, in
     this process and with the malloc settings above.
 ``kmeans``
-    ``fit.init.kmeans_init`` (a Python loop over replicates, starts and clusters) against a prototype that runs
-    the same Lloyd iterations for all replicates at once, from the same initial centres; the labels must agree.
+    ``fit.init.kmeans_init`` (since issue 21 the Lloyd iterations of all replicates and starts run at once, in
+    ``fit.init.lloyd_labels``) and the replicate-by-replicate Lloyd loop it replaced, from the same initial
+    centres; the labels must agree.
 
 Run (one torch thread; on a shared machine only the ratios of one run mean much)::
 
@@ -53,7 +54,7 @@ import torch
 
 import moestat as ms
 from moestat.fit._objective import LSProblem, MeanKernel
-from moestat.fit.init import _replicate_rngs, kmeans_init
+from moestat.fit.init import _replicate_rngs, kmeans_init, lloyd_labels
 from moestat.fit.lse import _free_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -211,26 +212,9 @@ def kernel_rows(args) -> list[dict]:
     return rows
 
 
-def lloyd_batched(Zs: np.ndarray, centres: np.ndarray, n_iter: int) -> np.ndarray:
-    """Lloyd's iterations for B data sets at once: ``Zs`` (B, n, q), ``centres`` (B, k, q); returns labels (B, n).
-
-    Same rule as ``kmeans_init``: a cluster left empty keeps its centre."""
-    k = centres.shape[1]
-    centres = centres.copy()
-    for _ in range(n_iter + 1):
-        dist = (Zs**2).sum(-1)[:, :, None] - 2.0 * Zs @ centres.transpose(0, 2, 1) + (centres**2).sum(-1)[:, None]
-        lab = dist.argmin(-1)
-        if _ == n_iter:
-            return lab
-        onehot = (lab[..., None] == np.arange(k)).astype(Zs.dtype)  # (B, n, k)
-        count = onehot.sum(1)
-        sums = onehot.transpose(0, 2, 1) @ Zs
-        centres = np.where(count[..., None] > 0, sums / np.maximum(count, 1)[..., None], centres)
-    return lab
-
-
 def lloyd_loop(Zs: np.ndarray, centres: np.ndarray, n_iter: int) -> np.ndarray:
-    """``kmeans_init``'s own Lloyd iterations, one data set at a time (the reference of :func:`lloyd_batched`)."""
+    """``kmeans_init``'s Lloyd iterations as they ran before issue 21, one data set at a time (the reference of
+    the batched :func:`moestat.fit.init.lloyd_labels`)."""
     k, out = centres.shape[1], []
     for r in range(Zs.shape[0]):
         c = centres[r].copy()
@@ -244,7 +228,8 @@ def lloyd_loop(Zs: np.ndarray, centres: np.ndarray, n_iter: int) -> np.ndarray:
 
 
 def kmeans_rows(args) -> list[dict]:
-    """kmeans_init, its Lloyd iterations alone, and batched Lloyd iterations from the same centres."""
+    """kmeans_init, the old one-data-set-at-a-time Lloyd loop and the batched ``lloyd_labels`` it now runs, from
+    the same initial centres (the labels must agree)."""
     rows, R, n_iter = [], args.reps, 20
     for n in args.ns_list:
         spec, data = workload(args.gates.split(",")[0], n, R, args.k, args.d, args.expert)
@@ -255,10 +240,10 @@ def kmeans_rows(args) -> list[dict]:
                             for r, rng in enumerate(_replicate_rngs(5, R))])  # kmeans_init's first draws
         t_init = lower_decile(lambda spec=spec, X=X, y=y: kmeans_init(spec, X, y, 1, seed=5), 5)[0]
         t_loop = lower_decile(lambda Zs=Zs, c=centres: lloyd_loop(Zs, c, n_iter), 5)[0]
-        t_batch = lower_decile(lambda Zs=Zs, c=centres: lloyd_batched(Zs, c, n_iter), 5)[0]
-        same = (lloyd_loop(Zs, centres, n_iter) == lloyd_batched(Zs, centres, n_iter)).all(1)
-        rows.append({"n": n, "R": R, "k": args.k, "kmeans_init ms": 1e3 * t_init, "its Lloyd loop ms": 1e3 * t_loop,
-                     "batched Lloyd ms": 1e3 * t_batch, "Lloyd loop / batched": t_loop / t_batch,
+        t_batch = lower_decile(lambda Zs=Zs, c=centres: lloyd_labels(Zs, c, n_iter), 5)[0]
+        same = (lloyd_loop(Zs, centres, n_iter) == lloyd_labels(Zs, centres, n_iter)).all(1)
+        rows.append({"n": n, "R": R, "k": args.k, "kmeans_init ms": 1e3 * t_init, "old Lloyd loop ms": 1e3 * t_loop,
+                     "batched Lloyd (lloyd_labels) ms": 1e3 * t_batch, "Lloyd loop / batched": t_loop / t_batch,
                      "labels equal": f"{int(same.sum())}/{R}"})
     return rows
 
@@ -269,7 +254,7 @@ TITLES = {"fit": "batched fit vs loop of single-replicate fits (fit_lse defaults
           "flagship": "the lse_batched.py --quick loop workload, fit_lse's default optimiser",
           "where": "where the time goes (cProfile, one batched fit vs one loop)",
           "kernel": "one exact Hessian + gradient (LSProblem.gauss_newton), A = 1 vs A = R problems",
-          "kmeans": "k-means starts: kmeans_init vs batched Lloyd iterations (prototype of the fix)"}
+          "kmeans": "k-means starts: kmeans_init, the old Lloyd loop and the batched Lloyd iterations"}
 #: Parts also run in a child process with :data:`MALLOC_ENV`, and the columns taken from it.
 WITH_MALLOC = {"fit": ("speed-up", "speed-up (CPU time)", "faults batched"),
                "flagship": ("speed-up", "speed-up (CPU time)", "faults batched"),

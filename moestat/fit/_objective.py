@@ -191,20 +191,36 @@ class MeanKernel:
         f = torch.sum(tmp, 2, out=ws["f"])
         return pi, h, dh, f
 
+    def _chunks(self, theta: torch.Tensor, X: torch.Tensor):
+        """Observation ranges ``(lo, hi)`` of :meth:`_chunk_rows` and their workspaces, for the element-wise
+        evaluations that need no gradient (:meth:`mean`, :meth:`value`): their memory is the workspace of one chunk,
+        not the (G, s, 8k + 2, n) of all observations at once."""
+        G, s, _, p = theta.shape
+        n = X.shape[1]
+        c = self._chunk_rows(G, s, n, p, X.element_size(), X.device)
+        for lo in range(0, n, c):
+            hi = min(n, lo + c)
+            yield lo, hi, self._workspace(G, s, hi - lo, X)
+
     def mean(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """:math:`f_\\Theta(x_t)`, shape (G, s, n) (a fresh tensor)."""
+        """:math:`f_\\Theta(x_t)`, shape (G, s, n) (a fresh tensor), chunk by chunk of observations."""
         G, s = theta.shape[:2]
-        ws = self._workspace(G, s, X.shape[1], X)
-        return self._forward(theta, X, ws)[3].clone()
+        out = torch.empty(G, s, X.shape[1], dtype=X.dtype, device=X.device)
+        for lo, hi, ws in self._chunks(theta, X):
+            out[:, :, lo:hi] = self._forward(theta, X[:, lo:hi], ws)[3]
+        return out
 
     def value(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Objective :math:`L = \\frac1n\\sum_t r_t^2`, shape (G, s)."""
+        """Objective :math:`L = \\frac1n\\sum_t r_t^2`, shape (G, s): the sum of squares accumulates chunk by chunk
+        of observations (:meth:`_chunk_rows`, as in :meth:`value_grad`)."""
         G, s = theta.shape[:2]
         n = X.shape[1]
-        ws = self._workspace(G, s, n, X)
-        f = self._forward(theta, X, ws)[3]
-        r = torch.sub(f, y.unsqueeze(1), out=ws["r"])
-        return torch.linalg.vector_norm(r, dim=-1).square_().div_(n)
+        loss = torch.zeros(G, s, dtype=X.dtype, device=X.device)
+        for lo, hi, ws in self._chunks(theta, X):
+            f = self._forward(theta, X[:, lo:hi], ws)[3]
+            r = torch.sub(f, y[:, lo:hi].unsqueeze(1), out=ws["r"])
+            loss.add_(torch.linalg.vector_norm(r, dim=-1).square_())
+        return loss.div_(n)
 
     def _dfdz(self, pi, h, dh, f, c, U) -> torch.Tensor:
         """Write :math:`c\\,\\partial f/\\partial Z` into ``U`` (G, s, 2k, n); ``c`` is (G, s, n) or None."""
