@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import os
 import pickle
 import time
 import traceback
@@ -42,10 +43,9 @@ import torch
 from ._validation import Choice, Constraint, Real
 from .checkpoint import write_atomic
 from .model import MoE
-from .papers import presets as _presets
 from .params import Params
 from .simulators.regression import Dataset, simulate
-from .simulators.truth import Truth
+from .simulators.truth import PRESETS, Truth
 
 # ---------------------------------------------------------------------------- truths
 
@@ -62,7 +62,7 @@ EXPLICIT_TRUTH_KEYS = ("gate", "expert", "k", "d", "noise_sd", "top_k", "tempera
 
 def preset_keys(name: str) -> tuple[str, ...]:
     """Keyword arguments accepted by preset ``name`` (from its signature)."""
-    fn = _presets.PRESETS[name]
+    fn = PRESETS[name]
     return tuple(p.name for p in inspect.signature(fn).parameters.values())
 
 
@@ -70,7 +70,7 @@ def build_truth(cfg: Mapping[str, Any]) -> Truth:
     """The true model described by a (validated) truth entry of a study."""
     if cfg.get("preset") is not None:
         kwargs = {k: v for k, v in cfg.items() if k in preset_keys(cfg["preset"])}
-        return _presets.PRESETS[cfg["preset"]](**kwargs)
+        return PRESETS[cfg["preset"]](**kwargs)
     spec = MoE(**{k: cfg[k] for k in ("gate", "expert", "k", "d", "noise_sd", "top_k", "temperature")
                   if cfg.get(k) is not None})
     params = Params(**{k: np.asarray(v, dtype=np.float64) for k, v in cfg["params"].items()})
@@ -514,6 +514,8 @@ class MetricContext:
         A stream reserved for the metric (e.g. a Monte-Carlo sample).
     cache_dir : str, optional
         The study's folder for cell-independent results (see :class:`CellContext`).
+    cache : StudyCache, optional
+        The study run's shared results (see :class:`CellContext`).
     """
 
     fit: Estimate
@@ -524,6 +526,7 @@ class MetricContext:
     data: Dataset
     seed: np.random.SeedSequence
     cache_dir: str | None = None
+    cache: StudyCache | None = None
 
 
 def _voronoi(kind: str) -> Callable[..., np.ndarray]:
@@ -582,12 +585,50 @@ def _duplicates(ctx: MetricContext) -> list[int]:
     return [int(v) for v in ctx.truth_info.get("duplicate", [])][: max(0, ctx.fit_spec.k - ctx.truth_spec.k)]
 
 
-GBAR_CACHE: dict[tuple, Any] = {}
-r"""In-process cache of :func:`moestat.estimate_gbar` results used by the ``loss`` metric, keyed by every
-setting that determines the result (truth, fitted k, duplicated atoms, box, Monte-Carlo size, restarts, seed,
-optimiser budget): a study computes :math:`\bar{\mathcal G}` once per (truth, fit) configuration, not per cell.
-A checkpointed study also keeps each result in its folder (``DIR/cache/gbar-<hash>.pkl``, written atomically),
-which its worker processes and resumed runs read instead of recomputing."""
+class StudyCache:
+    r"""Results that the cells of one study run share, such as the estimated :math:`\bar{\mathcal G}`.
+
+    :meth:`moestat.Study.run` makes one per run and hands it to every cell (:attr:`CellContext.cache`,
+    :attr:`MetricContext.cache`): results are held in memory for the cells that run in this process and, with a
+    ``directory`` (a checkpointed study's ``DIR/cache``, or a temporary folder while worker processes run), written
+    there atomically, so worker processes and resumed runs read them instead of recomputing.  A pickled cache (sent
+    to a worker) carries its folder, not its memory.
+
+    Parameters
+    ----------
+    directory : path, optional
+        Folder of the stored results (``<name>.pkl``); without it results live in memory only.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        self.directory = None if directory is None else Path(directory)
+        self._memory: dict[str, Any] = {}
+
+    def get(self, name: str, compute: Callable[[], Any]) -> Any:
+        """The result stored under ``name`` (letters, digits, ``-``), computing and storing it when absent; a
+        damaged file is recomputed and overwritten."""
+        if name in self._memory:
+            return self._memory[name]
+        path = None if self.directory is None else self.directory / f"{name}.pkl"
+        value = None if path is None else _read_pickle(path)
+        if value is None:
+            value = compute()
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                blob = pickle.dumps(value)
+                write_atomic(path, lambda tmp: Path(tmp).write_bytes(blob))
+        self._memory[name] = value
+        return value
+
+    def values(self) -> list[Any]:
+        """The results held in memory."""
+        return list(self._memory.values())
+
+    def __len__(self) -> int:
+        return len(self._memory)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": self.directory, "_memory": {}}
 
 
 def _fit_box(ctx: MetricContext) -> Any:
@@ -609,8 +650,8 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def _read_gbar(path: Path) -> Any:
-    """The G-bar stored at ``path``, or None when there is none or it is damaged (the caller then recomputes it
+def _read_pickle(path: Path) -> Any:
+    """The result stored at ``path``, or None when there is none or it is damaged (the caller then recomputes it
     and overwrites the file)."""
     if not path.is_file():
         return None
@@ -622,7 +663,8 @@ def _read_gbar(path: Path) -> Any:
 
 def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restarts: int, max_iter: int,
              init_scale: float, tol_l2: float, box: Any, device: str) -> tuple[Any, int]:
-    r""":func:`moestat.estimate_gbar` for the cell's truth and fitted k, cached in :data:`GBAR_CACHE`.
+    r""":func:`moestat.estimate_gbar` for the cell's truth and fitted k, kept in the study's :class:`StudyCache`
+    (``ctx.cache``; without one, in a cache of ``ctx.cache_dir`` for this call).
 
     The seed is derived from the study's master seed (``ctx.seed.entropy``) alone, so every cell of a
     study (every n) scores against the same :math:`\bar{\mathcal G}`.  Returns the result and its seed.
@@ -636,24 +678,14 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
     spec = ctx.truth_spec
     key = (spec.gate, spec.expert, spec.d, spec.k, truth_key, ctx.fit_spec.k, None if dup is None else tuple(dup),
            _hashable(box), n_mc, restarts, max_iter, init_scale, tol_l2, seed)
-    if key in GBAR_CACHE:
-        return GBAR_CACHE[key], seed
-    stored = None
-    if ctx.cache_dir is not None:
-        stored = Path(ctx.cache_dir) / f"gbar-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.pkl"
-        loaded = _read_gbar(stored)
-        if loaded is not None:
-            GBAR_CACHE[key] = loaded
-            return loaded, seed
     extra = ctx.fit_spec.k - spec.k
-    GBAR_CACHE[key] = estimate_gbar(spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
-                                    duplicate=None if dup is None else list(dup)[:extra], seed=seed,
-                                    init_scale=init_scale, max_iter=max_iter, tol_l2=tol_l2, box=box, device=device)
-    if stored is not None:
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        blob = pickle.dumps(GBAR_CACHE[key])
-        write_atomic(stored, lambda tmp: Path(tmp).write_bytes(blob))
-    return GBAR_CACHE[key], seed
+    cache = ctx.cache if ctx.cache is not None else StudyCache(ctx.cache_dir)
+    name = f"gbar-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
+    result = cache.get(name, lambda: estimate_gbar(
+        spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
+        duplicate=None if dup is None else list(dup)[:extra], seed=seed, init_scale=init_scale, max_iter=max_iter,
+        tol_l2=tol_l2, box=box, device=device))
+    return result, seed
 
 
 def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
@@ -669,11 +701,11 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
     * sigmoid fits in regime 2 with other (non-homogeneous) experts, e.g. gelu:
       :math:`\inf_{\bar G \in \bar{\mathcal G}} D_3(\hat G, \bar G)` over the near-minimisers of
       :func:`moestat.estimate_gbar` (nguyen2024 Thm 5; docs/representations.md), ``loss_kind = "D3 estimated G-bar"``.
-      :math:`\bar{\mathcal G}` is computed once per (truth, fitted k, duplicated atoms, box, settings) and cached
-      (:data:`GBAR_CACHE`): ``gbar_n_mc`` noise-free Monte-Carlo inputs from :math:`U[-1,1]^d`, ``gbar_restarts``
-      starts duplicating the fit's duplicated atom, L-BFGS for at most ``gbar_max_iter`` iterations inside
-      ``gbar_box`` (``"fit"``: the fit's own box — needed for gelu, whose copies could otherwise escape to
-      infinity), on ``gbar_device`` (CPU by default: float64, bit-reproducible).  The starts
+      :math:`\bar{\mathcal G}` is computed once per (truth, fitted k, duplicated atoms, box, settings) and kept
+      (the study's :class:`StudyCache`): ``gbar_n_mc`` noise-free Monte-Carlo inputs from :math:`U[-1,1]^d`,
+      ``gbar_restarts`` starts duplicating the fit's duplicated atom, L-BFGS for at most ``gbar_max_iter``
+      iterations inside ``gbar_box`` (``"fit"``: the fit's own box — needed for gelu, whose copies could otherwise
+      escape to infinity), on ``gbar_device`` (CPU by default: float64, bit-reproducible).  The starts
       duplicate only the fit's duplicated atoms, so the infimum is over the near-minimisers of the basin the
       near-truth LSE starts in.  Its settings, seed and held-out :math:`L^2(\mu)` distance
       :math:`\min_G \|f_G - f_{G^*}\|` become columns ``gbar_*``.
@@ -840,11 +872,15 @@ class CellContext:
     metrics: list[Any] = field(default_factory=list)
     metric_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     cache_dir: str | None = None
+    cache: StudyCache | None = None
     _truth: Truth | None = None
     _data: Dataset | None = None
 
     def truth(self) -> Truth:
         """The true model (built once)."""
+        if "data" in self.truth_cfg:
+            raise ValueError(f"truth {self.truth_cfg['label']!r} is a custom cell's data settings "
+                             f"({self.truth_cfg['data']}), not a model: read ctx.truth_cfg['data'].")
         if self._truth is None:
             self._truth = build_truth(self.truth_cfg)
         return self._truth
@@ -862,6 +898,24 @@ class CellContext:
         k = resolve_k(f.get("k"), spec.k)
         return MoE(gate=f.get("gate") or spec.gate, expert=f.get("expert") or spec.expert, k=k, d=spec.d,
                    noise_sd=spec.noise_sd, top_k=f.get("top_k"), temperature=f.get("temperature") or 1.0)
+
+
+@dataclass
+class CellOutput:
+    """What a custom cell may return instead of a bare frame: its rows and named side tables.
+
+    Attributes
+    ----------
+    frame : pandas.DataFrame
+        One row per replicate (a ``rep`` column), as a plain cell returns.
+    pieces : dict of str to pandas.DataFrame
+        Side tables of any shape (training histories, dispatch tables, curves), stored with the cell
+        (``DIR/pieces/NAME/<cell>.parquet``, written before the cell's own file, so a finished cell always has
+        its pieces) and read back by :meth:`moestat.Study.pieces`.
+    """
+
+    frame: pd.DataFrame
+    pieces: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def resolve_k(k: int | str | None, k_true: int) -> int:
@@ -934,7 +988,7 @@ def _score(ctx: CellContext, spec: MoE, truth: Truth, data: Dataset, fit: Estima
     failed: list[str] = []
     for est_m, suffix in fits:
         mctx = MetricContext(est_m, spec, truth.spec, truth.params, truth.info, data, ctx.metric_seed,
-                             cache_dir=ctx.cache_dir)
+                             cache_dir=ctx.cache_dir, cache=ctx.cache)
         for m in ctx.metrics:
             fn_m = METRICS[m] if isinstance(m, str) else m
             try:

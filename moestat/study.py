@@ -49,6 +49,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -68,8 +69,10 @@ from .cells import (
     STATUSES,
     TRUTH_SIM_KEYS,
     CellContext,
+    CellOutput,
     Estimate,
     MetricContext,
+    StudyCache,
     estimator_cell,
     metric_name,
     preset_keys,
@@ -81,13 +84,14 @@ from .checkpoint import read_frame, write_atomic, write_frame
 from .exceptions import CheckpointWarning, StudyConfigError, StudyFailureWarning, warn_user
 from .experts import EXPERTS, get_expert
 from .gates import GATES
-from .papers.presets import PRESETS
+from .simulators.truth import PRESETS
 from .study_report import successful_rows
 
 __all__ = [
     "ESTIMATORS",
     "METRICS",
     "CellContext",
+    "CellOutput",
     "Estimate",
     "MetricContext",
     "Study",
@@ -105,6 +109,7 @@ STUDY_KEYS = ("name", "description", "seed", "reps", "n", "truth", "fit", "metri
 ADEMP_KEYS = ("aims", "data_generating_mechanisms", "estimands", "methods", "performance_measures")
 """Keys of a study's ``[ademp]`` table (Morris, White & Crowther 2019): each a string or a list of strings."""
 FIT_KEYS = ("label", "estimator", "gate", "expert", "k", "top_k", "temperature", "options", "grid")
+_NESTED = ("options", "data")  # tables whose keys a grid may set as "options.NAME" / "data.NAME"
 FORMAT_VERSION = 1
 _RESERVED = ("study", "cell", "truth", "fit", "n", "rep", "seed", "data_seed", "fit_seed", "device",
              "estimator", "gate", "expert", "k", "objective", "converged", "status", "message", "wall_time")
@@ -199,19 +204,21 @@ def _expand(where: str, entries: Any, valid: Sequence[str]) -> list[dict[str, An
             raise StudyConfigError(f"study.{where}[{i}].grid must map keys to non-empty lists of values.")
         for key in grid:
             top = key.split(".", 1)[0]
-            if top not in valid or top == "grid":
+            if top not in valid or top == "grid" or ("." in key and top not in _NESTED):
                 raise StudyConfigError(f"study.{where}[{i}].grid: unknown key {key!r}; valid keys are "
-                                       f"{sorted(k for k in valid if k != 'grid')} (options as 'options.NAME').")
+                                       f"{sorted(k for k in valid if k != 'grid')} (options as 'options.NAME', "
+                                       "a custom cell's data knobs as 'data.NAME').")
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)) if keys else [()]:
             e = copy.deepcopy(entry)
             for key, value in zip(keys, combo, strict=True):
-                if key.startswith("options."):
-                    e.setdefault("options", {})[key.split(".", 1)[1]] = value
+                if "." in key:
+                    top, name = key.split(".", 1)
+                    e.setdefault(top, {})[name] = value
                 else:
                     e[key] = value
             if keys:
-                suffix = "-".join(f"{k.split('.', 1)[1]}={v}" if k.startswith("options.") else str(v)
+                suffix = "-".join(f"{k.split('.', 1)[1]}={v}" if "." in k else str(v)
                                   for k, v in zip(keys, combo, strict=True))
                 e["label"] = f"{entry['label']}-{suffix}" if entry.get("label") else suffix
             e["_source"] = i
@@ -339,11 +346,13 @@ class Study:
     # ----------------------------------------------------------------- validation
     def _validate_truths(self) -> list[dict[str, Any]]:
         presets = sorted(PRESETS)
-        entries = _expand("truth", self.truth, ["label", "stream", "preset", "grid", *EXPLICIT_TRUTH_KEYS,
+        entries = _expand("truth", self.truth, ["label", "stream", "preset", "grid", "data", *EXPLICIT_TRUTH_KEYS,
                                                  *TRUTH_SIM_KEYS, *{k for p in presets for k in preset_keys(p)}])
         for i, e in enumerate(entries):
             where = f"study.truth[{e['_source']}]"
-            if e.get("preset") is not None:
+            if "data" in e:
+                self._check_data_truth(where, e, i)
+            elif e.get("preset") is not None:
                 if e["preset"] not in PRESETS:
                     raise StudyConfigError(f"{where}.preset={e['preset']!r} is not valid; valid values are {presets}.")
                 _check_keys(where, {k: v for k, v in e.items() if k != "_source"},
@@ -386,15 +395,33 @@ class Study:
         self._check_unique("truth", entries)
         try:  # build each truth once so that bad values fail now, not inside a worker
             for e in entries:
-                _cells.build_truth(e)
+                if "data" not in e:
+                    _cells.build_truth(e)
         except (TypeError, ValueError) as exc:
             raise StudyConfigError(f"study.truth[{e['_source']}] ({e['label']}): {exc}") from exc
         return entries
+
+    def _check_data_truth(self, where: str, e: dict[str, Any], i: int) -> None:
+        """A custom cell's own data settings: ``{"label", "stream", "data": {...}}``, read by the cell only."""
+        if self.cell is None:
+            raise StudyConfigError(f"{where}.data is read by a custom cell only; give the study cell= (a function "
+                                   "fn(ctx) -> DataFrame) or describe the truth by 'preset' or an explicit model.")
+        _check_keys(where, {k: v for k, v in e.items() if k != "_source"}, ["label", "stream", "data"])
+        if not isinstance(e["data"], Mapping):
+            raise StudyConfigError(f"{where}.data must be a table of the cell's data settings, got "
+                                   f"{type(e['data']).__name__}.")
+        e.setdefault("label", f"data{i}")
 
     def _validate_fits(self) -> list[dict[str, Any]]:
         entries = _expand("fit", self.fit, FIT_KEYS)
         for i, e in enumerate(entries):
             where = f"study.fit[{e['_source']}]"
+            if self.cell is not None and "estimator" not in e:  # a custom cell reads its own options
+                opts = e.setdefault("options", {})
+                if not isinstance(opts, Mapping):
+                    raise StudyConfigError(f"{where}.options must be a table of the cell's fit settings.")
+                e.setdefault("label", f"fit{i}")
+                continue
             e["estimator"] = _resolve(e.get("estimator", "lse"), ESTIMATORS, f"{where}.estimator")
             if e.get("gate") is not None and e["gate"] not in GATES:
                 raise StudyConfigError(f"{where}.gate={e['gate']!r} is not valid; valid values are {list(GATES)}.")
@@ -437,6 +464,8 @@ class Study:
         from .simulators.regression import fixed_design
 
         for e in self.truths:
+            if "data" in e:
+                continue
             design = e.get("design")
             if design is None or (isinstance(design, str) and design == "random"):
                 continue
@@ -599,11 +628,12 @@ class Study:
             })
         return out
 
-    def _payload(self, cell: dict[str, Any], device: str, cache_dir: str | None = None) -> dict[str, Any]:
+    def _payload(self, cell: dict[str, Any], device: str, cache: StudyCache | None = None) -> dict[str, Any]:
         return {
             "cell": cell, "study": self.name, "seed": self.seed, "reps": self.reps, "device": device,
             "metrics": self.metrics, "metric_options": dict(self.metric_options), "threads": self.threads,
-            "fn": self.cell, "cache_dir": cache_dir,
+            "fn": self.cell, "cache": cache,
+            "cache_dir": None if cache is None or cache.directory is None else str(cache.directory),
         }
 
     # ----------------------------------------------------------------- running
@@ -664,6 +694,7 @@ class Study:
         todo = [c for c in cells if c["id"] not in done]
         t_start = time.perf_counter()
         tally = _Failures(self, ckpt)
+        scratch: tempfile.TemporaryDirectory[str] | None = None
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=self.name, unit="cell",
                    disable=not progress)
         try:
@@ -671,11 +702,23 @@ class Study:
                 if c["id"] in done:
                     tally.add(c["id"], done[c["id"]])
             tally.check(len(done))
-            cache_dir = None if ckpt is None else str(ckpt / "cache")
-            for cid, frame in self._execute(todo, dev, executor, workers, cache_dir):
-                frame = _roundtrip(frame)
+            # one cache per run: in memory for this process's cells, in a folder for workers and resumed runs
+            if ckpt is None and executor is not None:
+                scratch = tempfile.TemporaryDirectory(prefix="moestat-study-cache-")
+                cache = StudyCache(scratch.name)
+            else:
+                cache = StudyCache(None if ckpt is None else ckpt / "cache")
+            self._pieces = {}
+            for cid, output in self._execute(todo, dev, executor, workers, cache):
+                frame = _roundtrip(output.frame)
+                pieces = {name: _roundtrip(piece) for name, piece in output.pieces.items()}
                 if ckpt is not None:
+                    for name, piece in pieces.items():  # before the cell's own file, which marks it finished
+                        (ckpt / "pieces" / name).mkdir(parents=True, exist_ok=True)
+                        write_frame(piece, ckpt / "pieces" / name / f"{cid}.parquet")
                     write_frame(frame, ckpt / "cells" / f"{cid}.parquet")
+                for name, piece in pieces.items():
+                    self._pieces.setdefault(name, {})[cid] = piece
                 done[cid] = frame
                 bar.update(1)
                 tally.add(cid, frame)
@@ -688,6 +731,8 @@ class Study:
             raise
         finally:
             bar.close()
+            if scratch is not None:
+                scratch.cleanup()
         result = pd.concat([done[c["id"]] for c in cells], ignore_index=True)
         if ckpt is not None:
             write_frame(result, ckpt / "results.parquet")
@@ -702,12 +747,12 @@ class Study:
         return result
 
     def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None,
-                 cache_dir: str | None = None):
+                 cache: StudyCache | None = None):
         if not todo:
             return
         if executor is None:
             for c in todo:
-                yield c["id"], run_cell(self._payload(c, device, cache_dir))
+                yield c["id"], run_cell(self._payload(c, device, cache))
             return
         owned = False
         if executor == "processes":
@@ -724,7 +769,7 @@ class Study:
             # largest cells first (longest-processing-time order): the pool's last cells are short ones,
             # so no worker idles behind one long cell at the end; the frame's row order does not change
             for c in sorted(todo, key=lambda c: -c["n"]):
-                futures[executor.submit(run_cell, self._payload(c, device, cache_dir))] = c["id"]
+                futures[executor.submit(run_cell, self._payload(c, device, cache))] = c["id"]
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()
         except BaseException:
@@ -734,6 +779,35 @@ class Study:
         finally:
             if owned:
                 executor.shutdown(wait=True, cancel_futures=True)
+
+    def pieces(self, name: str, checkpoint: str | os.PathLike | None = None) -> pd.DataFrame:
+        """A named side table that the study's custom cell returned (:class:`CellOutput`), over all cells.
+
+        Parameters
+        ----------
+        name : str
+            The piece's name (a key of ``CellOutput.pieces``), e.g. ``"history"``.
+        checkpoint : path, optional
+            The study's folder: read the stored pieces (``DIR/pieces/NAME/<cell>.parquet``) of every finished
+            cell.  Without it, the pieces computed by this object's last :meth:`run` (not those it resumed).
+
+        Returns
+        -------
+        pandas.DataFrame
+            The pieces in cell order, each with the columns ``study, cell, truth, fit, n`` in front.
+        """
+        if checkpoint is not None:
+            folder = Path(checkpoint) / "pieces" / name
+            frames = [read_frame(folder / f"{c['id']}.parquet") for c in self.cells
+                      if (folder / f"{c['id']}.parquet").is_file()]
+        else:
+            held = getattr(self, "_pieces", {}).get(name, {})
+            frames = [held[c["id"]] for c in self.cells if c["id"] in held]
+        if not frames:
+            where = f"in {str(checkpoint)!r}" if checkpoint is not None else "from this object's last run"
+            raise KeyError(f"no piece named {name!r} {where}; a custom cell returns pieces as "
+                           "CellOutput(frame, pieces={name: DataFrame}).")
+        return pd.concat(frames, ignore_index=True)
 
     # ----------------------------------------------------------------- summaries
     def _results(self, results: pd.DataFrame | str | os.PathLike, partial: bool = False) -> pd.DataFrame:
@@ -982,8 +1056,8 @@ def _init_worker(workers: int, parent_pid: int) -> None:
     _share_cores(workers)
 
 
-def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
-    """Run one cell (in this process or a worker) and return its frame with every knob as a column."""
+def run_cell(payload: dict[str, Any]) -> CellOutput:
+    """Run one cell (in this process or a worker): its frame with every knob as a column, and its pieces."""
     import torch
 
     cell = payload["cell"]
@@ -1001,12 +1075,15 @@ def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
             fit_seed=np.random.SeedSequence(seed, spawn_key=cell["fit_key"]),
             metric_seed=np.random.SeedSequence(seed, spawn_key=cell["metric_key"]),
             device=payload["device"], metrics=list(payload["metrics"]),
-            metric_options=payload["metric_options"], cache_dir=payload.get("cache_dir"),
+            metric_options=payload["metric_options"], cache_dir=payload.get("cache_dir"), cache=payload.get("cache"),
         )
         fn = payload.get("fn") or estimator_cell
         t0 = time.perf_counter()
+        pieces: Mapping[str, Any] = {}
         try:
             frame = fn(ctx)
+            if isinstance(frame, CellOutput):
+                frame, pieces = frame.frame, frame.pieces
         except Exception as exc:  # a failed cell is rows (status "error"); Study.run decides whether to go on
             frame = _cells.error_rows(range(ctx.reps), _cells.failure_message(exc))
         wall = time.perf_counter() - t0
@@ -1014,8 +1091,18 @@ def run_cell(payload: dict[str, Any]) -> pd.DataFrame:
         if threads:
             torch.set_num_threads(old_threads)
     if not isinstance(frame, pd.DataFrame) or "rep" not in frame.columns:
-        raise TypeError(f"study cell {cell['id']}: the cell function must return a DataFrame with a 'rep' column.")
-    return _decorate(_with_status(frame.reset_index(drop=True), cell["id"]), ctx, payload, wall)
+        raise TypeError(f"study cell {cell['id']}: the cell function must return a DataFrame with a 'rep' column "
+                        "(or a CellOutput whose frame has one).")
+    for name, piece in pieces.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name) or not isinstance(
+                piece, pd.DataFrame):
+            raise TypeError(f"study cell {cell['id']}: piece {name!r} must be a DataFrame under a name of letters, "
+                            "digits, '_' or '-'.")
+    head = {"study": payload["study"], "cell": cell["id"], "truth": ctx.truth_cfg["label"],
+            "fit": ctx.fit_cfg["label"], "n": ctx.n}
+    tagged = {name: pd.concat([pd.DataFrame({k: [v] * len(piece) for k, v in head.items() if k not in piece}),
+                               piece.reset_index(drop=True)], axis=1) for name, piece in pieces.items()}
+    return CellOutput(_decorate(_with_status(frame.reset_index(drop=True), cell["id"]), ctx, payload, wall), tagged)
 
 
 def _with_status(frame: pd.DataFrame, cell_id: str) -> pd.DataFrame:
@@ -1036,11 +1123,17 @@ def _with_status(frame: pd.DataFrame, cell_id: str) -> pd.DataFrame:
 
 def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wall: float) -> pd.DataFrame:
     cell = payload["cell"]
-    R = payload["reps"]
     cols: dict[str, Any] = {"study": payload["study"], "cell": cell["id"], "truth": ctx.truth_cfg["label"],
                             "fit": ctx.fit_cfg["label"], "n": ctx.n}
-    truth = ctx.truth()
     t = ctx.truth_cfg
+    if "data" in t:
+        cols["truth_preset"] = "data"
+        for k, v in t["data"].items():
+            cols[f"truth_{k}"] = _scalar(v)
+        if t.get("stream") is not None:
+            cols["truth_stream"] = t["stream"]
+        return _finish(frame, cols, ctx, payload, wall)
+    truth = ctx.truth()
     if t.get("preset"):
         import inspect
 
@@ -1058,11 +1151,20 @@ def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wa
     for k in (*TRUTH_SIM_KEYS, "stream"):
         if t.get(k) is not None:
             cols[f"truth_{k}"] = _scalar(t[k]) if k != "design" or isinstance(t[k], str) else _design_id(t[k])
+    return _finish(frame, cols, ctx, payload, wall, spec=ctx.fit_spec())
+
+
+def _finish(frame: pd.DataFrame, cols: dict[str, Any], ctx: CellContext, payload: dict[str, Any],
+            wall: float, spec: Any = None) -> pd.DataFrame:
+    """The fit's knobs (``spec``: the fitted MoE, if the cell fits one), the seeds and the wall time added to a
+    cell's frame after the truth's columns."""
+    cell = payload["cell"]
+    R = payload["reps"]
     f = ctx.fit_cfg
-    spec = ctx.fit_spec()
     cols["estimator"] = metric_name(f.get("estimator", "lse")) if payload.get("fn") is None else \
         metric_name(payload["fn"])
-    cols["gate"], cols["expert"], cols["k"] = spec.gate, spec.expert, spec.k
+    if spec is not None:
+        cols["gate"], cols["expert"], cols["k"] = spec.gate, spec.expert, spec.k
     for k in ("top_k", "temperature"):
         if f.get(k) is not None:
             cols[k] = f[k]

@@ -74,3 +74,21 @@ def broken_metric(ctx) -> np.ndarray:
 def raising_cell(ctx) -> pd.DataFrame:
     """A custom cell that raises (a whole-cell failure)."""
     raise RuntimeError(f"cell at n={ctx.n} cannot run")
+
+
+def mean_estimate_cell(ctx):
+    """A custom cell on its own data (no MoE truth): the sample mean of N(mu, 1) draws by replicate, with a
+    per-replicate running-mean history as a side piece.  ``ctx.truth_cfg["data"]`` holds ``mu``; the fit's
+    ``options`` hold ``shrink`` (the estimator multiplies the mean by it)."""
+    from moestat.study import CellOutput
+
+    mu = float(ctx.truth_cfg["data"]["mu"])
+    shrink = float(ctx.fit_cfg["options"].get("shrink", 1.0))
+    rngs = [np.random.default_rng(s) for s in ctx.data_seed.spawn(ctx.reps)]
+    draws = np.stack([g.normal(mu, 1.0, size=ctx.n) for g in rngs])
+    estimate = shrink * draws.mean(1)
+    running = np.cumsum(draws, 1) / np.arange(1, ctx.n + 1)
+    history = pd.DataFrame({"rep": np.repeat(np.arange(ctx.reps), ctx.n), "step": np.tile(np.arange(ctx.n), ctx.reps),
+                            "running_mean": running.ravel()})
+    return CellOutput(pd.DataFrame({"rep": np.arange(ctx.reps), "estimate": estimate, "error": estimate - mu}),
+                      {"history": history})

@@ -7,7 +7,7 @@ import pytest
 
 import moestat as ms
 from moestat import cells as _cells
-from moestat.cells import MetricContext, gate_matched_loss, lse_estimator
+from moestat.cells import MetricContext, StudyCache, gate_matched_loss, lse_estimator
 from moestat.metrics import split_family
 from moestat.simulators import Truth
 
@@ -22,33 +22,36 @@ def _truth(expert: str) -> Truth:
     return Truth(spec, params, {"duplicate": [0], "regime": 2})
 
 
-def _fit_ctx(truth: Truth, n: int, reps: int = 3, seed: int = 5) -> MetricContext:
+def _fit_ctx(truth: Truth, n: int, reps: int = 3, seed: int = 5, cache: StudyCache | None = None) -> MetricContext:
     spec3 = truth.spec.with_k(3)
     data = ms.simulate(truth.spec, truth.params, n=n, reps=reps, seed=seed)
     est = lse_estimator(spec3, data.X, data.y, truth=truth, seed=np.random.SeedSequence(seed), device="cpu",
                         init="near_truth", init_scale=0.05, optimizer="lbfgs", max_iter=300, box=3.0)
     return MetricContext(est, spec3, truth.spec, truth.params, truth.info, data,
-                         np.random.SeedSequence(11, spawn_key=(1, n)))
+                         np.random.SeedSequence(11, spawn_key=(1, n)), cache=cache)
 
 
 @pytest.fixture(scope="module")
 def gelu_cells():
-    _cells.GBAR_CACHE.clear()
+    cache = StudyCache()  # one study run's cache, shared by its cells
     truth = _truth("gelu")
-    return {n: (ctx, gate_matched_loss(ctx, **GBAR)) for n in (300, 20_000) for ctx in [_fit_ctx(truth, n)]}
+    cells = {n: (ctx, gate_matched_loss(ctx, **GBAR))
+             for n in (300, 20_000) for ctx in [_fit_ctx(truth, n, cache=cache)]}
+    return cells, cache
 
 
 def test_gelu_regime2_loss_is_finite_and_records_gbar(gelu_cells):
+    gelu_cells, cache = gelu_cells
     ctx, out = gelu_cells[300]
     assert list(out["loss_kind"]) == ["D3 estimated G-bar"] * 3
     assert np.isfinite(out["loss"]).all() and (out["loss"] > 0).all()
     assert (out["gbar_n_mc"] == 3000).all() and (out["gbar_restarts"] == 2).all()
     assert np.isfinite(out["gbar_l2"]).all() and (out["gbar_l2"] >= 0).all()
     # one G-bar per (truth, k, duplicate, box, settings): both cells (different n and metric streams) share it
-    assert len(_cells.GBAR_CACHE) == 1
+    assert len(cache) == 1
     assert out["gbar_seed"][0] == gelu_cells[20_000][1]["gbar_seed"][0]
     # D3 is the infimum over the cached near-minimisers, computed independently here
-    res = next(iter(_cells.GBAR_CACHE.values()))
+    res = cache.values()[0]
     assert res.settings["box"] != "None"  # the fit's box (3.0) was passed on
     assert np.abs(res.params.expert_weight).max() <= 3.0 + 1e-12
     direct = np.min([ms.voronoi_loss(ctx.fit.params, None, kind="D3",
@@ -62,6 +65,7 @@ def test_gelu_regime2_loss_falls_with_n(gelu_cells):
     n^{-1/2}, i.e. by ~8x over this 67x range) than at n = 300.  We require only a factor 2 on the median:
     G-bar is itself approximate (the estimate's L2 distance and its optimiser floor), which caps how far D3
     can fall, and three replicates give a noisy median."""
+    gelu_cells, _ = gelu_cells
     small = np.median(gelu_cells[300][1]["loss"])
     large = np.median(gelu_cells[20_000][1]["loss"])
     assert large < small / 2, (small, large)
@@ -69,25 +73,26 @@ def test_gelu_regime2_loss_falls_with_n(gelu_cells):
 
 def test_gelu_regime2_loss_is_reproducible(gelu_cells):
     """Same study seed, fresh cache -> the same G-bar and bit-identical losses (CPU, float64)."""
-    ctx, out = gelu_cells[300]
-    _cells.GBAR_CACHE.clear()
-    again = gate_matched_loss(ctx, **GBAR)
+    import dataclasses
+
+    ctx, out = gelu_cells[0][300]
+    again = gate_matched_loss(dataclasses.replace(ctx, cache=StudyCache()), **GBAR)
     np.testing.assert_array_equal(again["loss"], out["loss"])
 
 
 def test_relu_regime2_still_uses_the_split_family():
     """Homogeneous experts keep the exact split family; no G-bar is estimated and no gbar_* columns appear."""
-    _cells.GBAR_CACHE.clear()
+    cache = StudyCache()
     truth = _truth("relu")
     member = split_family(truth.params, [0], [0.25, 0.6])
     est = _cells.Estimate(member, np.zeros(2), np.ones(2, bool), {}, {"duplicate": "0"})
     ctx = MetricContext(est, truth.spec.with_k(3), truth.spec, truth.params, truth.info, None,
-                        np.random.SeedSequence(0))
+                        np.random.SeedSequence(0), cache=cache)
     out = gate_matched_loss(ctx, **GBAR)
     assert list(out) == ["loss", "loss_kind"]
     assert list(out["loss_kind"]) == ["D3 split family"] * 2
     np.testing.assert_allclose(out["loss"], 0.0, atol=1e-9)  # 0.25 and 0.6 lie on the 201-point t-grid
-    assert not _cells.GBAR_CACHE
+    assert len(cache) == 0
 
 
 def test_fit_box_parsing():
@@ -133,10 +138,8 @@ def test_gbar_is_kept_in_the_study_folder_and_reused(tmp_path, monkeypatch):
 
     truth = _truth("gelu")
     ctx = dataclasses.replace(_fit_ctx(truth, 300), cache_dir=str(tmp_path / "cache"))
-    _cells.GBAR_CACHE.clear()
-    first = gate_matched_loss(ctx, **GBAR)
+    first = gate_matched_loss(ctx, **GBAR)  # no StudyCache: one for this call, on the folder
     (stored,) = (tmp_path / "cache").glob("gbar-*.pkl")
-    _cells.GBAR_CACHE.clear()
     calls = []
     real = gbar_mod.estimate_gbar
     monkeypatch.setattr(gbar_mod, "estimate_gbar", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -144,7 +147,26 @@ def test_gbar_is_kept_in_the_study_folder_and_reused(tmp_path, monkeypatch):
     assert calls == []  # read from the folder
     np.testing.assert_array_equal(again["loss"], first["loss"])
     stored.write_bytes(b"torn")
-    _cells.GBAR_CACHE.clear()
     third = gate_matched_loss(ctx, **GBAR)
     assert calls == [1] and stored.stat().st_size > 100  # recomputed and rewritten
     np.testing.assert_array_equal(third["loss"], first["loss"])
+
+
+def test_a_study_run_estimates_gbar_once_and_keeps_nothing_after_it(monkeypatch):
+    """The cache belongs to the run: two cells (two n) of one truth share one G-bar estimate, and a second run of
+    the same study estimates it again (no process-global state survives a run)."""
+    from moestat.fit import gbar as gbar_mod
+
+    calls = []
+    real = gbar_mod.estimate_gbar
+    monkeypatch.setattr(gbar_mod, "estimate_gbar", lambda *a, **k: calls.append(1) or real(*a, **k))
+    study = ms.Study(name="gbar-once", seed=3, reps=2, n=[200, 400],
+                     truth={"preset": "gate_comparison", "expert": "gelu", "d": 2, "k": 2, "seed": 0},
+                     fit={"k": "truth+1", "options": {"init": "near_truth", "optimizer": "lbfgs", "max_iter": 50,
+                                                      "box": 3.0}},
+                     metrics=["loss"], metric_options={"loss": GBAR})
+    first = study.run(progress=False)
+    assert calls == [1] and set(first["loss_kind"]) == {"D3 estimated G-bar"}
+    again = study.run(progress=False)
+    assert calls == [1, 1]
+    np.testing.assert_array_equal(again["loss"], first["loss"])

@@ -1,13 +1,18 @@
-"""The true model of a simulation: an MoE spec, its parameters and their provenance."""
+"""The true model of a simulation (an MoE spec, its parameters and their provenance) and the registry of named
+truths (presets) that :class:`moestat.Study` entries name.
+
+The presets themselves live with their papers (:mod:`moestat.papers`), which register them here when the
+package is imported; the library reads the registry and never imports a paper."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..model import MoE
 from ..params import Params
 
-__all__ = ["Truth"]
+__all__ = ["PRESETS", "Truth", "register_preset"]
 
 
 class Truth(tuple[MoE, Params]):
@@ -35,3 +40,16 @@ class Truth(tuple[MoE, Params]):
     @property
     def params(self) -> Params:
         return self[1]
+
+
+PRESETS: dict[str, Callable[..., Truth]] = {}
+"""Preset names to the functions that build them (filled by :mod:`moestat.papers` at import)."""
+
+
+def register_preset(name: str, fn: Callable[..., Truth]) -> None:
+    """Make ``fn`` (keyword arguments -> :class:`Truth`) a preset a study truth can name as ``{"preset": name}``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"preset name must be an identifier such as 'sigmoid_vs_softmax', got {name!r}.")
+    if not callable(fn):
+        raise TypeError(f"preset {name!r} must be a callable returning a Truth, got {type(fn).__name__}.")
+    PRESETS[name] = fn
