@@ -58,6 +58,8 @@ def _group_iter(frame: pd.DataFrame, by: list[str]):
         yield (key if isinstance(key, tuple) else (key,)), g
 
 
+@validate_arguments(rel_tol=Real(0, open_low=True), max_shift=Real(0, open_low=True),
+                    min_agree=Real(0, 1, open_low=True))
 def optimizer_invariance(frame: pd.DataFrame, responses: str | Sequence[str], *, by: str | Sequence[str] | None = None,
                          x: str = "n", units: str | None = None, suffix: str = "_alt", rel_tol: float = 0.25,
                          max_shift: float = 0.1, min_agree: float = 0.8, noise_var: str | float = "truth_noise_var",
@@ -151,6 +153,7 @@ def optimizer_invariance(frame: pd.DataFrame, responses: str | Sequence[str], *,
     return pd.DataFrame(rows, columns=[*by, *INVARIANCE_COLUMNS])
 
 
+@validate_arguments()  # frame and its column names are data, checked against the frame
 def lowest_objective(frame: pd.DataFrame, responses: str | Sequence[str], *, suffix: str = "_alt",
                      best_suffix: str = "_best", names: tuple[str, str] = ("primary", "alt")) -> pd.DataFrame:
     r"""Add, per row, the responses of whichever solver reached the lower least-squares objective.

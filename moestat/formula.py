@@ -41,6 +41,8 @@ from formulaic import Formula, ModelSpec, model_matrix
 from formulaic.errors import FormulaicError, FormulaParsingError
 from formulaic.transforms import TRANSFORMS
 
+from ._validation import validate_arguments
+
 __all__ = ["MISSING", "DesignMatrices", "ModelDesign", "build_design"]
 
 MISSING = ("raise", "drop")
@@ -483,10 +485,14 @@ class ModelDesign:
 
 
 def _caller_namespace(depth: int) -> dict[str, Any]:
+    """The variables of the caller ``depth`` frames up, skipping the argument-check wrapper of the public function."""
     frame = sys._getframe(depth + 1)
+    while frame.f_globals.get("__name__") == validate_arguments.__module__ and frame.f_back is not None:
+        frame = frame.f_back
     return {**frame.f_globals, **frame.f_locals}
 
 
+@validate_arguments()  # formula, data and the options naming columns or formulas are checked against data
 def build_design(formula: str, data: Any, *, gate_formula: str | None = None, shared: str | None = None,
                  weights: Any = None, missing: str = "raise",
                  context: Mapping[str, Any] | None = None) -> ModelDesign:

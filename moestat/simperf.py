@@ -30,10 +30,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ._validation import Real, validate_arguments
+from ._validation import Integer, Optional, Real, validate_arguments
 from ._validation import column_list as _columns
 
 __all__ = ["MEASURES", "jackknife_mcse", "n_reps_for", "performance_measures"]
+
+_PILOT_N_REPS = Optional(Integer(2))
+_PILOT_N_REPS.description = "an integer >= 2 (the pilot's replicates; None with a pilot frame)"
 
 #: The measures :func:`performance_measures` reports, in its row order; those marked "se" need ``std_error``,
 #: "p" needs ``p_value``.
@@ -324,6 +327,7 @@ def _scalar(value: Any, where: str) -> float:
     return out
 
 
+@validate_arguments()  # values, statistic and the column rep are data, checked against values
 def jackknife_mcse(values: Any, statistic: Callable[[Any], Any], *, rep: str = "rep") -> tuple[float, float]:
     r"""Leave-one-replicate-out jackknife Monte Carlo SE of a derived quantity $T$ of the whole replicate set.
 
@@ -425,6 +429,7 @@ def _n_reps_frame(pilot: pd.DataFrame, target_mcse: float | Mapping[str, float],
     return out.reset_index(drop=True)
 
 
+@validate_arguments(pilot_n_reps=_PILOT_N_REPS)
 def n_reps_for(pilot_mcse: float | pd.DataFrame, pilot_n_reps: int | None = None,
                target_mcse: float | Mapping[str, float] | None = None, *,
                measure: str | Sequence[str] | None = None) -> int | pd.DataFrame:

@@ -18,7 +18,12 @@ PUBLIC = [ms.fit_lse, ms.fit_mle, ms.fit_tensor, ms.fit_em_gated, ms.fit_l2_gate
           ms.test_n_experts, ms.select_k, ms.simulate, ms.simulate_clusters, ms.simulate_patches,
           ms.simulate_gated_nn, ms.fit_rate, ms.compare_rates, ms.window_sensitivity, ms.sample_complexity,
           deep.fit_cluster_moe, deep.fit_single_cnn, deep.fit_pmoe, deep.fit_cnn, ms.voronoi_loss,
-          ms.metrics.voronoi_losses, ms.match_atoms, ms.l2_distance, ms.design_check]
+          ms.metrics.voronoi_losses, ms.match_atoms, ms.l2_distance, ms.design_check,
+          ms.calibrate_design, ms.compare_models, ms.test_exponent, ms.scaling_exponent, ms.predicted_rate,
+          ms.theory_rates, ms.center_softmax, ms.voronoi_cells, ms.check_identifiability, ms.gating_error,
+          ms.regressor_error, ms.gaussian_voronoi_frame, ms.gaussian_voronoi_loss, ms.parameter_errors,
+          ms.permutation_invariant_error, ms.representation_errors, ms.sup_expert_error, ms.lowest_objective,
+          ms.optimizer_invariance, ms.jackknife_mcse, ms.n_reps_for, ms.build_design]
 CASES = [(fn, name) for fn in PUBLIC for name in fn.parameter_constraints]
 
 GARBAGE = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),

@@ -99,6 +99,7 @@ def l2_distance(spec: MoE, params_a: Params, params_b: Params, X_mc: Any, *,
     return out if batched else float(out[0])
 
 
+@validate_arguments()  # spec, params, truth and X are data, checked where they are read
 def sup_expert_error(spec: MoE, params: Any, truth: Any, X: Any) -> np.ndarray:
     r"""Sup-norm error of each fitted expert against the true expert of its Voronoi cell.
 

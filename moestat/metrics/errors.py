@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .._torch import to_numpy
-from .._validation import check_choice
+from .._validation import Choice, Optional, check_choice, validate_arguments
 from ..model import MoE
 from ._common import blocks, broadcast_reps, check_compatible, reference_device, unpack
 from .distance import sup_expert_error
@@ -35,6 +35,7 @@ ATOM_BLOCKS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "expe
 """Per-fitted-atom error blocks (``expert`` is the joint :math:`\\|\\Delta\\eta\\|`)."""
 
 
+@validate_arguments(gate=Optional(Choice("sigmoid", "softmax")))
 def parameter_errors(params: Any, truth: Any, *, gate: str | None = None, X: Any = None,
                      spec: MoE | None = None) -> pd.DataFrame:
     r"""Tidy per-atom errors: one row per replicate x true atom x block (x fitted atom in the cell).

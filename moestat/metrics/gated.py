@@ -25,6 +25,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from .._torch import to_numpy
+from .._validation import validate_arguments
 
 __all__ = ["gating_error", "match_regressors", "regressor_error"]
 
@@ -135,6 +136,7 @@ def _regressor_metrics(A_hat, A_star) -> tuple[dict[str, np.ndarray], np.ndarray
     return metrics, perm, batch
 
 
+@validate_arguments()  # A_hat and A_star are data, checked where they are read
 def regressor_error(A_hat, A_star) -> pd.DataFrame:
     r"""Regressor errors of makkuva2020 plus :math:`\ell_2` parameter errors, as a tidy frame.
 
@@ -183,6 +185,7 @@ def _gate_metrics(W_hat, W_star, perm) -> dict[str, np.ndarray]:
     }
 
 
+@validate_arguments()  # W_hat, W_star, perm, A_hat and A_star are data, checked where they are read
 def gating_error(W_hat, W_star, *, perm=None, A_hat=None, A_star=None) -> pd.DataFrame:
     r"""Gate errors after relabelling and re-referencing, as a tidy frame.
 

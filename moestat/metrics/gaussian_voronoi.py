@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from .._torch import is_torch, to_numpy
-from .._validation import check_choice
+from .._validation import Boolean, check_choice, validate_arguments
 from ..model import MoE
 from ..params import BLOCKS, Params
 from .voronoi import center_softmax
@@ -318,6 +318,7 @@ def _compute(fitted: Any, truth: Any, kind: str, variance: bool, strict: bool, t
     return pc, kind, f.k, t.k, batched
 
 
+@validate_arguments(variance=Boolean(), strict=Boolean())
 def gaussian_voronoi_loss(fitted: Any, truth: Any, *, kind: str = "auto", variance: bool = True,
                           strict: bool = False, translation: str = "center", cell_distance: str = "euclidean",
                           rbar: RbarArg = None) -> np.ndarray:
@@ -379,6 +380,7 @@ def gaussian_voronoi_loss(fitted: Any, truth: Any, *, kind: str = "auto", varian
     return pc.loss
 
 
+@validate_arguments(variance=Boolean(), strict=Boolean())
 def gaussian_voronoi_frame(fitted: Any, truth: Any, *, kind: str = "auto", variance: bool = True,
                            strict: bool = False, translation: str = "center", cell_distance: str = "euclidean",
                            rbar: RbarArg = None) -> pd.DataFrame:

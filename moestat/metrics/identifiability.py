@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from .._torch import to_numpy
-from .._validation import check_choice
+from .._validation import Choice, Real, check_choice, validate_arguments
 from ..model import MoE
 from ..params import Params
 
@@ -235,6 +235,7 @@ def derivative_family(spec: MoE, params: Params, kind: str = "strong", X: Any = 
     return matrix, columns[["column", "atom", "class", "function", "status", "norm"]]
 
 
+@validate_arguments(kind=Choice("strong", "weak"), rtol=Real(0, 1, open_low=True, open_high=True), slope_tol=Real(0))
 def check_identifiability(spec: MoE, params: Params, kind: str = "strong", X: Any = None, *,
                           over_specified: list[int] | None = None, rtol: float = 1e-10,
                           slope_tol: float = 0.0) -> IdentifiabilityResult:

@@ -164,6 +164,7 @@ def match_atoms(params: Any, truth: Any, method: str = "hungarian", *,
     return Matching(perm, truth_index, total, method)
 
 
+@validate_arguments(softmax=Boolean())
 def permutation_invariant_error(params: Any, truth: Any, *, blocks: Sequence[str] = ALL_BLOCKS,
                                 softmax: bool = False) -> np.ndarray | float:
     r"""Parameter error minimised over relabellings, one value per replicate.

@@ -95,7 +95,7 @@ from scipy.optimize import linear_sum_assignment
 from scipy.stats import norm, qmc
 
 from .._torch import to_numpy
-from .._validation import check_choice
+from .._validation import Choice, Real, check_choice, validate_arguments
 from ..exceptions import RepresentationWarning, warn_user
 from ..model import MoE
 from ..params import Params
@@ -517,6 +517,7 @@ def _check_spec(spec: MoE) -> None:
                          "supported (use voronoi_loss).")
 
 
+@validate_arguments(inputs=Choice("uniform", "gaussian"), low=Real(), high=Real(), zero_slope_tol=Real(0))
 def representation_errors(params: Any, truth: Any, *, spec: MoE | None = None, gbar: Params | None = None,
                           X: Any = None, inputs: str = "uniform", low: float = -1.0, high: float = 1.0,
                           zero_slope_tol: float = 0.0) -> RepresentationErrors:

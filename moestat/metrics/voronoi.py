@@ -154,6 +154,7 @@ class VoronoiCells:
         })
 
 
+@validate_arguments()  # params and truth are data, checked where they are read
 def voronoi_cells(params: Any, truth: Any) -> VoronoiCells:
     r"""Voronoi cells :math:`A_j` of the fitted atoms around the true atoms (nguyen2024 eq. 5).
 
@@ -188,6 +189,7 @@ def voronoi_cells(params: Any, truth: Any) -> VoronoiCells:
 
 
 # ----------------------------------------------------------------------------- translation
+@validate_arguments()  # params is data, checked where it is used
 def center_softmax(params: Params) -> Params:
     r"""Translation-centred representative of softmax gate parameters.
 

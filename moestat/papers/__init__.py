@@ -11,14 +11,16 @@ module                    paper
 ========================  ==================================================================================
 
 :data:`PRESETS` maps every preset name to its constructor (:class:`moestat.Study` truths name them as
-``preset``); :func:`theory_rows` gives every paper's rows for :func:`moestat.rates.theory_rates`.
-The papers depend on the library (model, simulators, metrics), never the other way round.
+``preset``); each paper's ``THEORY`` rows are registered for :func:`moestat.rates.theory_rates` when this package
+is imported (:func:`theory_rows` lists them).  The papers depend on the library (model, simulators, rates, study),
+never the other way round: the library holds the registries and the papers fill them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..rates.theory import THEORY_COLUMNS, register_theory
 from . import chen2022, chowdhury2023, makkuva2020, nguyen2024, presets
 from .presets import PRESETS
 
@@ -29,10 +31,6 @@ PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen
           "chowdhury2023": chowdhury2023}
 """The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
 
-THEORY_COLUMNS = ("source", "result", "gate", "regime", "expert", "examples", "quantity", "response", "regressor",
-                  "rate", "exponent", "rate_model", "direction", "kind", "note")
-"""The columns of a paper's ``THEORY`` rows (see :func:`moestat.rates.theory_rates` for their meaning)."""
-
 
 def theory_rows() -> list[dict[str, Any]]:
     """Every paper's theory rows as dicts keyed by :data:`THEORY_COLUMNS`, in the order of :data:`PAPERS`."""
@@ -42,4 +40,5 @@ def theory_rows() -> list[dict[str, Any]]:
     return rows
 
 
-
+for _key, _module in PAPERS.items():
+    register_theory(_key, list(getattr(_module, "THEORY", [])))

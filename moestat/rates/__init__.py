@@ -39,7 +39,7 @@ from .exponents import (
     test_exponent,
     window_sensitivity,
 )
-from .theory import predicted_rate, theory_rates
+from .theory import predicted_rate, register_theory, theory_rates
 
 __all__ = [
     "MIN_N_VALUES",
@@ -55,6 +55,7 @@ __all__ = [
     "fit_rate",
     "plots",
     "predicted_rate",
+    "register_theory",
     "regressor",
     "sample_complexity",
     "scaling_exponent",

@@ -20,6 +20,7 @@ from scipy import stats
 from .._validation import (
     Choice,
     Integer,
+    Optional,
     Real,
     Seed,
     renamed_arguments,
@@ -230,6 +231,8 @@ def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str |
 
 
 @renamed_arguments(ci="confidence_level")
+@validate_arguments(confidence_level=Optional(Real(0, 1, open_low=True, open_high=True)),
+                    censored=Choice("drop", "tobit"))
 def scaling_exponent(result: SampleComplexityResult, design: str, *, confidence_level: float | None = None,
                      censored: str = "drop") -> pd.DataFrame:
     """Scaling exponent ``b`` in ``log n* = a + b log(design)`` (e.g. design ``l`` or ``n/l``, chowdhury2023 §4.2).

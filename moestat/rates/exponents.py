@@ -32,6 +32,7 @@ from .._validation import (
     Boolean,
     Choice,
     Integer,
+    Optional,
     Real,
     Seed,
     renamed_arguments,
@@ -957,6 +958,7 @@ def _fit_rate(frame: pd.DataFrame, y: str, *, x: str, by: Any, model: Any, agg: 
 # tests on exponents
 
 
+@validate_arguments(value=Real(), alternative=Choice("two-sided", "greater", "less"))
 def test_exponent(result: RateResult, value: float, *, model: str | None = None,
                   alternative: str = "two-sided") -> pd.DataFrame:
     """Test H0: alpha = ``value`` for every group x model of a :class:`RateResult`.
@@ -1286,6 +1288,7 @@ def _interaction(sub: pd.DataFrame, y: str, x: str, between: str, a: Any, b: Any
 # diagnostics
 
 
+@validate_arguments(agg=Optional(Choice(*(a for a in _AGGS if a is not None))))
 def compare_models(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
                    models: Sequence[str] = tuple(RATE_MODELS), agg: str | None = None, *,
                    rep: str | None = "rep") -> pd.DataFrame:
@@ -1508,6 +1511,10 @@ def simulate_rate_frame(alpha: float, ns: Sequence[float], reps: int, *, model: 
     return pd.DataFrame(cols)
 
 
+@validate_arguments(alpha=Real(), reps=Integer(1), studies=Integer(1), model=Choice(*RATE_MODELS),
+                    noise=Choice("lognormal", "gamma"), shape=Real(0, open_low=True), seed=Optional(Integer(0)),
+                    cell_sd=Real(0), rep_sd=Real(0), units=Optional(Integer(1)), unit_sd=Real(0),
+                    unit_slope_sd=Real(0), resample_units=Boolean())
 def calibrate_design(alpha: float, ns: Sequence[float], reps: int, *, studies: int = 1000,
                      sigma: float | Sequence[float] = 0.5, model: str = "power", noise: str = "lognormal",
                      shape: float = 1.0, seed: int | None = 0, cell_sd: float = 0.0, rep_sd: float = 0.0,
