@@ -25,31 +25,19 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+import moestat as ms
+from moestat.papers import chen2022
+
 NAME = "cluster-moe"
 TITLE = "chen2022: MoE of CNN experts on clustered patches (Tables 1, 3 and 9, settings 1-4)"
 
-#: chen2022 Table 3 (Table 1 = settings 1-2): test accuracy (%) and dispatch entropy, mean and sd over 10
-#: runs for the MoEs; single models are one number each (no sd).
-PAPER = pd.DataFrame([
-    (1, "single-linear", 68.71, np.nan, np.nan, np.nan), (1, "single-cubic", 79.48, np.nan, np.nan, np.nan),
-    (1, "moe-linear", 92.99, 2.11, 1.300, 0.044), (1, "moe-cubic", 99.46, 0.55, 0.098, 0.087),
-    (2, "single-linear", 60.59, np.nan, np.nan, np.nan), (2, "single-cubic", 72.29, np.nan, np.nan, np.nan),
-    (2, "moe-linear", 88.48, 1.96, 1.294, 0.036), (2, "moe-cubic", 98.09, 1.27, 0.171, 0.103),
-    (3, "single-linear", 74.81, np.nan, np.nan, np.nan), (3, "single-cubic", 72.69, np.nan, np.nan, np.nan),
-    (3, "moe-linear", 95.93, 1.34, 1.160, 0.100), (3, "moe-cubic", 99.99, 0.02, 0.008, 0.011),
-    (4, "single-linear", 74.63, np.nan, np.nan, np.nan), (4, "single-cubic", 68.60, np.nan, np.nan, np.nan),
-    (4, "moe-linear", 93.30, 1.48, 1.160, 0.155), (4, "moe-cubic", 98.92, 1.18, 0.089, 0.120),
-], columns=["setting", "model", "paper_accuracy", "paper_accuracy_sd", "paper_entropy", "paper_entropy_sd"])
-PAPER["ablation"] = "none"
-#: chen2022 Table 9: linear MoE *with* load balancing (10 runs; the loss and its coefficient are not stated).
-PAPER_LB = pd.DataFrame([(1, 93.81, 1.02), (2, 89.20, 2.20), (3, 95.12, 0.58), (4, 92.50, 1.55)],
-                        columns=["setting", "paper_accuracy", "paper_accuracy_sd"]).assign(
-                            model="moe-linear", ablation="load-balance")
-PAPER_ALL = pd.concat([PAPER, PAPER_LB], ignore_index=True)
+#: The paper's numbers (Tables 1, 3 and 9) live with the paper: ``moestat.papers.chen2022``.
+PAPER = chen2022.TABLE3
 
 #: Coefficients ``a`` of the Switch load-balancing loss in the ablation.  chen2022 does not state the one
 #: of Table 9; its CIFAR runs use 1e-3.  An ad hoc 4-run pilot on setting 1 (n_train = 1,000): 1e-3 changed
@@ -109,198 +97,118 @@ def _size(quick: bool) -> tuple[str, dict]:
 
 
 # %% [markdown]
-# ## One cell of the experiment
+# ## The studies
 #
-# Each (setting, model) cell fits all replicates at once (stacked weights, one tensor program) and saves
-# its per-run results, its training history, its final dispatch tables and its alignment curves, so that
-# ``resume=True`` skips finished cells.
+# Every (setting x model) pair is one cell of a `moestat.Study` whose custom cell,
+# `moestat.papers.chen2022:cluster_cell`, simulates the setting (train and test drawn together, then split),
+# fits the model on all replicates at once (stacked weights, one tensor program) and scores it on the test
+# split with noiseless routing.  The truths are the settings (data knobs: setting, test size and the
+# vignette's data and model seeds, ``data_seed + s`` and ``model_seed + s``, so the numbers are those of
+# the earlier renders); the fits are the models, their options the keywords of `fit_cluster_moe` /
+# `fit_single_cnn`, plus the two oracles (the reference points of Thm 4.1: the MoE oracle, ~100%, and the
+# patch-additive step predictor, exactly 87.5% when the theorem applies).  Every fit of a setting shares
+# its data, initialisation and router-noise seeds, so the with/without load-balancing comparison is
+# paired.  The load-balancing ablation is one more study per coefficient (its cells differ from the main
+# ones only by ``load_balance``).  Each study checkpoints its finished cells under ``out/study*/cells``
+# and the cells' side tables (training history, final dispatch tables, alignment curves) under
+# ``out/study*/pieces``, so ``resume=True`` refits nothing that has finished.
 
 # %%
-def _fit_cell(setting: int, model: str, cfg: dict, train, test, load_balance: float = 0.0):
-    from moestat.deep import fit_cluster_moe, fit_single_cnn
+CELL = "moestat.papers.chen2022:cluster_cell"
 
+
+def _fit_entry(model: str, cfg: dict, load_balance: float = 0.0) -> dict[str, Any]:
+    """The ``fit`` table of a model name: ``moe-<activation>``, ``single-<activation>[-bias]`` or an oracle."""
+    if model in chen2022.ORACLES:
+        return {"label": model, "options": {"kind": "oracle", "oracle": model.removeprefix("oracle-")}}
     kind, act, *variant = model.split("-")  # "single-cubic-bias": a single CNN with filter biases
+    common = dict(activation=act, sigma0=cfg["sigma0"], eval_every=cfg["eval_every"], dtype=cfg["dtype"])
     if kind == "moe":
-        return fit_cluster_moe(train, M=cfg["M"], J=cfg["J"], activation=act, T=cfg["T_moe"], eta=cfg["eta"],
-                               eta_r=cfg["eta_r"], sigma0=cfg["sigma0"], router_noise=cfg["router_noise"],
-                               load_balance=load_balance, test=test, eval_every=cfg["eval_every"],
-                               seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
-    return fit_single_cnn(train, J=cfg["J_single"], activation=act, T=cfg["T_single"],
-                          optimizer=cfg["single_optimizer"], weight_decay=cfg["single_weight_decay"],
-                          sigma0=cfg["sigma0"], bias=variant == ["bias"], batch_size=cfg.get("single_batch_size"),
-                          test=test, eval_every=cfg["eval_every"],
-                          seed=cfg["model_seed"] + setting, device="cpu", dtype=cfg["dtype"])
+        return {"label": model, "options": dict(kind="moe", M=cfg["M"], J=cfg["J"], T=cfg["T_moe"], eta=cfg["eta"],
+                                                eta_r=cfg["eta_r"], router_noise=cfg["router_noise"],
+                                                load_balance=load_balance, **common)}
+    opts = dict(kind="single", J=cfg["J_single"], T=cfg["T_single"], optimizer=cfg["single_optimizer"],
+                weight_decay=cfg["single_weight_decay"], bias=variant == ["bias"], **common)
+    if cfg.get("single_batch_size"):
+        opts["batch_size"] = cfg["single_batch_size"]
+    return {"label": model, "options": opts}
 
 
-def _stem(setting: int, model: str, load_balance: float = 0.0) -> str:
-    return f"setting{setting}-{model}" + (f"-lb{load_balance:g}" if load_balance > 0 else "")
+def _truths(cfg: dict, settings) -> list[dict[str, Any]]:
+    return [{"label": f"setting{s}", "data": {"setting": s, "n_test": cfg["n_test"],
+                                              "data_seed": cfg["data_seed"] + s, "model_seed": cfg["model_seed"] + s}}
+            for s in settings]
 
 
-def _store(out: Path, cfg: dict, resume: bool = True):
-    """The finished pieces (moestat.checkpoint): files named by a hash of the settings, written atomically."""
-    from moestat.checkpoint import CellStore
-
-    return CellStore(out / "pieces", config=cfg, resume=resume)
-
-
-def _run_cell(store, setting: int, model: str, cfg: dict, train, test, load_balance: float = 0.0) -> pd.DataFrame:
-    from moestat.deep import metrics as mt
-
-    stem = _stem(setting, model, load_balance)
-    if store.resume and store.done(stem):
-        return store.read(stem)
-    fit = _fit_cell(setting, model, cfg, train, test, load_balance)
-    ev = fit.evaluate(test)
-    res = pd.DataFrame({"setting": setting, "model": model,
-                        "ablation": "load-balance" if load_balance > 0 else "none", "load_balance": load_balance,
-                        "run": ev["rep"], "n_train": train.n, "n_test": test.n,
-                        "T": fit.config["T"], "accuracy": ev["accuracy"], "dispatch_entropy": ev["dispatch_entropy"],
-                        "train_accuracy": fit.evaluate(train)["accuracy"],
-                        "wall_time_s": fit.wall_time_s})
-    if fit.kind == "moe":
-        for col in ("n_dead_experts", "max_load_share", "load_entropy", "router_sum_norm"):
-            res[col] = ev[col].to_numpy()
-        tab = mt.dispatch_table(fit.dispatch_counts(test)).assign(setting=setting, model=model,
-                                                                  load_balance=load_balance)
-        store.write(f"{stem}-dispatch", tab)
-        store.write(f"{stem}-alignment", fit.alignment.assign(setting=setting, model=model))
-    store.write(f"{stem}-history", fit.history.assign(setting=setting, model=model, load_balance=load_balance))
-    store.write(stem, res)  # last: its file marks the cell (and its side pieces) as finished
-    return store.read(stem)
+def _study(name: str, cfg: dict, settings, fits: list[dict[str, Any]]) -> ms.Study:
+    return ms.Study(name=name, truth=_truths(cfg, settings), fit=fits, n=[cfg["n_train"]], reps=cfg["runs"],
+                    seed=cfg["data_seed"], cell=CELL, device="cpu", threads=1,
+                    description="chen2022 Tables 1, 3 and 9: MoE of CNN experts on clustered patches")
 
 
-# %% [markdown]
-# ## Reference points: the two oracles
-#
-# The MoE oracle routes by :math:`\arg\max_k\langle c_k, s(x)\rangle` and predicts
-# :math:`\mathrm{sign}\langle v_k, s(x)\rangle` (~100%); the patch-additive step predictor attains the 87.5%
-# ceiling of Thm 4.1 exactly (see ``moestat.deep.metrics``).
-
-# %%
-def _oracles(setting: int, test) -> pd.DataFrame:
-    from moestat.deep import metrics as mt
-
-    rows = []
-    for name, score in (("oracle-moe", mt.moe_oracle(test)), ("oracle-patch-additive", mt.patch_additive_oracle(test))):
-        acc = mt.accuracy(test.y, score)
-        rows.append(pd.DataFrame({"setting": setting, "model": name, "ablation": "none", "load_balance": 0.0,
-                                  "run": np.arange(len(acc)), "n_train": 0,
-                                  "n_test": test.n, "T": 0, "accuracy": acc, "dispatch_entropy": np.nan}))
-    return pd.concat(rows, ignore_index=True)
+def ablation_coefficients(cfg: dict) -> dict[float, list[int]]:
+    """Load-balancing coefficient -> the settings it runs on (``load_balance`` everywhere, the extras where
+    ``load_balance_extra`` names them)."""
+    settings = [s for s in cfg["ablation_settings"] if s in cfg["settings"]]
+    coefs: dict[float, list[int]] = {}
+    for s in settings:
+        for a in (*cfg["load_balance"], *cfg.get("load_balance_extra", {}).get(s, ())):
+            coefs.setdefault(float(a), []).append(s)
+    return coefs
 
 
-# %% [markdown]
-# ## Initial owner groups (Def. D.3)
-#
-# Each expert's owner cluster is fixed at initialisation by :math:`\arg\max_{k,j}\langle v_k,
-# w^{(0)}_{m,j}\rangle`; with K = 4 and M = 8 some cluster has no owner with probability 0.377.  The
-# initialisation is regenerated from the recorded model seed, so this column costs no refit.
-
-# %%
-def _init_groups(results: pd.DataFrame, cfg: dict, splits: dict) -> pd.Series:
-    from moestat.deep import metrics as mt
-    from moestat.deep.cluster_moe import initial_expert_weights
-
-    col = pd.Series(pd.NA, index=results.index, dtype="boolean")
-    for s, (train, _) in splits.items():
-        W0 = initial_expert_weights(cfg["model_seed"] + s, cfg["runs"], cfg["M"], train.config.d, cfg["J"],
-                                    cfg["sigma0"], device="cpu", dtype=cfg["dtype"])
-        ok = mt.all_groups_nonempty(mt.expert_groups_from_init(W0.numpy(), train.V), train.config.K)
-        rows = (results["setting"] == s) & results["model"].str.startswith("moe")
-        col[rows] = ok[results.loc[rows, "run"].to_numpy()]
-    return col
+def make_studies(size: str = "full") -> dict[str, ms.Study]:
+    """The studies of a size of ``SIZES`` by their folder under ``out``: ``study`` (oracles and the models of every
+    setting) and ``study-lb<a>`` (the MoEs of the ablation settings with load-balancing coefficient ``a``)."""
+    if size not in SIZES:
+        raise ValueError(f"size={size!r} is not a size of this vignette; valid sizes are {sorted(SIZES)}.")
+    cfg = SIZES[size]
+    studies = {"study": _study(NAME, cfg, cfg["settings"],
+                               [_fit_entry(m, cfg) for m in (*chen2022.ORACLES, *cfg["models"])])}
+    for a, settings in ablation_coefficients(cfg).items():
+        studies[f"study-lb{a:g}"] = _study(f"{NAME}-lb{a:g}", cfg, settings,
+                                           [_fit_entry(m, cfg, a) for m in cfg["ablation_models"]])
+    return studies
 
 
-# %% [markdown]
-# ## How clusters spread over experts
-#
-# Two per-run summaries of the final test dispatch table :math:`n_{k,m}`: the mean over clusters of the
-# number of experts that receive more than 5% of the cluster's examples, and the purity
-# :math:`\sum_m\max_k n_{k,m}/n` (share of examples whose expert's majority cluster is their own).  They
-# are read back from the saved dispatch pieces, so resumed renders get them too.
-
-# %%
-def dispatch_spread(counts: np.ndarray, threshold: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """``(experts_per_cluster, expert_purity)`` per replicate from counts of shape (R, K, M)."""
-    counts = np.asarray(counts, dtype=np.float64)
-    share = counts / np.maximum(counts.sum(axis=2, keepdims=True), 1)
-    return (share > threshold).sum(axis=2).mean(axis=1), counts.max(axis=1).sum(axis=1) / counts.sum(axis=(1, 2))
-
-
-def _dispatch_stats(store, results: pd.DataFrame) -> pd.DataFrame:
-    results = results.assign(experts_per_cluster=np.nan, expert_purity=np.nan)
-    moe = results["model"].str.startswith("moe")
-    for (s, m, a), idx in results[moe].groupby(["setting", "model", "load_balance"]).groups.items():
-        name = f"{_stem(s, m, a)}-dispatch"
-        if not store.done(name):
+def _pieces(studies: dict[str, ms.Study], out: Path, name: str) -> pd.DataFrame:
+    """A side table of every study's stored cells (empty when no cell returned it)."""
+    frames = []
+    for folder, study in studies.items():
+        try:
+            frames.append(study.pieces(name, checkpoint=out / folder))
+        except KeyError:
             continue
-        tab = store.read(name)
-        counts = np.zeros((tab["rep"].max() + 1, tab["cluster"].max() + 1, tab["expert"].max() + 1))
-        counts[tab["rep"], tab["cluster"], tab["expert"]] = tab["count"]
-        spread, purity = dispatch_spread(counts)
-        runs = results.loc[idx, "run"].to_numpy()
-        results.loc[idx, "experts_per_cluster"] = spread[runs]
-        results.loc[idx, "expert_purity"] = purity[runs]
-    return results
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["setting", "model", "load_balance", "rep"])
 
 
 # %% [markdown]
-# ## Supplement: the best single CNN in the signal span
+# ## What each run records (computed by the cell, `moestat.papers.chen2022`)
 #
-# On a signal patch :math:`z = \lambda u` (:math:`u` one of the 2K signals) a single CNN contributes
-# :math:`\sum_j a_j\sigma(\lambda\langle w_j, u\rangle + b_j)`.  For the cubic activation this is
-# :math:`t_u\lambda^3` without biases and a cubic polynomial :math:`t_u\lambda^3 + q_u\lambda^2 + l_u\lambda +
-# c` with them, so up to the (small) Gaussian patch a single cubic CNN is a linear classifier on the
-# features :math:`\sum_p\langle u, x^{(p)}\rangle^q` (q = 3, or q = 1, 2, 3 and a constant).  We maximise a
-# smoothed 0-1 accuracy over those coefficients (annealed sigmoid, random restarts) on half of a large
-# sample and report the accuracy on the other half: a lower bound on the best accuracy the family can
-# reach (a search, not a proof).
-
-# %%
-def signal_span_optimum(setting: int, n: int = 200_000, seed: int = 13, restarts: int = 30,
-                        iters: int = 400) -> pd.DataFrame:
-    """Best found accuracy of signal-span patch-additive predictors (linear, cubic, cubic with biases)."""
-    import torch
-
-    import moestat as ms
-
-    data = ms.simulate_clusters(setting=setting, n=n, reps=1, seed=seed)
-    proj = np.concatenate([np.einsum("npd,kd->npk", data.X[0], data.V[0]),
-                           np.einsum("npd,kd->npk", data.X[0], data.C[0])], axis=2)
-    y = torch.as_tensor(data.y[0], dtype=torch.float64)
-    half = n // 2
-    rows = []
-    for family, powers, const in (("linear", (1,), False), ("cubic", (3,), False),
-                                  ("cubic-bias", (1, 2, 3), True)):
-        Phi = np.hstack([(proj ** q).sum(axis=1) for q in powers] + ([np.ones((n, 1))] if const else []))
-        P = torch.as_tensor(Phi)
-        sd = P.std(dim=0)
-        P = P / torch.where(sd > 0, sd, torch.ones_like(sd))
-        gen = torch.Generator().manual_seed(seed)
-        best_acc, best_w = -1.0, None
-        for _ in range(restarts):
-            w = torch.randn(P.shape[1], generator=gen, dtype=torch.float64).requires_grad_(True)
-            opt = torch.optim.Adam([w], lr=0.05)
-            for it in range(iters):
-                margin = y[:half] * (P[:half] @ w) / w.norm()
-                loss = torch.sigmoid(-margin / (0.3 * 0.99 ** it)).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            acc = float(((P[:half] @ w) * y[:half] > 0).double().mean())
-            if acc > best_acc:
-                best_acc, best_w = acc, w.detach().clone()
-        test_acc = float(((P[half:] @ best_w) * y[half:] > 0).double().mean())
-        rows.append(dict(setting=setting, family=family, search_accuracy=best_acc, holdout_accuracy=test_acc,
-                         n=n, seed=seed, restarts=restarts, iters=iters))
-    return pd.DataFrame(rows)
+# * Reference points: the MoE oracle routes by :math:`\arg\max_k\langle c_k, s(x)\rangle` and predicts
+#   :math:`\mathrm{sign}\langle v_k, s(x)\rangle` (~100%); the patch-additive step predictor attains the
+#   87.5% ceiling of Thm 4.1 exactly (``chen2022.oracle_accuracy``, ``chen2022.THM41_CEILING``).
+# * Initial owner groups (Def. D.3): each expert's owner cluster is fixed at initialisation by
+#   :math:`\arg\max_{k,j}\langle v_k, w^{(0)}_{m,j}\rangle`; with K = 4 and M = 8 some cluster has no owner
+#   with probability 0.377 (``init_all_groups_nonempty``, regenerated from the model seed at no refit).
+# * How clusters spread over experts, from the final test dispatch table :math:`n_{k,m}`: the mean over
+#   clusters of the number of experts that receive more than 5% of the cluster's examples, and the purity
+#   :math:`\sum_m\max_k n_{k,m}/n` (``moestat.deep.metrics.dispatch_spread``).
+# * Supplement (size ``single-bias``): the best single CNN in the span of the signals, found by maximising a
+#   smoothed 0-1 accuracy over the coefficients of the features :math:`\sum_p\langle u, x^{(p)}\rangle^q`
+#   (``chen2022.signal_span_optimum``: a lower bound per family, a search, not a proof).
+# * Success criteria: every single-CNN run of settings 3 and 4 against the 87.5% ceiling
+#   (``chen2022.ceiling_checks``, one-sided 99% Clopper-Pearson), means next to the paper's Tables 3 and 9
+#   (``chen2022.summarize``) and paired load-balancing effects with 95% t intervals
+#   (``chen2022.ablation_effects``).
 
 
 # %% [markdown]
 # ## Figures
 
 # %%
-def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
+def _figures(out: Path, pieces: dict[str, pd.DataFrame], results: pd.DataFrame, cfg: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,8 +231,8 @@ def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
             if len(p):
                 ax.hlines(p.iloc[0], i - 0.3, i + 0.3, colors="k", linestyles="--")
         ax.set_xticks(range(len(models)), models, rotation=20)
-        if s in (3, 4):  # D_alpha = D_gamma: Thm 4.1 applies
-            ax.axhline(87.5, color="tab:red", lw=1)
+        if s in chen2022.THM41_SETTINGS:  # D_alpha = D_gamma: Thm 4.1 applies
+            ax.axhline(100 * chen2022.THM41_CEILING, color="tab:red", lw=1)
             ax.set_title(f"setting {s} (dashed: paper; red: Thm 4.1 ceiling 87.5%)")
         else:
             ax.set_title(f"setting {s} (dashed: paper; Thm 4.1 does not apply)")
@@ -335,16 +243,17 @@ def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
     plt.close(fig)
     if not any(m.startswith("moe") for m in models):  # single-CNN supplements: no routing figures
         return
+    history, alignment, dispatch = (pieces[k] for k in ("history", "alignment", "dispatch"))
+    main_dispatch = dispatch[dispatch["load_balance"] == 0]
     # 2. dispatch entropy over training (chen2022 Fig. 3)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 3.6 * nrow), sharey=True, squeeze=False)
     for ax in axes.flat[len(settings):]:
         ax.set_visible(False)
     for ax, s in zip(axes.flat, settings, strict=False):
         for m, col in (("moe-cubic", "tab:blue"), ("moe-linear", "tab:orange")):
-            name = f"setting{s}-{m}-history"
-            if not store.done(name):
+            h = history.query("setting == @s and model == @m and load_balance == 0 and metric == 'dispatch_entropy'")
+            if h.empty:
                 continue
-            h = store.read(name).query("metric == 'dispatch_entropy'")
             for _, g in h.groupby("rep"):
                 ax.plot(g["iteration"], g["value"], color=col, alpha=0.35, lw=1)
             mean = h.groupby("iteration")["value"].mean()
@@ -361,10 +270,9 @@ def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
     # 3. alignment curves of run 0, setting 1 (chen2022 Figs. 4-5)
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
     for col, m in enumerate(("moe-cubic", "moe-linear")):
-        name = f"setting{settings[0]}-{m}-alignment"
-        if not store.done(name):
+        al = alignment.query("setting == @settings[0] and model == @m and load_balance == 0 and rep == 0")
+        if al.empty:
             continue
-        al = store.read(name).query("rep == 0")
         for row, comp in enumerate(("expert", "router")):
             ax = axes[row, col]
             for sig, ls in (("feature", "-"), ("center", "--")):
@@ -383,10 +291,10 @@ def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
     fig, axes = plt.subplots(len(settings), 2, figsize=(9, 2.6 * len(settings)), squeeze=False)
     for r, s in enumerate(settings):
         for c, m in enumerate(("moe-cubic", "moe-linear")):
-            name = f"setting{s}-{m}-dispatch"
-            if not store.done(name):
+            t = main_dispatch.query("setting == @s and model == @m and rep == 0")
+            if t.empty:
                 continue
-            t = store.read(name).query("rep == 0").pivot(index="cluster", columns="expert", values="count")
+            t = t.pivot(index="cluster", columns="expert", values="count")
             ax = axes[r, c]
             ax.imshow(t.to_numpy(), cmap="Blues")
             for (i, j), v in np.ndenumerate(t.to_numpy()):
@@ -397,10 +305,10 @@ def _figures(out: Path, store, results: pd.DataFrame, cfg: dict) -> None:
     fig.tight_layout()
     fig.savefig(out / "dispatch_tables.png", dpi=110)
     plt.close(fig)
-    _load_balance_figure(out, store, results, cfg, plt)
+    _load_balance_figure(out, dispatch, results, cfg, plt)
 
 
-def _load_balance_figure(out: Path, store, results: pd.DataFrame, cfg: dict, plt) -> None:
+def _load_balance_figure(out: Path, dispatch: pd.DataFrame, results: pd.DataFrame, cfg: dict, plt) -> None:
     """Accuracy, dispatch entropy and load entropy with and without load balancing, and the sorted
     expert load shares (test split, noiseless routing) of the first ablation setting."""
     abl = [s for s in cfg["ablation_settings"] if s in cfg["settings"]]
@@ -422,9 +330,9 @@ def _load_balance_figure(out: Path, store, results: pd.DataFrame, cfg: dict, plt
             ax.errorbar(x, stat["mean"] * scale, yerr=stat["std"] * scale, fmt=marker, capsize=3, label=label,
                         color=f"C{cfg['ablation_models'].index(m)}", mfc="white" if a else None)
         s0 = abl[0]
-        name = f"{_stem(s0, m, a)}-dispatch"
-        if store.done(name):
-            tab = store.read(name).groupby(["rep", "expert"])["count"].sum().unstack()
+        tab = dispatch[(dispatch["setting"] == s0) & (dispatch["model"] == m) & np.isclose(dispatch["load_balance"], a)]
+        if len(tab):
+            tab = tab.groupby(["rep", "expert"])["count"].sum().unstack()
             shares = np.sort((tab.T / tab.sum(axis=1)).T.to_numpy(), axis=1)[:, ::-1]
             axes[3].plot(np.arange(1, shares.shape[1] + 1), shares.mean(axis=0), marker=marker, label=label,
                          color=f"C{cfg['ablation_models'].index(m)}", mfc="white" if a else None)
@@ -446,98 +354,38 @@ def _load_balance_figure(out: Path, store, results: pd.DataFrame, cfg: dict, plt
 # ## Run
 
 # %%
-def summarize(results: pd.DataFrame, by: tuple[str, ...] = ("setting", "model", "ablation")) -> pd.DataFrame:
-    """Mean and sd per (setting, model, ablation) next to the paper's values (Table 3, and Table 9 for the
-    linear MoE with load balancing); MoE rows also get the mean load statistics."""
-    results = results.assign(ablation=results["ablation"].fillna("none")) if "ablation" in results else \
-        results.assign(ablation="none")
-    g = results.groupby(list(by), dropna=False)
-    summ = pd.DataFrame({"runs": g.size(), "accuracy": g["accuracy"].mean() * 100,
-                         "accuracy_sd": g["accuracy"].std() * 100, "dispatch_entropy": g["dispatch_entropy"].mean(),
-                         "dispatch_entropy_sd": g["dispatch_entropy"].std()})
-    for col in ("load_entropy", "max_load_share", "n_dead_experts", "experts_per_cluster", "expert_purity"):
-        if col in results:
-            summ[col] = g[col].mean()
-    summ = summ.reset_index()
-    keys = [k for k in ("setting", "model", "ablation") if k in by]
-    return summ.merge(PAPER_ALL[keys + [c for c in PAPER_ALL if c.startswith("paper")]].drop_duplicates(keys),
-                      on=keys, how="left")
-
-
-def ablation_effects(results: pd.DataFrame) -> pd.DataFrame:
-    """Paired effect of load balancing: per (setting, model, coefficient) and metric, the mean over runs of
-    (with - without) on the same data, initialisation and router noise, with a 95% t interval."""
-    from scipy import stats
-
-    metrics = ["accuracy", "dispatch_entropy", "load_entropy", "max_load_share", "n_dead_experts"]
-    keys = ["setting", "model", "run"]
-    base = results[results["ablation"] == "none"].set_index(keys)[metrics]
-    rows = []
-    for (s, m, a), g in results[results["ablation"] == "load-balance"].groupby(["setting", "model", "load_balance"]):
-        diff = g.set_index(keys)[metrics] - base.reindex(g.set_index(keys).index)
-        for col in metrics:
-            d = diff[col].dropna()
-            half = stats.t.ppf(0.975, len(d) - 1) * d.std() / np.sqrt(len(d)) if len(d) > 1 else np.nan
-            rows.append(dict(setting=s, model=m, load_balance=a, metric=col, runs=len(d), mean_difference=d.mean(),
-                             ci_low=d.mean() - half, ci_high=d.mean() + half))
-    return pd.DataFrame(rows)
-
-
 def run(out, quick: bool = False, resume: bool = True) -> None:
-    import torch
-
-    import moestat as ms
-    from moestat.deep import metrics as mt
     from moestat.provenance import write_provenance
 
     out = Path(out)
     size, cfg = _size(quick)
-    store = _store(out, cfg, resume)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI/dev machine has 2 shared cores; more threads oversubscribe them
     t0 = time.perf_counter()
-    try:
-        frames, splits = [], {}
-        for s in cfg["settings"]:
-            data = ms.simulate_clusters(setting=s, n=cfg["n_train"] + cfg["n_test"], reps=cfg["runs"],
-                                        seed=cfg["data_seed"] + s)
-            splits[s] = data.split(cfg["n_train"])
-            frames.append(_oracles(s, splits[s][1]))
-        for m in cfg["models"]:  # model-major: the headline cells (moe-cubic) finish first
-            for s in cfg["settings"]:
-                frames.append(_run_cell(store, s, m, cfg, *splits[s]))
-                print(f"{NAME}: setting {s} {m} done ({time.perf_counter() - t0:.0f} s)", flush=True)
-        for s in (s for s in cfg["ablation_settings"] if s in splits):  # load-balancing ablation (Table 9)
-            for a in (*cfg["load_balance"], *cfg.get("load_balance_extra", {}).get(s, ())):
-                for m in cfg["ablation_models"]:
-                    frames.append(_run_cell(store, s, m, cfg, *splits[s], load_balance=a))
-                    print(f"{NAME}: setting {s} {m} load_balance={a:g} done ({time.perf_counter() - t0:.0f} s)",
-                          flush=True)
-    finally:
-        torch.set_num_threads(threads)
+    studies = make_studies(size)
+    frames = []
+    for folder, study in studies.items():  # each study resumes from its own folder
+        frames.append(study.run(out / folder, resume=resume, progress=False))
+        print(f"{NAME}: {study.name} done ({len(study.cells)} cells, {time.perf_counter() - t0:.0f} s)", flush=True)
     results = pd.concat(frames, ignore_index=True)
-    results["init_all_groups_nonempty"] = _init_groups(results, cfg, splits)
-    results = _dispatch_stats(store, results)
     results.to_csv(out / "results.csv", index=False)
-    summ = summarize(results)
+    summ = chen2022.summarize(results)
     summ[summ["ablation"] == "none"].to_csv(out / "summary.csv", index=False)
     moe = results[results["model"].str.startswith("moe")]
-    summarize(moe[moe["ablation"] == "none"], ("setting", "model", "init_all_groups_nonempty")).to_csv(
+    chen2022.summarize(moe[moe["ablation"] == "none"], ("setting", "model", "init_all_groups_nonempty")).to_csv(
         out / "summary_by_init.csv", index=False)
-    lb = summarize(moe, ("setting", "model", "ablation", "load_balance"))
+    lb = chen2022.summarize(moe, ("setting", "model", "ablation", "load_balance"))
     lb[lb["setting"].isin(cfg["ablation_settings"])].to_csv(out / "summary_load_balance.csv", index=False)
     if (results["ablation"] == "load-balance").any():
-        ablation_effects(results).to_csv(out / "ablation_effects.csv", index=False)
-    single = results[results["model"].str.startswith("single") & results["setting"].isin([3, 4])]
-    if len(single):
-        chk = mt.ceiling_check(single["accuracy"].to_numpy(), cfg["n_test"])
-        pd.concat([single[["setting", "model", "run"]].reset_index(drop=True), chk], axis=1).to_csv(
-            out / "ceiling_check.csv", index=False)
+        chen2022.ablation_effects(results).to_csv(out / "ablation_effects.csv", index=False)
+    ceiling = chen2022.ceiling_checks(results)
+    if len(ceiling):
+        ceiling.to_csv(out / "ceiling_check.csv", index=False)
     span = out / "signal_span_optimum.csv"
     if cfg.get("signal_span_settings") and not (resume and span.exists()):
-        pd.concat([signal_span_optimum(s) for s in cfg["signal_span_settings"]]).to_csv(span, index=False)
-    _figures(out, store, results, cfg)
+        pd.concat([chen2022.signal_span_optimum(s) for s in cfg["signal_span_settings"]]).to_csv(span, index=False)
+    pieces = {name: _pieces(studies, out, name) for name in ("history", "alignment", "dispatch")}
+    _figures(out, pieces, results, cfg)
     write_provenance(out, dict(vignette=NAME, size=size, **cfg, paper_sizes=SIZES["paper"],
+                               studies={folder: study.name for folder, study in studies.items()}, cell=CELL,
                                elapsed_s=time.perf_counter() - t0, torch_threads=1))
 
 

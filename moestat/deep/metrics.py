@@ -7,6 +7,9 @@ r"""Metrics for the clustered-patch MoE experiments (chen2022 §4, §6 and Appen
   :math:`-\sum_{m: n_m>0} \frac{n_m}{n}\sum_k \frac{n_{k,m}}{n_m}\log\frac{n_{k,m}}{n_m}`.
   It is 0 when every used expert sees one cluster only and at most :math:`H(\text{cluster}) \approx \log K`;
   a total collapse onto one expert *also* gives :math:`H(\text{cluster})` — it measures purity, not load.
+* :func:`dispatch_spread` — how each cluster spreads over experts and how pure the experts are: the mean
+  number of experts holding more than a share ``threshold`` of a cluster, and the purity
+  :math:`\sum_m\max_k n_{k,m}/n`.
 * :func:`expert_alignment` / :func:`router_alignment` / :func:`alignment_frame` — Figs. 4-5:
   :math:`\max_j |\langle w_{m,j}, v_k\rangle|`, :math:`\max_j |\langle w_{m,j}, c_k\rangle|`,
   :math:`\langle\theta_m, c_k\rangle`, :math:`\langle\theta_m, v_k\rangle`.
@@ -91,6 +94,46 @@ def load_summary(counts: Any) -> pd.DataFrame:
     loads = c.sum(axis=1)
     return pd.DataFrame({"rep": np.arange(c.shape[0]), "n_dead_experts": (loads == 0).sum(axis=1),
                          "max_load_share": loads.max(axis=1) / np.maximum(loads.sum(axis=1), 1)})
+
+
+def dispatch_spread(counts: Any, threshold: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    r"""How clusters spread over experts, per replicate, from the dispatch table :math:`n_{k,m}`.
+
+    Two summaries of a cluster x expert table (chen2022 Tables 4-6 read as statistics):
+
+    * experts per cluster :math:`\frac1K\sum_k \#\{m : n_{k,m}/n_k > \tau\}` with :math:`n_k = \sum_m n_{k,m}`
+      (1 when every cluster goes to one expert; up to M when a cluster is spread over all of them);
+    * purity :math:`\sum_m \max_k n_{k,m} / n`, the share of examples whose expert's majority cluster is their
+      own (1 for a perfectly specialised router, about 1/K when every expert sees the cluster mix).
+
+    A cluster with no example counts as spread over no expert.
+
+    Parameters
+    ----------
+    counts : array, shape (R, K, M) or (K, M)
+        Dispatch counts (:func:`dispatch_counts`).
+    threshold : float
+        Share :math:`\tau \in [0, 1)` of a cluster an expert must exceed to count (default 5%).
+
+    Returns
+    -------
+    experts_per_cluster, purity : ndarray, shape (R,)
+    """
+    c = np.asarray(counts, dtype=np.float64)
+    if c.ndim == 2:
+        c = c[None]
+    if c.ndim != 3:
+        raise ValueError(f"counts has shape {c.shape}; it must be (R, K, M) or (K, M): rows clusters, columns "
+                         "experts (moestat.deep.metrics.dispatch_counts).")
+    if (c < 0).any() or not np.isfinite(c).all():
+        raise ValueError("counts must be finite and non-negative; pass dispatch counts n_{k,m}.")
+    if not (isinstance(threshold, (int, float, np.floating)) and 0 <= threshold < 1):
+        raise ValueError(f"threshold={threshold!r} must be a share in [0, 1), e.g. 0.05.")
+    share = c / np.maximum(c.sum(axis=2, keepdims=True), 1)
+    total = c.sum(axis=(1, 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        purity = np.where(total > 0, c.max(axis=1).sum(axis=1) / total, np.nan)
+    return (share > threshold).sum(axis=2).mean(axis=1), purity
 
 
 def expert_alignment(W: Any, V: Any, C: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -176,7 +176,8 @@ def gate_comparison(expert: str = "gelu", *, truth_gate: str = "sigmoid", d: int
     return Truth(spec, p, info)
 
 
-PRESETS: dict[str, Callable[..., Truth]] = {"sigmoid_vs_softmax": sigmoid_vs_softmax, "gate_comparison": gate_comparison}
+PRESETS: dict[str, Callable[..., Truth]] = {"sigmoid_vs_softmax": sigmoid_vs_softmax,
+                                             "gate_comparison": gate_comparison}
 """The paper's truths by name (a :class:`moestat.Study` truth entry names them as ``preset``)."""
 
 # One row per result, in the columns of :data:`moestat.papers.THEORY_COLUMNS`: (source, result, gate, regime,

@@ -1,38 +1,57 @@
-"""Smoke test of vignettes/cluster-moe.py on a tiny internal size (the --quick size runs in CI separately)."""
+"""Smoke test of the cluster-moe vignette (chen2022 through moestat.Study) on a tiny internal size; the --quick
+size runs in CI separately.  Its science (the cell, oracles, summaries, ablation effects, signal-span search,
+dispatch spread) is tested in tests/papers/test_chen2022.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
-VIGNETTE = Path(__file__).resolve().parents[2] / "vignettes" / "cluster-moe.py"
+import moestat._vignette_index as vindex
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("cluster_moe_vignette", VIGNETTE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # importing computes nothing
-    return mod
-
-
-def test_vignette_runs_and_resumes(tmp_path, monkeypatch):
-    mod = _load()
-    assert mod.NAME == "cluster-moe" and callable(mod.run)
+@pytest.fixture
+def vignette(monkeypatch):
+    mod = vindex.load(vindex.find("cluster-moe"))
     tiny = dict(mod.SIZES["quick"], runs=2, n_train=120, n_test=200, T_moe=20, T_single=10, J_single=8,
                 eval_every=10)
     monkeypatch.setitem(mod.SIZES, "quick", tiny)
+    return mod
+
+
+def test_studies_hold_the_settings_models_and_ablation(vignette):
+    studies = vignette.make_studies("quick")
+    assert list(studies) == ["study", "study-lb0.1"]
+    main, lb = studies["study"], studies["study-lb0.1"]
+    assert [t["data"]["setting"] for t in main.truths] == [1, 3] and main.n == [120] and main.reps == 2
+    assert [f["label"] for f in main.fits] == ["oracle-moe", "oracle-patch-additive", "moe-cubic", "moe-linear",
+                                               "single-cubic", "single-linear"]
+    assert [t["data"]["setting"] for t in lb.truths] == [1]
+    assert {f["options"]["load_balance"] for f in lb.fits} == {0.1}
+    # the ablation's truth is the main study's setting 1: same data and model seeds (a paired comparison)
+    assert lb.truths[0]["data"] == main.truths[0]["data"]
+    full = vignette.make_studies("full")
+    assert set(full) == {"study", "study-lb0.1", "study-lb0.001"}
+    assert [t["data"]["setting"] for t in full["study-lb0.001"].truths] == [1]
+    with pytest.raises(ValueError, match="size='huge'"):
+        vignette.make_studies("huge")
+
+
+def test_vignette_runs_and_resumes(vignette, tmp_path):
+    mod = vignette
+    assert mod.NAME == "cluster-moe" and callable(mod.run)
     threads = torch.get_num_threads()
     mod.run(tmp_path, quick=True)
     assert torch.get_num_threads() == threads  # restored
     res = pd.read_csv(tmp_path / "results.csv")
-    assert {"model", "run", "n_train", "accuracy", "dispatch_entropy"} <= set(res.columns)
-    models = set(res["model"])
-    assert {"moe-cubic", "moe-linear", "single-cubic", "single-linear", "oracle-moe"} <= models
+    assert {"model", "run", "n_train", "accuracy", "dispatch_entropy", "study", "cell", "truth_setting"} <= set(
+        res.columns)
+    assert {"moe-cubic", "moe-linear", "single-cubic", "single-linear", "oracle-moe"} <= set(res["model"])
+    assert (res["status"] == "ok").all()
     moe = res[res["model"].str.startswith("moe")]
     assert moe["dispatch_entropy"].between(0, 1.4).all() and res["accuracy"].between(0, 1).all()
     assert len(res.query("model == 'moe-cubic' and ablation == 'none'")) == 2 * 2  # 2 settings x 2 runs
@@ -40,43 +59,26 @@ def test_vignette_runs_and_resumes(tmp_path, monkeypatch):
     assert set(lb["model"]) == {"moe-cubic", "moe-linear"} and set(lb["setting"]) == {1} and len(lb) == 2 * 2
     assert lb["load_entropy"].between(0, np.log(8) + 1e-12).all() and (lb["load_balance"] > 0).all()
     assert moe["experts_per_cluster"].between(1, 8).all() and moe["expert_purity"].between(0.25, 1).all()
+    assert moe["init_all_groups_nonempty"].notna().all()
     eff = pd.read_csv(tmp_path / "ablation_effects.csv")
     assert set(eff["metric"]) >= {"accuracy", "dispatch_entropy", "load_entropy"} and (eff["runs"] == 2).all()
-    assert (eff["ci_low"] <= eff["mean_difference"]).all() and (eff["mean_difference"] <= eff["ci_high"]).all()
     cub = res.query("setting == 1 and model == 'moe-cubic'")
     acc = cub.groupby("ablation")["accuracy"].mean()
-    direct = acc["load-balance"] - acc["none"]
     got = eff.query("model == 'moe-cubic' and metric == 'accuracy'")["mean_difference"].item()
-    assert np.isclose(got, direct)
-    for fig in ("accuracy.png", "dispatch_entropy.png", "alignment.png", "dispatch_tables.png", "load_balance.png"):
-        assert (tmp_path / fig).stat().st_size > 0
+    assert np.isclose(got, acc["load-balance"] - acc["none"])
+    summ = pd.read_csv(tmp_path / "summary.csv")
+    assert {"paper_accuracy", "accuracy_sd", "expert_purity"} <= set(summ.columns)
+    assert set(pd.read_csv(tmp_path / "ceiling_check.csv")["setting"]) == {3}
+    for f in ("summary_by_init.csv", "summary_load_balance.csv", "accuracy.png", "dispatch_entropy.png",
+              "alignment.png", "dispatch_tables.png", "load_balance.png"):
+        assert (tmp_path / f).stat().st_size > 0, f
     prov = json.loads((tmp_path / "provenance.json").read_text())
     assert prov["config"]["size"] == "quick" and prov["config"]["n_train"] == 120
-    # resume: finished cells are read back, not refitted
-    (piece,) = (tmp_path / "pieces").glob("setting1-moe-cubic-??????????.csv")  # name + hash of the settings
-    stamp = piece.stat().st_mtime_ns
+    assert prov["config"]["studies"] == {"study": "cluster-moe", "study-lb0.1": "cluster-moe-lb0.1"}
+    # resume: every study cell is read back, none refitted (their files keep their mtimes)
+    cells = {p: p.stat().st_mtime_ns for p in tmp_path.glob("study*/cells/*.parquet")}
+    assert len(cells) == 2 * 6 + 2
     mod.run(tmp_path, quick=True)
-    assert piece.stat().st_mtime_ns == stamp
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "results.csv"), res)
-
-
-def test_signal_span_optimum_respects_thm41():
-    mod = _load()
-    res = mod.signal_span_optimum(3, n=20_000, restarts=2, iters=60)
-    assert list(res["family"]) == ["linear", "cubic", "cubic-bias"]
-    # every family is patch-additive, so in setting 3 (D_alpha = D_gamma) accuracy <= 7/8; 0.015 is 3 se of
-    # an accuracy on the 10,000 hold-out examples
-    assert (res["holdout_accuracy"] <= 0.875 + 0.015).all()
-    assert (res["holdout_accuracy"] > 0.6).all()  # the search finds something well above chance
-
-
-def test_dispatch_spread():
-    mod = _load()
-    # replicate 0: each cluster on its own expert (4 of 8 idle); replicate 1: cluster 0 split 50/50 over
-    # experts 0 and 1, expert 1 also gets all of cluster 1 -> purity (50 + 100) / 200
-    counts = np.zeros((2, 2, 8))
-    counts[0, 0, 0], counts[0, 1, 3] = 100, 100
-    counts[1, 0, 0], counts[1, 0, 1], counts[1, 1, 1] = 50, 50, 100
-    spread, purity = mod.dispatch_spread(counts)
-    np.testing.assert_allclose(spread, [1.0, 1.5])
-    np.testing.assert_allclose(purity, [1.0, 0.75])
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("study*/cells/*.parquet")} == cells
+    again = pd.read_csv(tmp_path / "results.csv")
+    pd.testing.assert_frame_equal(again.drop(columns="wall_time"), res.drop(columns="wall_time"))
