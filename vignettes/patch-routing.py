@@ -38,15 +38,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import moestat as ms
+from moestat.papers import chowdhury2023 as paper
+
 NAME = "patch-routing"
 TITLE = "Patch-level routing (pMoE) vs CNN: sample complexity and its scaling with n/l"
 
-MODELS = {
-    "pmoe": {"fit": "pmoe", "training": "separate", "k": 2, "l": 2},
-    "pmoe-joint": {"fit": "pmoe", "training": "joint", "k": 8, "l": 6},
-    "cnn": {"fit": "cnn"},
-}
-THEORY_BOUND = 8.0  # chowdhury2023 Thms 4.2-4.3: N_C / N_S = Theta((n/l)^8) as upper bounds; N_C ~ n^8
+CELL = "moestat.papers.chowdhury2023:patch_cell"
 # Joint-training sweeps (Figs. 6-7): synthetic data with 5 confuser patches closer to o_1 in every sample, so
 # Definition D.3 gives l* = 6 as in the paper's Fig. 7 (delta_r = 0.6 > (1 - delta_d)/2 lets them outrank o_1).
 # The swept knob moves from the paper's joint setting k = 8, l = 6 (§5.1) with m = 40 neurons in total.
@@ -55,6 +53,7 @@ SWEEP_DATA = {"n_patches": 16, "delta_r": 0.6, "n_confusers": [5, 0], "base_k": 
 
 def config(quick: bool = False) -> dict:
     """Every knob of the experiment (the full size is what docs/vignettes/patch-routing.md shows)."""
+    targets = {v: list(t) for v, t in paper.TARGETS["quick" if quick else "full"].items()}
     if quick:
         grid = [8, 16, 32, 64, 128, 256, 512]
         return {
@@ -68,7 +67,7 @@ def config(quick: bool = False) -> dict:
                 {"variant": "synthetic", "n_patches": 16, "l": 8, "models": ["pmoe"], "runs": 3, "grid": grid},
                 {"variant": "digits", "n_patches": 16, "models": ["pmoe", "cnn"], "runs": 3, "grid": grid},
             ],
-            "targets": {"synthetic": [0.9, 0.95], "digits": [0.75, 0.8]},
+            "targets": targets,
             "sweeps": {**SWEEP_DATA, "sizes": [64], "runs": 3, "k_grid": [1, 2, 8, 20], "l_grid": [1, 2, 6, 10]},
         }
     grid = [8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024]
@@ -86,70 +85,96 @@ def config(quick: bool = False) -> dict:
             {"variant": "digits", "n_patches": 16, "models": ["pmoe", "pmoe-joint", "cnn"], "runs": 6,
              "grid": [16, 32, 64, 128, 256, 512, 1024, 2048]},
         ],
-        "targets": {"synthetic": [0.9, 0.95], "digits": [0.8, 0.85, 0.9]},
+        "targets": targets,
         "sweeps": {**SWEEP_DATA, "sizes": [32, 64, 128, 256, 512], "runs": 20, "k_grid": [1, 2, 4, 5, 8, 10, 20, 40],
                    "l_grid": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15]},
     }
 
 
 # %% [markdown]
-# ## Training one block
+# ## The blocks as studies
 #
-# A *block* is one data distribution (variant, n patches). All models of a block see the same
-# training replicates (common random numbers); lane (run r, size N) trains on the first N samples of
-# replicate r, all lanes of a model in one batched tensor program (``moestat.deep.fit_pmoe`` /
-# ``fit_cnn``). Test accuracy uses an independent test set of ``n_test`` samples (the digits test
-# set draws its images from a held-out pool).
+# A *block* is one data distribution (variant, n patches) and its models: one ``moestat.Study`` whose truth
+# is the data setting (``data``: the ``simulate_patches`` knobs, the block's training sizes and its seed),
+# whose fits are the models (``options``: the ``fit_pmoe`` / ``fit_cnn`` settings) and whose ``n`` is the
+# training size. Each cell (model, N) is ``moestat.papers.chowdhury2023.patch_cell``: it trains the model on
+# the first N samples of every run's replicate (all runs in one batched tensor program) and scores test
+# accuracy on an independent test set of ``n_test`` samples (the digits test set draws its images from a
+# held-out pool). All models of a block see the same training replicates (common random numbers). The
+# vignette keeps its own seed streams (``seed_key``), so the numbers are those of the earlier one-fit-per-block
+# version: lane (run r, size N) gets the same seed as in a batched fit over every (run, size).
 
 # %%
-def _block_seeds(cfg: dict, block: dict) -> dict[str, np.random.SeedSequence]:
-    key = [cfg["seed"], {"synthetic": 0, "digits": 1}[block["variant"]], block["n_patches"]]
-    extra = [block["l"]] if "l" in block else []   # blocks that vary l share the data, not the model seeds
-    return {"train": np.random.SeedSequence([*key, 0]), "test": np.random.SeedSequence([*key, 1]),
-            **{m: np.random.SeedSequence([*key, 2, i, *extra]) for i, m in enumerate(MODELS)}}
+VARIANT_CODE = {"synthetic": 0, "digits": 1}
 
 
-def cell_name(block: dict, model: str) -> str:
-    """Name of one (block, model) cell under ``out/cells`` (its file adds a hash of the cell's settings)."""
+def block_name(block: dict) -> str:
+    """Name of a block's study (its folder under ``out/study``)."""
     tag = f"-l{block['l']}" if "l" in block else ""
-    return f"{block['variant']}-n{block['n_patches']}{tag}-{model}"
+    return f"{block['variant']}-n{block['n_patches']}{tag}"
 
 
-def _store(out: Path, cfg: dict, resume: bool):
-    """The finished cells (moestat.checkpoint): files named by a hash of the settings, written atomically."""
-    from moestat.checkpoint import CellStore
-
-    shared = {k: v for k, v in cfg.items() if k not in ("blocks", "sweeps")}
-    return CellStore(out / "cells", config=shared, resume=resume)
+def _training(cfg: dict) -> dict:
+    return {"m": cfg["m"], "lr": cfg["lr"], "batch_size": cfg["batch_size"], "epochs": cfg["max_epochs"],
+            "stop_at_zero_error": True}
 
 
-def run_block(cfg: dict, block: dict, model: str) -> pd.DataFrame:
-    """Train ``model`` on every (run, size) lane of ``block``; one row per lane."""
-    import moestat as ms
-    from moestat.deep import fit_cnn, fit_pmoe
-
-    seeds = _block_seeds(cfg, block)
-    sim = {"variant": block["variant"], "n_patches": block["n_patches"]}
+def block_study(cfg: dict, block: dict) -> ms.Study:
+    """The study of one block: truth = its data setting, fits = its models, n = its training sizes."""
+    key = [cfg["seed"], VARIANT_CODE[block["variant"]], block["n_patches"]]
+    data = {"variant": block["variant"], "n_patches": block["n_patches"], "sizes": list(block["grid"]),
+            "n_test": cfg["n_test"], "seed_key": key}
     if block["variant"] == "synthetic":
-        sim["d"] = cfg["d"]
-    train = ms.simulate_patches(max(block["grid"]), reps=block["runs"], seed=seeds["train"], **sim)
-    test = ms.simulate_patches(cfg["n_test"], seed=seeds["test"], split="test", **sim)
-    spec = MODELS[model]
-    common = {"m": cfg["m"], "lr": cfg["lr"], "batch_size": cfg["batch_size"], "epochs": cfg["max_epochs"],
-              "stop_at_zero_error": True, "sizes": block["grid"], "seed": seeds[model]}
-    if spec["fit"] == "cnn":
-        fit = fit_cnn(train, **common)
-    else:
-        fit = fit_pmoe(train, training=spec["training"], k=spec["k"], l=block.get("l", spec["l"]),
-                       router_epochs=cfg["router_epochs"], **common)
-    frame = fit.to_frame(test).rename(columns={"rep": "run"})
-    frame["model"] = model
-    frame["variant"] = block["variant"]
-    if spec["fit"] == "pmoe":
-        hits = fit.routing_hit_rate(test).groupby("lane")[["hit", "maxgate"]].mean()
-        frame["routing_hit"] = frame["lane"].map(hits["hit"])
-        frame["routing_maxgate"] = frame["lane"].map(hits["maxgate"])
-    return frame
+        data["d"] = cfg["d"]
+    extra = [block["l"]] if "l" in block else []   # blocks that vary l share the data, not the model seeds
+    fits = []
+    for model in block["models"]:
+        spec = paper.MODELS[model]
+        opts = {"fit": spec["fit"], "model": model, **_training(cfg),
+                "seed_key": [*key, 2, list(paper.MODELS).index(model), *extra]}
+        if spec["fit"] == "pmoe":
+            opts.update(training=spec["training"], k=spec["k"], l=block.get("l", spec["l"]),
+                        router_epochs=cfg["router_epochs"])
+        fits.append({"label": model, "options": opts})
+    return ms.Study(truth={"label": f"{block['variant']}-n{block['n_patches']}", "data": data}, fit=fits,
+                    n=list(block["grid"]), reps=block["runs"], seed=cfg["seed"], threads=1,
+                    name=f"{NAME}-{block_name(block)}", cell=CELL)
+
+
+def sweep_study(cfg: dict) -> ms.Study:
+    """The joint-training sweeps: truth = the l* = 6 synthetic data, one fit per (knob, value), n = the sizes."""
+    sw = cfg["sweeps"]
+    data = {"variant": "synthetic", "n_patches": sw["n_patches"], "d": cfg["d"], "delta_r": sw["delta_r"],
+            "n_confusers": list(sw["n_confusers"]), "sizes": list(sw["sizes"]), "n_test": cfg["n_test"],
+            "seed_key": [cfg["seed"], 2, sw["n_patches"]]}
+    fits = []
+    for knob, values in (("k", sw["k_grid"]), ("l", sw["l_grid"])):
+        for value in values:
+            k = int(value) if knob == "k" else sw["base_k"]
+            l = int(value) if knob == "l" else sw["base_l"]
+            fits.append({"label": f"{knob}={int(value)}", "options": {
+                "fit": "pmoe", "training": "joint", "k": k, "l": l, **_training(cfg), "sweep": knob,
+                "seed_key": [cfg["seed"], 3, {"k": 0, "l": 1}[knob], int(value)]}})
+    return ms.Study(truth={"label": f"sweep-n{sw['n_patches']}", "data": data}, fit=fits, n=list(sw["sizes"]),
+                    reps=sw["runs"], seed=cfg["seed"], threads=1, name=f"{NAME}-sweeps", cell=CELL)
+
+
+STUDY_COLUMNS = {"study", "truth", "fit", "n", "estimator", "seed", "data_seed", "fit_seed", "status", "message",
+                 "wall_time", "opt_fit", "seed_key", "sweep_key"}
+
+
+def _lanes(frame: pd.DataFrame, study: ms.Study) -> pd.DataFrame:
+    """One row per (fit, run, size) in the order of a batched fit (fit, then lane); the cell's columns only."""
+    order = {f["label"]: i for i, f in enumerate(study.fits)}
+    frame = frame.assign(_order=frame["fit"].map(order)).sort_values(["_order", "lane"], kind="stable")
+    keep = [c for c in frame.columns if c not in STUDY_COLUMNS and not c.startswith(("truth_", "_"))]
+    return frame[keep].rename(columns={"rep": "run", "lane_seed": "seed"}).reset_index(drop=True)
+
+
+def _run_study(study: ms.Study, folder: Path, resume: bool, workers: int | None) -> pd.DataFrame:
+    frame = study.run(folder, resume=resume, progress=False, executor="processes" if (workers or 1) > 1 else None,
+                      workers=workers)
+    return _lanes(frame, study)
 
 
 # %% [markdown]
@@ -157,129 +182,12 @@ def run_block(cfg: dict, block: dict, model: str) -> pd.DataFrame:
 #
 # ``moestat.rates.sample_complexity`` finds $n^*$ on each accuracy curve (mean over runs; the first
 # crossing of the target, interpolated in $\log N$) and bootstraps runs within each N for a CI;
-# right-censored means the target was never reached on the grid. The ratio's CI combines the two
-# models' bootstrap draws of $\log n^*$. ``scaling_exponent`` regresses $\log n^*$ on
-# $\log n$; the ratio's slope on $\log(n/l)$ is fitted the same way on the paired draws.
-
-# %%
-def _sorted_interval(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    s = np.sort(draws)
-    b = len(s)
-    lo = s[max(int(np.floor((1 - level) / 2 * b)), 0)]
-    hi = s[min(int(np.ceil((1 + level) / 2 * b)) - 1, b - 1)]
-    return float(lo), float(hi)
-
-
-def analyse(results: pd.DataFrame, cfg: dict) -> pd.DataFrame:
-    """rates.csv: n* per (variant, n_patches, model, l, target), pMoE/CNN ratios, scaling slopes."""
-    from moestat.rates import sample_complexity
-
-    rows = []
-    base_l = MODELS["pmoe"]["l"]
-    for variant, targets in cfg["targets"].items():
-        sub = results[results["variant"] == variant]
-        if sub.empty:
-            continue
-        for target in targets:
-            kw = {"x": "n_train", "rep": "run", "n_resamples": cfg["n_resamples"]}
-            sc = sample_complexity(sub, "accuracy", target, by=["n_patches", "model", "l"], seed=cfg["seed"], **kw)
-            tab = sc.table.assign(kind="n_star", variant=variant)
-            rows.append(tab)
-            ix = tab.set_index(["n_patches", "model", "l"])
-            for n_p, model, l in ix.index:
-                if model != "cnn" and (n_p, "cnn", n_p) in ix.index:
-                    rows.append(_ratio_row(sc, ix, (n_p, model, l), (n_p, "cnn", n_p), variant, target))
-            # n* against n: pMoE at l = 2 (theory: flat, up to the router's n^2) and the CNN (l = n; bound 8)
-            pm = sub[(sub["model"] == "pmoe") & (sub["l"] == base_l)]
-            if pm["n_patches"].nunique() >= 3:
-                sc_n = sample_complexity(pd.concat([pm, sub[sub["model"] == "cnn"]]), "accuracy", target,
-                                         by=["model", "n_patches"], seed=cfg["seed"] + 1, **kw)
-                for model in ("pmoe", "cnn"):
-                    rows.append(_slope_row(sc_n, "n_patches", {"model": model}, variant, target,
-                                           THEORY_BOUND if model == "cnn" else 0.0))
-            # n* against l at fixed n for pMoE (Thm 4.2: N_S = O(l^8))
-            for n_p, g in sub[sub["model"] == "pmoe"].groupby("n_patches"):
-                if g["l"].nunique() >= 3:
-                    sc_l = sample_complexity(g, "accuracy", target, by=["l"], seed=cfg["seed"] + 2, **kw)
-                    rows.append(_slope_row(sc_l, "l", {"model": "pmoe", "n_patches": n_p}, variant, target,
-                                           THEORY_BOUND))
-            rows.append(_ratio_slope(sc, ix, variant, target))
-    return pd.concat(rows, ignore_index=True)
-
-
-def _ratio_row(sc, ix: pd.DataFrame, key_a: tuple, key_c: tuple, variant: str, target: float) -> pd.DataFrame:
-    """n*_model / n*_CNN at the same n, with a CI from the two groups' bootstrap draws of log n*."""
-    pa, pc = ix.loc[key_a], ix.loc[key_c]
-    # a CNN draw that never reaches the target has n* > n_max: log n_max turns the ratio into an upper
-    # bound (censored ".../right"); a pMoE draw at the smallest size has n* <= n_min: n_min errs against pMoE
-    b = np.where(np.isposinf(sc.draws[key_c]), np.log(pc["n_max"]), sc.draws[key_c])
-    a = np.where(np.isneginf(sc.draws[key_a]), np.log(pa["n_min"]), sc.draws[key_a])
-    with np.errstate(invalid="ignore"):
-        diff = a - b
-    diff = diff[~np.isnan(diff)]
-    lo, hi = _sorted_interval(diff) if diff.size else (np.nan, np.nan)
-    if pa["censored"] == "none" and pc["censored"] == "none":
-        point = pa["n_star"] / pc["n_star"]
-    elif pa["censored"] == "none" and pc["censored"] == "right":
-        point = pa["n_star"] / pc["n_max"]   # upper bound
-    else:
-        point = np.nan
-    return pd.DataFrame([{"kind": "ratio", "variant": variant, "n_patches": key_a[0], "model": f"{key_a[1]}/cnn",
-                          "l": key_a[2], "metric": "accuracy", "target": target, "n_star": point,
-                          "ci_low": float(np.exp(lo)), "ci_high": float(np.exp(hi)),
-                          "censored": f"{pa['censored']}/{pc['censored']}", "p_reached": diff.size / a.size}])
-
-
-def _slope_row(sc, design: str, where: dict, variant: str, target: float, bound: float) -> pd.DataFrame:
-    """``moestat.rates.scaling_exponent`` of log n* on log(design) for the rows matching ``where``."""
-    import warnings
-
-    from moestat.rates import scaling_exponent
-
-    base = {"kind": "scaling", "variant": variant, "target": target, "design": design, "theory_bound": bound,
-            **where}
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            tab = scaling_exponent(sc, design)
-    except ValueError as err:  # fewer than 3 uncensored n*: say so in the table
-        return pd.DataFrame([{**base, "note": str(err)}])
-    for col, val in where.items():
-        if col in tab.columns:
-            tab = tab[tab[col] == val]
-    r = tab.iloc[0]
-    tag = f"model={where['model']!r}" if "model" in where else ""
-    note = "; ".join(str(w.message) for w in caught if tag in str(w.message) or "the frame" in str(w.message)) or None
-    return pd.DataFrame([{**base, "exponent": r["exponent"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
-                          "n_points": r["n_points"], "n_censored": r["n_censored"], "note": note}])
-
-
-def _ratio_slope(sc, ix: pd.DataFrame, variant: str, target: float) -> pd.DataFrame:
-    """OLS slope of log(n*_CNN / n*_pMoE) on log(n/l) over every (n, l) with both n* uncensored.
-
-    The CI refits the slope on the paired bootstrap draws (draws with a censored point are skipped).
-    """
-    pairs = [(n, l) for n, m, l in ix.index if m == "pmoe" and (n, "cnn", n) in ix.index]
-    if len({n / l for n, l in pairs}) < 3:
-        return pd.DataFrame()
-    ok = [(n, l) for n, l in pairs
-          if ix.loc[(n, "pmoe", l), "censored"] == "none" and ix.loc[(n, "cnn", n), "censored"] == "none"]
-    base = {"kind": "scaling", "variant": variant, "model": "cnn/pmoe", "target": target, "design": "n/l",
-            "theory_bound": THEORY_BOUND, "n_points": len(pairs), "n_censored": len(pairs) - len(ok)}
-    if len({n / l for n, l in ok}) < 3:
-        return pd.DataFrame([{**base, "note": f"only {len(ok)} (n, l) cells with both n* uncensored; need 3 values"}])
-    x = np.log([n / l for n, l in ok])
-    y = np.log([ix.loc[(n, "cnn", n), "n_star"] / ix.loc[(n, "pmoe", l), "n_star"] for n, l in ok])
-    slope = np.polyfit(x, y, 1)[0]
-    with np.errstate(invalid="ignore"):
-        draws = np.column_stack([sc.draws[(n, "cnn", n)] - sc.draws[(n, "pmoe", l)] for n, l in ok])
-    good = np.isfinite(draws).all(1)
-    xc = x - x.mean()
-    slopes = (draws[good] - draws[good].mean(1, keepdims=True)) @ xc / (xc @ xc)
-    lo, hi = np.quantile(slopes, [0.025, 0.975]) if good.sum() >= 100 else (np.nan, np.nan)
-    return pd.DataFrame([{**base, "exponent": float(slope), "ci_low": float(lo), "ci_high": float(hi),
-                          "boot_used": int(good.sum())}])
-
+# right-censored means the target was never reached on the grid. ``sample_complexity_ratio`` gives
+# $n^*_{pMoE}/n^*_{CNN}$ with a CI from the two models' bootstrap draws of $\log n^*$;
+# ``scaling_against_bound`` regresses $\log n^*$ on $\log n$ (or $\log l$) next to the theorem's bound and
+# ``ratio_scaling_exponent`` fits the ratio's slope on $\log(n/l)$ on the paired draws
+# (``moestat.rates.ratios``). Which ratios and slopes, and the bounds they are judged against, are the
+# paper's: ``moestat.papers.chowdhury2023.rates_table``.
 
 # %% [markdown]
 # ## Figures
@@ -316,7 +224,7 @@ def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path) -> None:
     if ns["n_patches"].nunique() >= 3:
         target = max(ns["target"])
         ns = ns[(ns["target"] == target) & ns["model"].isin(["pmoe", "cnn"])].copy()
-        base_l = MODELS["pmoe"]["l"]
+        base_l = paper.MODELS["pmoe"]["l"]
         ns["x"] = np.where(ns["model"] == "cnn", ns["n_patches"] / base_l, ns["n_patches"] / ns["l"])
         n_big = ns.loc[(ns["model"] == "pmoe") & (ns["l"] != base_l), "n_patches"]
         series = {"cnn (x = n/2)": (ns["model"] == "cnn", "C3"),
@@ -355,119 +263,11 @@ def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path) -> None:
 # Assumption 4.4 / Fig. 9: the best expert takes the discriminative patch with the largest gate.
 
 # %%
-def sweep_cells(cfg: dict) -> list[tuple[str, int]]:
-    """The (knob, value) pieces of the sweeps, in run order."""
-    sw = cfg["sweeps"]
-    return [("k", int(v)) for v in sw["k_grid"]] + [("l", int(v)) for v in sw["l_grid"]]
-
-
-def _sweep_data(cfg: dict):
-    import moestat as ms
-
-    sw = cfg["sweeps"]
-    sim = {"n_patches": sw["n_patches"], "d": cfg["d"], "delta_r": sw["delta_r"],
-           "n_confusers": tuple(sw["n_confusers"])}
-    key = [cfg["seed"], 2, sw["n_patches"]]
-    train = ms.simulate_patches(max(sw["sizes"]), reps=sw["runs"], seed=np.random.SeedSequence([*key, 0]), **sim)
-    test = ms.simulate_patches(cfg["n_test"], seed=np.random.SeedSequence([*key, 1]), **sim)
-    return train, test
-
-
-def run_sweep_cell(cfg: dict, knob: str, value: int, data=None) -> pd.DataFrame:
-    """Joint-training pMoE with ``knob`` (``"k"`` or ``"l"``) set to ``value``; one row per (run, N) lane.
-
-    Raises ``ValueError`` from ``fit_pmoe`` when l >= n (expert-choice top-l needs l < n) or when m is not
-    a multiple of k.
-    """
-    from moestat.deep import fit_pmoe
-
-    if knob not in ("k", "l"):
-        raise ValueError(f"knob must be 'k' or 'l', got {knob!r}.")
-    sw = cfg["sweeps"]
-    train, test = _sweep_data(cfg) if data is None else data
-    k = value if knob == "k" else sw["base_k"]
-    l = value if knob == "l" else sw["base_l"]
-    seed = np.random.SeedSequence([cfg["seed"], 3, {"k": 0, "l": 1}[knob], value])
-    fit = fit_pmoe(train, training="joint", k=k, l=l, m=cfg["m"], lr=cfg["lr"], batch_size=cfg["batch_size"],
-                   epochs=cfg["max_epochs"], stop_at_zero_error=True, sizes=sw["sizes"], seed=seed)
-    frame = fit.to_frame(test).rename(columns={"rep": "run"})
-    hits = fit.routing_hit_rate(test).groupby("lane")[["hit", "maxgate"]].mean()
-    frame["routing_hit"] = frame["lane"].map(hits["hit"])
-    frame["routing_maxgate"] = frame["lane"].map(hits["maxgate"])
-    frame.insert(0, "sweep", knob)
-    frame["l_star"] = test.l_star()
-    frame["n_confusers"] = repr(tuple(sw["n_confusers"]))
-    frame["delta_r"] = sw["delta_r"]
-    return frame
-
-
-def run_sweeps(cfg: dict, store) -> pd.DataFrame:
-    """Every (knob, value) piece, stored as cell ``sweep-<knob>-<value>`` as it finishes."""
-    frames, data = [], None
-    for knob, value in sweep_cells(cfg):
-        name, key = f"sweep-{knob}-{value}", {"sweeps": cfg["sweeps"]}
-        if store.resume and store.done(name, key):
-            frames.append(store.read(name, key))
-            continue
-        data = _sweep_data(cfg) if data is None else data
-        store.write(name, run_sweep_cell(cfg, knob, value, data), key)
-        frames.append(store.read(name, key))
-    sweeps = pd.concat(frames, ignore_index=True)
+def sweeps_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """sweeps.csv: one row per (knob value, run, N), the swept knob first."""
     lead = ["sweep", "k", "l", "run", "n_train", "accuracy", "routing_hit", "routing_maxgate", "epochs_run",
             "model", "n_patches", "l_star"]
-    return sweeps[lead + [c for c in sweeps.columns if c not in lead]]
-
-
-def summarise_sweeps(sweeps: pd.DataFrame) -> pd.DataFrame:
-    """Mean, sd and count of test accuracy (and routing rates) per (knob, value, N)."""
-    rows = []
-    for knob, g in sweeps.groupby("sweep"):
-        s = g.groupby([knob, "n_train"]).agg(
-            accuracy_mean=("accuracy", "mean"), accuracy_sd=("accuracy", "std"), runs=("accuracy", "size"),
-            maxgate_mean=("routing_maxgate", "mean"), epochs_mean=("epochs_run", "mean")).reset_index()
-        rows.append(s.rename(columns={knob: "value"}).assign(sweep=knob))
-    out = pd.concat(rows, ignore_index=True)
-    return out[["sweep", "value", "n_train", "accuracy_mean", "accuracy_sd", "runs", "maxgate_mean", "epochs_mean"]]
-
-
-SWEEP_THEORY = {"k": 0.25, "l": 0.375}  # Thm 4.5 at fixed N: error bound ~ k^(1/4) l^(3/8) (chowdhury2023 §4.3)
-
-
-def sweep_slopes(sweeps: pd.DataFrame, *, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
-    r"""OLS slope of log(mean test error) on log(knob) per (knob, N), over the theorem's range.
-
-    The range is :math:`l \ge l^*` for the l sweep and, for the k sweep, the k whose mean
-    Assumption-4.4 rate (``routing_maxgate``) is at least 0.95. The 95% CI resamples runs (the same
-    runs for every knob value: common random numbers); draws with a zero mean error are skipped.
-    ``theory`` is the exponent of Theorem 4.5's error bound at fixed N — an upper-bound order, so a
-    measured slope is not expected to equal it.
-    """
-    rng = np.random.default_rng(seed)
-    rows = []
-    l_star = int(sweeps["l_star"].iloc[0])
-    for (knob, N), g in sweeps.groupby(["sweep", "n_train"]):
-        if knob == "l":
-            keep = g[g["l"] >= l_star]
-        else:
-            ok = g.groupby("k")["routing_maxgate"].mean()
-            keep = g[g["k"].isin(ok.index[ok >= 0.95])]
-        err = keep.pivot_table(index="run", columns=knob, values="accuracy").rsub(1.0)
-        base = {"sweep": knob, "n_train": N, "range_min": float(err.columns.min()) if err.shape[1] else np.nan,
-                "range_max": float(err.columns.max()) if err.shape[1] else np.nan, "n_values": err.shape[1],
-                "theory": SWEEP_THEORY[knob]}
-        if err.shape[1] < 3 or (err.mean() <= 0).any():
-            rows.append({**base, "slope": np.nan, "ci_low": np.nan, "ci_high": np.nan})
-            continue
-        x = np.log(err.columns.to_numpy(float))
-        xc = x - x.mean()
-        slope = float(np.log(err.mean().to_numpy()) @ xc / (xc @ xc))
-        E = err.to_numpy()
-        draws = E[rng.integers(0, len(E), size=(n_resamples, len(E)))].mean(1)   # (n_resamples, values)
-        good = (draws > 0).all(1)
-        bs = np.log(draws[good]) @ xc / (xc @ xc)
-        lo, hi = np.quantile(bs, [0.025, 0.975]) if good.sum() >= 100 else (np.nan, np.nan)
-        rows.append({**base, "slope": slope, "ci_low": float(lo), "ci_high": float(hi)})
-    return pd.DataFrame(rows)
+    return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
 def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
@@ -476,7 +276,7 @@ def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summ = summarise_sweeps(sweeps)
+    summ = paper.summarise_sweeps(sweeps)
     fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8))
     for ax, knob in zip(axes, ("k", "l"), strict=True):
         sub = summ[summ["sweep"] == knob]
@@ -505,16 +305,15 @@ def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
 
 # %%
 def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, ...] | None = None,
-        parts: tuple[str, ...] = ("blocks", "sweeps")) -> None:
-    """Train every block and sweep; write results.csv, rates.csv, sweeps.csv, figures, provenance.json.
+        parts: tuple[str, ...] = ("blocks", "sweeps"), workers: int | None = None) -> None:
+    """Run every block study and the sweeps; write results.csv, rates.csv, sweeps.csv, figures, provenance.json.
 
-    ``variants`` restricts the block training to some data variants (e.g. to split the work over two
-    processes that share ``out``); the analysis then uses the cells present. ``parts`` picks the pieces:
-    ``"blocks"`` (accuracy vs N, n*, ratios, scaling: results.csv, rates.csv) and/or ``"sweeps"``
-    (joint training vs k and l at fixed N: sweeps.csv, sweep_k_l.png).
+    Each study checkpoints its cells under ``out/study/<block>`` (``out/study/sweeps``) and resumes them.
+    ``variants`` restricts the blocks to some data variants (e.g. to split the work over two processes that
+    share ``out``); the analysis then uses the blocks run. ``parts`` picks the pieces: ``"blocks"`` (accuracy
+    vs N, n*, ratios, scaling: results.csv, rates.csv) and/or ``"sweeps"`` (joint training vs k and l at fixed
+    N: sweeps.csv, sweep_k_l.png). ``workers`` > 1 runs each study's cells in that many processes.
     """
-    import torch
-
     from moestat.provenance import write_provenance
 
     unknown = set(parts) - {"blocks", "sweeps"}
@@ -522,35 +321,33 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
         raise ValueError(f"parts must be a non-empty subset of ('blocks', 'sweeps'), got {parts!r}.")
     out = Path(out)
     cfg = config(quick)
-    store = _store(out, cfg, resume)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small batched steps are overhead-bound; one thread per process is fastest
-    try:
-        frames = []
-        for block in cfg["blocks"] if "blocks" in parts else []:
-            if variants is not None and block["variant"] not in variants:
-                continue
-            for model in block["models"]:
-                frames.append(store.get(cell_name(block, model), lambda block=block, model=model:
-                                        run_block(cfg, block, model), key={"block": block}))
-        sweeps = run_sweeps(cfg, store) if "sweeps" in parts else None
-    finally:
-        torch.set_num_threads(threads)
+    frames, studies = [], []
+    for block in cfg["blocks"] if "blocks" in parts else []:
+        if variants is not None and block["variant"] not in variants:
+            continue
+        studies.append(block_name(block))
+        frames.append(_run_study(block_study(cfg, block), out / "study" / block_name(block), resume, workers))
+    sweeps = None
+    if "sweeps" in parts:
+        studies.append("sweeps")
+        sweeps = sweeps_table(_run_study(sweep_study(cfg), out / "study" / "sweeps", resume, workers))
     if frames:
         results = pd.concat(frames, ignore_index=True)
         lead = ["model", "run", "n_train", "accuracy", "variant", "l", "n_patches", "k", "m", "epochs_run"]
         results = results[lead + [c for c in results.columns if c not in lead]]
         results.to_csv(out / "results.csv", index=False)
-        rates = analyse(results, cfg)
+        rates = paper.rates_table(results, cfg["targets"], n_resamples=cfg["n_resamples"], seed=cfg["seed"],
+                                  base_l=paper.MODELS["pmoe"]["l"])
         rates.to_csv(out / "rates.csv", index=False)
         plot(results, rates, out)
     if sweeps is not None:
         sweeps.to_csv(out / "sweeps.csv", index=False)
-        summarise_sweeps(sweeps).to_csv(out / "sweeps_summary.csv", index=False)
-        sweep_slopes(sweeps, seed=cfg["seed"]).to_csv(out / "sweep_slopes.csv", index=False)
+        paper.summarise_sweeps(sweeps).to_csv(out / "sweeps_summary.csv", index=False)
+        paper.sweep_slopes(sweeps, seed=cfg["seed"]).to_csv(out / "sweep_slopes.csv", index=False)
         plot_sweeps(sweeps, out)
-    write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(MODELS)),
-                           "parts": list(parts), "torch_threads_training": 1})
+    write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(paper.MODELS)),
+                           "parts": list(parts), "torch_threads_training": 1, "cell": CELL,
+                           "studies": [f"study/{s}" for s in studies]})
 
 
 # %%
@@ -561,8 +358,11 @@ if __name__ == "__main__":
 
     from moestat._vignette import vignette_cli
 
-    # extra switch of this vignette: --parts sweeps runs only the Figs. 6-7 sweeps (blocks, sweeps or both)
+    # extra switches of this vignette: --parts sweeps runs only the Figs. 6-7 sweeps (blocks, sweeps or both);
+    # --workers N runs each study's cells in N processes
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--parts", default="blocks,sweeps")
+    pre.add_argument("--workers", type=int, default=None)
     known, rest = pre.parse_known_args()
-    sys.exit(vignette_cli(functools.partial(run, parts=tuple(known.parts.split(","))), NAME, rest))
+    sys.exit(vignette_cli(functools.partial(run, parts=tuple(known.parts.split(",")), workers=known.workers),
+                          NAME, rest))

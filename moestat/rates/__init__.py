@@ -39,6 +39,7 @@ from .exponents import (
     test_exponent,
     window_sensitivity,
 )
+from .ratios import mean_log_slope, ratio_scaling_exponent, sample_complexity_ratio, scaling_against_bound
 from .theory import predicted_rate, register_theory, theory_rates
 
 __all__ = [
@@ -53,11 +54,15 @@ __all__ = [
     "compare_models",
     "compare_rates",
     "fit_rate",
+    "mean_log_slope",
     "plots",
     "predicted_rate",
+    "ratio_scaling_exponent",
     "register_theory",
     "regressor",
     "sample_complexity",
+    "sample_complexity_ratio",
+    "scaling_against_bound",
     "scaling_exponent",
     "simulate_rate_frame",
     "test_exponent",
