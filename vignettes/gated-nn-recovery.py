@@ -16,23 +16,31 @@
 # experts (outside the theory), scaling in d and k, and the revised version's non-Gaussian inputs.
 # The paper reports no numbers (only curves without axes values), so nothing here can be matched
 # number-for-number; hyper-parameters the paper leaves out are our choices and are listed in ``SIZES``.
+#
+# Every part runs through ``moestat.Study`` with the custom cell ``moestat.papers.makkuva2020.gated_nn_cell``
+# (data knobs in the truth's ``data`` table, the estimator and its settings in the fit's ``options``); the
+# success criterion (``recovered``) and the rate analysis (``rate_table``) live in the same paper module.  This
+# script holds the configuration (``SIZES``), the studies, the figures and the prose.
 
 # %%
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from moestat.papers import makkuva2020 as paper
+
 NAME = "gated-nn-recovery"
 TITLE = "makkuva2020: two-stage tensor recovery of gated networks vs EM and least squares"
 
-#: Success thresholds for one random start: regressors within about 18 degrees (E_reg = 1 - cos <= 0.05;
-#: the bad local optima of l2 sit at E_reg ~ 0.3-0.8) and the gate within 0.5 of w* (norm 1).
-SUCCESS = {"E_reg": 0.05, "gate_l2": 0.5}
+#: Every part is a ``moestat.Study`` whose cell is ``paper.gated_nn_cell``: the truth's ``data`` table holds the
+#: data knobs (and this vignette's own data and start seeds, so the numbers match the earlier script), the fit's
+#: ``options`` the estimator and its settings.  A random start succeeds when ``paper.recovered`` says so
+#: (``paper.SUCCESS``: E_reg <= 0.05, gate_l2 <= 0.5).
+CELL = "moestat.papers.makkuva2020:gated_nn_cell"
 
 _FITS = dict(tensor=dict(l4_iters=500, l4_lr=0.02, gate_iters=100, gate_step=2.0, gate_radius=5.0, mu=0.1,
                          lam=10.0, ridge=0.01, project=True, sign="moment"),
@@ -80,24 +88,10 @@ def _size(quick: bool) -> tuple[str, dict]:
     return name, SIZES[name]
 
 
-def _timed(compute):
-    """``compute`` wrapped to add its wall time as a ``seconds`` column."""
-    def run() -> pd.DataFrame:
-        t0 = time.perf_counter()
-        frame = compute()
-        frame["seconds"] = time.perf_counter() - t0
-        return frame
+def _study(part: str, cfg: dict, truth, fit, n, reps: int):
+    import moestat as ms
 
-    return run
-
-
-def _wide(errors: pd.DataFrame) -> pd.DataFrame:
-    idx = [c for c in ("method", "rep", "restart") if c in errors.columns]
-    return errors.pivot_table(index=idx, columns="metric", values="value").reset_index()
-
-
-def _success(frame: pd.DataFrame) -> pd.Series:
-    return (frame["E_reg"] <= SUCCESS["E_reg"]) & (frame["gate_l2"] <= SUCCESS["gate_l2"])
+    return ms.Study(truth=truth, fit=fit, n=list(n), reps=reps, seed=cfg["seed"], name=f"{NAME}-{part}", cell=CELL)
 
 
 # %% [markdown]
@@ -113,34 +107,22 @@ def _success(frame: pd.DataFrame) -> pd.Series:
 # least-squares estimate (the paper's Fig. 2(b)).
 
 # %%
-def _compare(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    import moestat as ms
-    from moestat.fit.tensor import fit_gate, gated_starts
-
-    c, f = cfg["compare"], cfg["fits"]
-    data = ms.simulate_gated_nn(n=c["n"], reps=1, seed=cfg["seed"])
-    init = gated_starts(1, c["starts"], 2, 10, seed=cfg["seed"] + 1)
-    fits = {
-        "tensor": ms.fit_tensor(data.X, data.y, 2, sigma=0.05, restarts=c["starts"], init=init, truth=data.truth,
-                                record_every=10, **f["tensor"]),
-        "em": ms.fit_em_gated(data.X, data.y, 2, sigma=0.05, restarts=c["starts"], init=init, truth=data.truth,
-                              record_every=2, **f["em"]),
-        "l2": ms.fit_l2_gated(data.X, data.y, 2, sigma=0.05, restarts=c["starts"], init=init, truth=data.truth,
-                              record_every=10, **f["l2"]),
-    }
-    gate_kw = dict(sigma=0.05, gate_iters=f["tensor"]["gate_iters"], gate_step=f["tensor"]["gate_step"],
-                   gate_radius=f["tensor"]["gate_radius"], seed=cfg["seed"] + 2, truth=data.truth)
-    fits["gate|A=A*"] = fit_gate(data.X, data.y, data.truth.regressors, restarts=c["starts"], **gate_kw)
-    fits["gate|A=l2"] = fit_gate(data.X, data.y, fits["l2"].restart_regressors, **gate_kw)
-    hist, final = [], []
-    for name, fit in fits.items():
-        h = fit.history[fit.history["metric"].isin(["E_reg", "gate_l2", "loss"])].copy()
-        h["method"] = name
-        hist.append(h)
-        e = fit.errors(data.truth, restarts=True)
-        e["method"] = name
-        final.append(e)
-    return pd.concat(hist, ignore_index=True), _wide(pd.concat(final, ignore_index=True))
+def _compare_study(cfg: dict):
+    c, f, s = cfg["compare"], cfg["fits"], cfg["seed"]
+    gate = {k: f["tensor"][k] for k in ("gate_iters", "gate_step", "gate_radius")}
+    fits = [
+        {"label": "tensor", "options": {"method": "tensor", "restarts": c["starts"], "record_every": 10,
+                                        **f["tensor"]}},
+        {"label": "em", "options": {"method": "em", "restarts": c["starts"], "record_every": 2, **f["em"]}},
+        {"label": "l2", "options": {"method": "l2", "restarts": c["starts"], "record_every": 10, **f["l2"]}},
+        {"label": "gate|A=A*", "options": {"method": "gate", "experts": "truth", "restarts": c["starts"],
+                                           "start_seed": s + 2, "record_every": 10, **gate}},
+        {"label": "gate|A=l2", "options": {"method": "gate", "experts": "l2", "experts_fit": f["l2"],
+                                           "restarts": c["starts"], "start_seed": s + 2, "record_every": 10,
+                                           **gate}},
+    ]
+    truth = {"label": "paper", "data": {"seed": s, "start_seed": s + 1}}
+    return _study("compare", cfg, truth, fits, [c["n"]], 1)
 
 
 # %% [markdown]
@@ -156,85 +138,15 @@ def _compare(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 # n^-1/2 (so E_reg = 1 - cos like n^-1).
 
 # %%
-def _vs_n(cfg: dict) -> pd.DataFrame:
-    import moestat as ms
-    from moestat.fit.tensor import fit_gate, gated_starts
-
-    c, f = cfg["vs_n"], cfg["fits"]
-    rows = []
-    for i, n in enumerate(c["ns"]):
-        data = ms.simulate_gated_nn(n=n, reps=c["reps"], seed=cfg["seed"] + 100 + i)
-        init = gated_starts(c["reps"], c["starts"], 2, 10, seed=cfg["seed"] + 200 + i)
-        fits = {"tensor": ms.fit_tensor(data.X, data.y, 2, sigma=0.05, restarts=c["starts"], init=init,
-                                        **f["tensor"]),
-                "gate|A=A*": fit_gate(data.X, data.y, data.truth.regressors, sigma=0.05, restarts=c["starts"],
-                                      gate_iters=f["tensor"]["gate_iters"], seed=cfg["seed"] + 300 + i)}
-        if n <= c["em_max_n"]:
-            fits["em"] = ms.fit_em_gated(data.X, data.y, 2, sigma=0.05, restarts=c["starts"], init=init,
-                                         **{**f["em"], "iters": c["em_iters"]})
-        for name, fit in fits.items():
-            w = _wide(fit.errors(data.truth))
-            w["method"], w["n"] = name, n
-            rows.append(w)
-    return pd.concat(rows, ignore_index=True)
-
-
-#: Rate fits: ``ms.fit_rate`` on the replicate-level errors, power model ``log error = c - alpha log n`` with
-#: its default cluster-bootstrap t interval (replicates resampled within each n; independent data sets per
-#: n); the other two models of ``moestat.rates`` enter only through ``ms.compare_models`` (AIC).
-RATE_FIT = dict(model="power", method="cluster_bootstrap", n_resamples=2000, seed=2020, confidence_level=0.95)
-#: Theorem 4 (gate) and the heuristic parametric rate of the regressor angle: alpha = 1/2.
-RATE_H0 = 0.5
-
-
-def _rate_config() -> dict:
-    return {"function": "moestat.fit_rate", "by": "method (one fit per metric)", "rep": "rep", **RATE_FIT,
-            "interval": "t (Satterthwaite df)", "resample": "within_n", "h0_exponent": RATE_H0,
-            "aic": "moestat.compare_models (power, power_log, inverse_log; robust fits)"}
-
-
-def _rate_frame(vs_n: pd.DataFrame) -> pd.DataFrame:
-    """Tidy rate frame: one row per (method, metric, n, rep), column ``error``; groups with fewer n values
-    than ``fit_rate`` accepts (EM beyond ``em_max_n`` at small sizes) are dropped."""
-    from moestat.rates import MIN_N_VALUES
-
-    tidy = vs_n.melt(id_vars=["method", "n", "rep"], value_vars=["gate_l2", "reg_angle"], var_name="metric",
-                     value_name="error")
-    tidy = tidy[~((tidy["metric"] == "reg_angle") & (tidy["method"] == "gate|A=A*"))]  # experts known: 0
-    keep = tidy.groupby(["method", "metric"])["n"].transform("nunique") >= MIN_N_VALUES
-    return tidy[keep].reset_index(drop=True)
-
-
-def _rates(vs_n: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """Exponents with CIs (``ms.fit_rate``), H0 alpha = 1/2 (``ms.test_exponent``), AIC (``ms.compare_models``).
-
-    Returns the ``rates.csv`` frame (fit details + the fit's knobs + the test and AIC columns) and the
-    :class:`~moestat.rates.RateResult` of each metric for the figure.
-    """
-    import warnings
-
-    import moestat as ms
-
-    tidy = _rate_frame(vs_n)
-    frames, results = [], {}
-    for metric, g in tidy.groupby("metric", sort=True):
-        with warnings.catch_warnings():  # short n ranges are flagged in the ``warnings`` column instead
-            warnings.simplefilter("ignore", ms.RateWarning)
-            res = ms.fit_rate(g, "error", by="method", rep="rep", **RATE_FIT)
-        results[metric] = res
-        # fit_rate's best_model / delta_aic are dropped: the AIC columns below compare the models this vignette fits
-        tab = res.to_frame(details=True, config=True).drop(columns=["delta_aic", "best_model"])
-        test = ms.test_exponent(res, RATE_H0)
-        tab["h0_exponent"] = RATE_H0
-        tab["h0_statistic"] = test["statistic"].to_numpy()
-        tab["h0_p_value"] = test["p_value"].to_numpy()
-        aic = ms.compare_models(g, "error", by="method", rep="rep").set_index(["method", "model"])
-        best = aic[aic["best"]].reset_index().set_index("method")
-        tab["aic_best_model"] = tab["method"].map(best["model"])
-        tab["aic_weight_power"] = [aic.loc[(m, "power"), "akaike_weight"] for m in tab["method"]]
-        tab.insert(1, "metric", metric)
-        frames.append(tab)
-    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), results
+def _vs_n_studies(cfg: dict) -> list:
+    c, f, s = cfg["vs_n"], cfg["fits"], cfg["seed"]
+    truth = {"label": "paper", "data": {"seed": s + 100, "start_seed": s + 200, "ns": list(c["ns"])}}
+    fits = [{"label": "tensor", "options": {"method": "tensor", "restarts": c["starts"], **f["tensor"]}},
+            {"label": "gate|A=A*", "options": {"method": "gate", "experts": "truth", "restarts": c["starts"],
+                                               "start_seed": s + 300, "gate_iters": f["tensor"]["gate_iters"]}}]
+    em = {"label": "em", "options": {"method": "em", "restarts": c["starts"], **{**f["em"], "iters": c["em_iters"]}}}
+    return [_study("vs_n", cfg, truth, fits, c["ns"], c["reps"]),
+            _study("vs_n_em", cfg, truth, em, [n for n in c["ns"] if n <= c["em_max_n"]], c["reps"])]
 
 
 # %% [markdown]
@@ -245,23 +157,14 @@ def _rates(vs_n: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
 # two-stage gate error with the oracle gate error (experts known): their gap is the floor.
 
 # %%
-def _sigma(cfg: dict) -> pd.DataFrame:
-    import moestat as ms
-    from moestat.fit.tensor import fit_gate
-
-    c, f = cfg["sigma"], cfg["fits"]
-    rows = []
-    for i, s in enumerate(c["sigmas"]):
-        data = ms.simulate_gated_nn(n=c["n"], reps=c["reps"], seed=cfg["seed"] + 400 + i, sigma=s)
-        fits = {"tensor": ms.fit_tensor(data.X, data.y, 2, sigma=s, restarts=c["starts"], seed=cfg["seed"] + 1,
-                                        **f["tensor"]),
-                "gate|A=A*": fit_gate(data.X, data.y, data.truth.regressors, sigma=s,
-                                      gate_iters=f["tensor"]["gate_iters"], seed=cfg["seed"] + 2)}
-        for name, fit in fits.items():
-            w = _wide(fit.errors(data.truth))
-            w["method"], w["sigma"] = name, s
-            rows.append(w)
-    return pd.concat(rows, ignore_index=True)
+def _sigma_study(cfg: dict):
+    c, f, s = cfg["sigma"], cfg["fits"], cfg["seed"]
+    truths = [{"label": f"sigma={sig}", "data": {"sigma": sig, "seed": s + 400 + i, "start_seed": s + 1}}
+              for i, sig in enumerate(c["sigmas"])]
+    fits = [{"label": "tensor", "options": {"method": "tensor", "restarts": c["starts"], **f["tensor"]}},
+            {"label": "gate|A=A*", "options": {"method": "gate", "experts": "truth", "start_seed": s + 2,
+                                               "gate_iters": f["tensor"]["gate_iters"]}}]
+    return _study("sigma", cfg, truths, fits, [c["n"]], c["reps"])
 
 
 # %% [markdown]
@@ -273,22 +176,14 @@ def _sigma(cfg: dict) -> pd.DataFrame:
 # shrink with n.  Gate: unit vector orthogonal to the experts vs uniform on the sphere.
 
 # %%
-def _nonlinear(cfg: dict) -> pd.DataFrame:
-    import moestat as ms
-
-    c, f = cfg["nonlinear"], cfg["fits"]
-    rows = []
-    for i, act in enumerate(c["activations"]):
-        for gate in ("orthogonal", "random"):
-            for j, n in enumerate(c["ns"]):
-                data = ms.simulate_gated_nn(n=n, reps=c["reps"], seed=cfg["seed"] + 500 + 10 * i + j,
-                                            activation=act, gate=gate, truth_seed=7)
-                fit = ms.fit_tensor(data.X, data.y, 2, activation=act, sigma=0.05, restarts=1, seed=cfg["seed"],
-                                    **{**f["tensor"], "gate_iters": c["gate_iters"]})
-                w = _wide(fit.errors(data.truth))
-                w["method"], w["activation"], w["gate"], w["n"] = "tensor", act, gate, n
-                rows.append(w)
-    return pd.concat(rows, ignore_index=True)
+def _nonlinear_study(cfg: dict):
+    c, f, s = cfg["nonlinear"], cfg["fits"], cfg["seed"]
+    truths = [{"label": f"{act}-{gate}", "data": {"activation": act, "gate": gate, "truth_seed": 7,
+                                                  "seed": s + 500 + 10 * i, "start_seed": s, "ns": list(c["ns"])}}
+              for i, act in enumerate(c["activations"]) for gate in ("orthogonal", "random")]
+    fit = {"label": "tensor", "options": {"method": "tensor", "restarts": 1,
+                                          **{**f["tensor"], "gate_iters": c["gate_iters"]}}}
+    return _study("nonlinear", cfg, truths, fit, c["ns"], c["reps"])
 
 
 # %% [markdown]
@@ -300,41 +195,36 @@ def _nonlinear(cfg: dict) -> pd.DataFrame:
 # Gaussian transforms (moestat warns; the warning is silenced here and recorded).
 
 # %%
-def _scaling(cfg: dict) -> pd.DataFrame:
-    import moestat as ms
-    from moestat.fit.tensor import gated_starts
-
-    c, f = cfg["scaling"], cfg["fits"]
-    rows = []
-    for i, (d, k) in enumerate(c["dk"]):
-        data = ms.simulate_gated_nn(n=c["n"], reps=c["reps"], seed=cfg["seed"] + 600 + i, d=d, k=k,
-                                    regressors="random", truth_seed=11 + i)
-        init = gated_starts(c["reps"], c["starts"], k, d, seed=cfg["seed"] + 700 + i)
-        fits = {"tensor": ms.fit_tensor(data.X, data.y, k, sigma=0.05, restarts=c["starts"], init=init,
-                                        **f["tensor"]),
-                "em": ms.fit_em_gated(data.X, data.y, k, sigma=0.05, restarts=c["starts"], init=init,
-                                      **{**f["em"], "iters": c["em_iters"]})}
-        for name, fit in fits.items():
-            w = _wide(fit.errors(data.truth, restarts=True))
-            w["method"], w["d"], w["k"] = name, d, k
-            w["selected"] = w["restart"] == fit.best_restart[w["rep"].to_numpy()]
-            rows.append(w)
-    return pd.concat(rows, ignore_index=True)
+def _scaling_study(cfg: dict):
+    c, f, s = cfg["scaling"], cfg["fits"], cfg["seed"]
+    truths = [{"label": f"d={d}-k={k}", "data": {"d": d, "k": k, "regressors": "random", "truth_seed": 11 + i,
+                                                 "seed": s + 600 + i, "start_seed": s + 700 + i}}
+              for i, (d, k) in enumerate(c["dk"])]
+    fits = [{"label": "tensor", "options": {"method": "tensor", "restarts": c["starts"], **f["tensor"]}},
+            {"label": "em", "options": {"method": "em", "restarts": c["starts"],
+                                        **{**f["em"], "iters": c["em_iters"]}}}]
+    return _study("scaling", cfg, truths, fits, [c["n"]], c["reps"])
 
 
-def _nongauss(cfg: dict) -> pd.DataFrame:
-    import moestat as ms
+def _nongauss_study(cfg: dict):
+    c, f, s = cfg["nongauss"], cfg["fits"], cfg["seed"]
+    truths = [{"label": "gaussian", "data": {"inputs": "gaussian", "truth_seed": 3, "seed": s + 800,
+                                             "start_seed": 0}}]
+    truths += [{"label": f"mixture-p={p}", "data": {"inputs": "mixture", "mixture_p": p, "mixture_mu": c["mu_norm"],
+                                                   "truth_seed": 3, "seed": s + 800 + i, "start_seed": 0}}
+               for i, p in enumerate(c["ps"], start=1)]
+    fit = {"label": "tensor", "options": {"method": "tensor", "restarts": 1, "check_inputs": False, **f["tensor"]}}
+    return _study("nongauss", cfg, truths, fit, [c["n"]], c["reps"])
 
-    c, f = cfg["nongauss"], cfg["fits"]
-    rows = []
-    for i, p in enumerate((None, *c["ps"])):
-        kw = dict(inputs="gaussian") if p is None else dict(inputs="mixture", mixture_p=p, mixture_mu=c["mu_norm"])
-        data = ms.simulate_gated_nn(n=c["n"], reps=c["reps"], seed=cfg["seed"] + 800 + i, truth_seed=3, **kw)
-        fit = ms.fit_tensor(data.X, data.y, 2, sigma=0.05, restarts=1, check_inputs=False, **f["tensor"])
-        w = _wide(fit.errors(data.truth))
-        w["method"], w["inputs"], w["p"] = "tensor", "gaussian" if p is None else "mixture", p
-        rows.append(w)
-    return pd.concat(rows, ignore_index=True)
+
+def make_studies(size: str = "full") -> dict:
+    """The studies of every part at ``size`` (a key of ``SIZES``), by part name; building one computes nothing."""
+    if size not in SIZES:
+        raise ValueError(f"size={size!r}; use one of {sorted(SIZES)}.")
+    cfg = SIZES[size]
+    vs_n, vs_n_em = _vs_n_studies(cfg)
+    return {"compare": _compare_study(cfg), "vs_n": vs_n, "vs_n_em": vs_n_em, "sigma": _sigma_study(cfg),
+            "nonlinear": _nonlinear_study(cfg), "scaling": _scaling_study(cfg), "nongauss": _nongauss_study(cfg)}
 
 
 # %% [markdown]
@@ -375,7 +265,7 @@ def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, rate_results: d
         res = rate_results[metric]
         res.plot(ax=ax, colors=[colors.get(m, "C2") for m in sorted(res.data["method"].unique())])
         ns = np.array(sorted(res.data["n"].unique()), dtype=float)
-        ref = np.exp(res.data["error"].map(np.log).mean()) * (ns / np.exp(np.log(ns).mean())) ** -RATE_H0
+        ref = np.exp(res.data["error"].map(np.log).mean()) * (ns / np.exp(np.log(ns).mean())) ** -paper.RATE_H0
         ax.plot(ns, ref, ":", color="grey", lw=1, label="reference n^-1/2")
         ax.set_ylabel(metric)
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -411,7 +301,7 @@ def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, rate_results: d
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    frac = scaling.assign(ok=_success(scaling)).groupby(["method", "d", "k"])["ok"].mean().unstack("method")
+    frac = scaling.assign(ok=paper.recovered(scaling)).groupby(["method", "d", "k"])["ok"].mean().unstack("method")
     frac.plot.bar(ax=ax)
     ax.set_ylabel("success fraction over starts")
     ax.set_title("scaling in (d, k)")
@@ -422,60 +312,84 @@ def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, rate_results: d
 
 # %% [markdown]
 # ## Run everything
+#
+# Each part's study writes its cells to ``study/<part>/cells/`` (one file per cell, written atomically with a
+# checksum) and the cells' side tables to ``study/<part>/pieces/restarts/`` (every random start's errors) and
+# ``study/<part>/pieces/history/`` (the comparison's per-iteration errors); a rerun resumes from them and refits
+# nothing.  The tables below are the studies' frames and pieces in the layout of ``results.csv``.
 
 # %%
+_ERRORS = ("E_reg", "reg_angle", "reg_l2", "reg_l2_unsigned", "E_gate", "gate_l2", "gate_fro")
+
+
+def _table(study, frame: pd.DataFrame, **knobs: str) -> pd.DataFrame:
+    """A study frame (or ``restarts`` piece) as ``method, rep, [restart,] errors, knobs``; a knob is a column of
+    the frame (``n``, ``selected``) or a data knob of the row's truth."""
+    data = {t["label"]: t["data"] for t in study.truths}
+    idx = [c for c in ("rep", "restart") if c in frame.columns]
+    out = frame[idx + sorted(c for c in _ERRORS if c in frame.columns)].copy()
+    out.insert(0, "method", frame["fit"].to_numpy())
+    for name, key in knobs.items():
+        out[name] = frame[key].to_numpy() if key in frame.columns else [data[t].get(key) for t in frame["truth"]]
+    return out.reset_index(drop=True)
+
+
+def _long(parts: dict[str, pd.DataFrame], size: str) -> pd.DataFrame:
+    """``results.csv``: one row per (part, fit, setting, metric)."""
+    long = []
+    for part, frame in parts.items():
+        keys = [c for c in frame.columns if c not in _ERRORS]
+        m = frame.melt(id_vars=keys, value_vars=[c for c in _ERRORS if c in frame], var_name="metric")
+        m.insert(0, "part", part)
+        long.append(m)
+    results = pd.concat(long, ignore_index=True)
+    results["size"] = size
+    return results
+
+
 def run(out, quick: bool = False, resume: bool = True) -> None:
-    """Run all parts, writing pieces, ``results.csv``, ``rates.csv``, figures and ``provenance.json``."""
+    """Run all parts through ``moestat.Study``, writing ``study/<part>/``, ``results.csv``, ``rates.csv``,
+    ``compare_summary.csv``, figures and ``provenance.json``."""
     import torch
 
-    from moestat.checkpoint import CellStore
     from moestat.provenance import write_provenance
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     size, cfg = _size(quick)
     torch.manual_seed(cfg["seed"])
-    # finished pieces are files named by a hash of the configuration, written atomically (moestat.checkpoint)
-    store = CellStore(out / "pieces", config={"size": size, **cfg}, resume=resume)
-    if not (resume and store.done("compare_history") and store.done("compare_final")):
-        t0 = time.perf_counter()
-        hist, final = _compare(cfg)
-        final["seconds"] = time.perf_counter() - t0
-        store.write("compare_history", hist)
-        store.write("compare_final", final)  # last: its file marks the pair as finished
-    hist, final = store.read("compare_history"), store.read("compare_final")
-    vs_n = store.get("vs_n", _timed(lambda: _vs_n(cfg)))
-    rates, rate_results = _rates(vs_n)
-    sig = store.get("sigma", _timed(lambda: _sigma(cfg)))
-    nonlin = store.get("nonlinear", _timed(lambda: _nonlinear(cfg)))
-    scaling = store.get("scaling", _timed(lambda: _scaling(cfg)))
-    nongauss = store.get("nongauss", _timed(lambda: _nongauss(cfg)))
+    studies = make_studies(size)
+    frames = {part: study.run(out / "study" / part, resume=resume, progress=False) for part, study in studies.items()}
+
+    def piece(part: str, name: str) -> pd.DataFrame:
+        return studies[part].pieces(name, checkpoint=out / "study" / part)
+
+    final = _table(studies["compare"], piece("compare", "restarts"))
+    final = final.sort_values(["method", "rep", "restart"], ignore_index=True)  # as the earlier script's pivot
+    hist = piece("compare", "history").rename(columns={"fit": "method"})
+    hist = hist[hist["metric"].isin(["E_reg", "gate_l2", "loss"])]
+    vs_n = pd.concat([_table(studies[p], frames[p], n="n") for p in ("vs_n", "vs_n_em")], ignore_index=True)
+    vs_n = vs_n.sort_values("n", kind="stable", ignore_index=True)  # by n, then tensor, gate|A=A*, em
+    sig = _table(studies["sigma"], frames["sigma"], sigma="sigma")
+    nonlin = _table(studies["nonlinear"], frames["nonlinear"], activation="activation", gate="gate", n="n")
+    scaling = _table(studies["scaling"], piece("scaling", "restarts"), d="d", k="k", selected="selected")
+    nongauss = _table(studies["nongauss"], frames["nongauss"], inputs="inputs", p="mixture_p")
+    rates, rate_results = paper.rate_table(vs_n)
 
     parts = {"compare": final, "vs_n": vs_n, "sigma": sig, "nonlinear": nonlin, "scaling": scaling,
              "nongauss": nongauss}
-    long = []
-    for part, frame in parts.items():
-        keys = [c for c in frame.columns if c not in ("E_reg", "reg_angle", "reg_l2", "reg_l2_unsigned", "E_gate",
-                                                      "gate_l2", "gate_fro", "seconds")]
-        m = frame.melt(id_vars=keys, value_vars=[c for c in ("E_reg", "reg_angle", "reg_l2", "reg_l2_unsigned",
-                                                             "E_gate", "gate_l2", "gate_fro") if c in frame],
-                       var_name="metric")
-        m.insert(0, "part", part)
-        long.append(m)
-    results = pd.concat(long, ignore_index=True)
-    results["size"] = size
-    results.to_csv(out / "results.csv", index=False)
+    _long(parts, size).to_csv(out / "results.csv", index=False)
     rates.to_csv(out / "rates.csv", index=False)
-
-    summary = (final.assign(success=_success(final)).groupby("method")
+    summary = (final.assign(success=paper.recovered(final)).groupby("method")
                .agg(starts=("success", "size"), success_fraction=("success", "mean"),
                     median_E_reg=("E_reg", "median"), median_gate_l2=("gate_l2", "median")).reset_index())
     summary.to_csv(out / "compare_summary.csv", index=False)
     _figures(out, hist, final, rate_results, sig, nonlin, scaling)
-    write_provenance(out, {"vignette": NAME, "size": size, "success": SUCCESS, **cfg,
+    write_provenance(out, {"vignette": NAME, "size": size, "success": paper.SUCCESS, **cfg,
                            "truth": "d=10, k=2, a*=e1,e2, w1*=e3 (w2*=0), g=identity, sigma=0.05 unless stated",
                            "inputs_check": "check_inputs=False in the non-Gaussian part (the fit warns otherwise)",
-                           "rate_fit": _rate_config()})
+                           "rate_fit": paper.rate_config(), "cell": CELL,
+                           "studies": {part: f"study/{part}" for part in studies}})
 
 
 # %%
