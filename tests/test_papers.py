@@ -20,8 +20,8 @@ def test_every_paper_has_a_citation_and_theory_rows_carry_its_key():
 def test_theory_rates_is_the_union_of_the_papers_rows_in_paper_order():
     table = theory_rates()
     expected = [row for m in papers.PAPERS.values() for row in getattr(m, "THEORY", [])]
-    assert len(table) == len(expected) == 64
-    assert list(table["source"].unique()) == ["nguyen2024", "makkuva2020", "chowdhury2023"]
+    assert len(table) == len(expected) == 72
+    assert list(table["source"].unique()) == ["nguyen2024", "makkuva2020", "chowdhury2023", "nguyen2023"]
     np.testing.assert_array_equal(table["exponent"].to_numpy(float), np.array([r[10] for r in expected], float))
 
 
@@ -40,3 +40,14 @@ def test_the_preset_registry_is_what_ms_presets_and_study_read():
     assert isinstance(truth, ms.Truth) and truth.spec.k == 8
     study = ms.Study(truth={"preset": "gate_comparison", "seed": 1}, fit={}, n=[200], reps=1)
     assert study.truths[0]["preset"] == "gate_comparison"
+
+
+def test_nguyen2023_rows_read_the_cell_exponents_back_into_parameter_rates():
+    """An over-specified cell of m atoms: the D2 terms |d beta1|^rbar and |d a|^(rbar/2) fall like n^(-1/2), so beta1
+    moves at 1/(2 rbar) and a at 1/rbar; rbar(2) = 4 gives 1/8 and 1/4 (the docs page's example)."""
+    table = theory_rates()
+    rows = table[table["source"] == "nguyen2023"].set_index("response")
+    assert rows.loc["param_cell2_slow", "exponent"] == 1 / 8 and rows.loc["param_cell2_fast", "exponent"] == 1 / 4
+    assert rows.loc["param_cell3_slow", "exponent"] == 1 / 12 and rows.loc["param_cell3_fast", "exponent"] == 1 / 6
+    assert ms.predicted_rate("softmax", "linear", "gaussian_voronoi", regime="over") == "(log n / n)^{1/2}"
+    assert ms.predicted_rate("sigmoid", "linear", "gaussian_voronoi", regime="over") == ""

@@ -8,6 +8,7 @@ module                    paper
 ``makkuva2020``           learning in gated neural networks (tensor method)
 ``chen2022``              mixtures of CNN experts on clustered patches
 ``chowdhury2023``         patch-level routing (pMoE) sample complexity
+``nguyen2023``            softmax-gated Gaussian MoE: MLE rates by Voronoi cell size
 ========================  ==================================================================================
 
 :data:`PRESETS` maps every preset name to its constructor (:class:`moestat.Study` truths name them as
@@ -21,14 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..rates.theory import THEORY_COLUMNS, register_theory
-from . import chen2022, chowdhury2023, makkuva2020, nguyen2024, presets
+from . import chen2022, chowdhury2023, makkuva2020, nguyen2023, nguyen2024, presets
 from .presets import PRESETS
 
-__all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2024",
-           "presets", "theory_rows"]
+__all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2023",
+           "nguyen2024", "presets", "theory_rows"]
 
 PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen2022,
-          "chowdhury2023": chowdhury2023}
+          "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023}
 """The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
 
 
