@@ -330,6 +330,18 @@ def failure_table(frame: pd.DataFrame, by: Sequence[str] = _BY) -> pd.DataFrame:
     return counts.reset_index().rename_axis(columns=None)
 
 
+def _enough_sizes(rows: pd.DataFrame, y: str, by: Sequence[str], min_n: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows of the groups of ``by`` that have a value of ``y`` at ``min_n`` or more sample sizes, and a table
+    (group x n: replicates) of the other groups, which a rate fit cannot use (e.g. a rare Voronoi cell pattern)."""
+    valid = rows[np.isfinite(pd.to_numeric(rows[y], errors="coerce"))] if y in rows.columns else rows.iloc[:0]
+    sizes = valid.groupby(list(by), dropna=False)["n"].transform("nunique")
+    keep = rows.index.isin(valid.index[sizes >= min_n])
+    thin = valid[sizes < min_n]
+    sparse = (thin.groupby([*by, "n"], dropna=False).size().rename("replicates").reset_index()
+              if len(thin) else pd.DataFrame())
+    return rows[keep], sparse
+
+
 def _rate_section(rows: pd.DataFrame, metrics: list[str], fig_dir: Path, base: Path,
                   confidence_level: float) -> tuple[str, list[pd.DataFrame]]:
     from .rates import MIN_N_VALUES, fit_rate
@@ -351,10 +363,14 @@ def _rate_section(rows: pd.DataFrame, metrics: list[str], fig_dir: Path, base: P
             groupings.append(["truth", "fit", "cell_sizes"])
         for by in groupings:
             title = f"#### `{y}`" + (" by cell pattern" if "cell_sizes" in by else "")
+            data, sparse = _enough_sizes(rows, y, by, MIN_N_VALUES)
+            if data.empty:
+                parts.append(f"{title}\n\nNo group has {MIN_N_VALUES} sample sizes with a value of `{y}`.\n")
+                continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    res = fit_rate(rows, y, by=by, na="drop", confidence_level=confidence_level)
+                    res = fit_rate(data, y, by=by, na="drop", confidence_level=confidence_level)
                 except (ValueError, TypeError) as exc:
                     parts.append(f"{title}\n\nNo rate fit: {exc}\n")
                     continue
@@ -368,6 +384,9 @@ def _rate_section(rows: pd.DataFrame, metrics: list[str], fig_dir: Path, base: P
             rel = (fig_dir / f"{stem}.png").relative_to(base).as_posix()
             notes = sorted({str(w.message) for w in caught})
             text = [title, "", markdown_table(table), "", f"![rate of {y}]({rel})"]
+            if not sparse.empty:
+                text += ["", f"Groups seen at fewer than {MIN_N_VALUES} sample sizes (no rate; their replicates by n):",
+                         "", markdown_table(sparse)]
             if notes:
                 text += ["", "Warnings of the fit:", *[f"- {n}" for n in notes]]
             parts.append("\n".join(text) + "\n")

@@ -157,3 +157,30 @@ def test_the_documented_toml_example_is_a_valid_study():
     study = Study.from_dict(doc)
     assert study.ademp and study.max_failures is not None
     assert any(f["estimator"] == "mle" for f in study.fits)
+
+
+def test_rate_section_by_cell_pattern_fits_the_patterns_seen_at_enough_sizes(tmp_path):
+    """One Voronoi cell pattern at five sample sizes, a rare one at two: the rare pattern no longer blanks the
+    by-pattern fit; it is listed with its replicates.  The losses are exact powers of n (slope 1/2) times a fixed
+    lognormal factor per replicate, so the fitted exponent is 1/2 up to the noise of 4 replicates per n."""
+    from moestat.study_report import _rate_section
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for n in (1000, 2000, 4000, 8000, 16000):
+        for rep in range(4):
+            rows.append({"truth": "t", "fit": "K3", "n": n, "rep": rep, "cell_sizes": "2,1",
+                         "gaussian_voronoi": n ** -0.5 * np.exp(0.1 * rng.normal())})
+    for n, rep in ((1000, 4), (2000, 5)):
+        rows.append({"truth": "t", "fit": "K3", "n": n, "rep": rep, "cell_sizes": "1,1,1",
+                     "gaussian_voronoi": 0.05})
+    frame = pd.DataFrame(rows)
+    fig_dir = tmp_path / "report"
+    fig_dir.mkdir()
+    text, tables = _rate_section(frame, ["gaussian_voronoi"], fig_dir, tmp_path, 0.95)
+    assert "No rate fit" not in text
+    by_pattern = [t for t in tables if "cell_sizes" in t.columns]
+    assert len(by_pattern) == 1 and list(by_pattern[0]["cell_sizes"]) == ["2,1"]
+    # 4 replicates x 5 sizes with log-noise sd 0.1: the exponent's SE is ~0.03, so 0.1 is > 3 SE
+    assert abs(float(by_pattern[0]["exponent"].iloc[0]) - 0.5) < 0.1
+    assert "fewer than 3 sample sizes" in text and "1,1,1" in text
