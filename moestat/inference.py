@@ -16,6 +16,10 @@ r"""Inference beyond the information matrix: bootstrap, the bootstrap LRT for k,
   :math:`k_0` fit with its heaviest expert split in two (so :math:`\hat\ell_{k_1} \ge \hat\ell_{k_0}` up
   to the optimiser) plus random starts.  Batched: X of shape (R, n, d) tests R data sets at once.
 * :func:`select_k` — information criteria (AIC/BIC/ICL) over a range of k.
+
+All three take :func:`moestat.fit_mle`'s coefficients shared by every expert (``shared="~ z"`` with a formula,
+``shared_columns=`` with arrays) and binomial trials (``trials=``): every refit keeps the shared-coefficient layout,
+and resampled or simulated rows keep their numbers of trials.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ from ._validation import (
     validate_arguments,
 )
 from .exceptions import DegenerateFitWarning, warn_user
+from .fit._layout import ParamLayout
 from .fit.formula_fit import formula_inputs
-from .fit.mle import _check_data, fit_mle
+from .fit.mle import _check_data, _check_trials, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning, sample_mixture
 from .gates import log_mixture_weights
 from .metrics.matching import optimal_assignment
@@ -151,11 +156,15 @@ def _fitted_components(spec: MoE, p: Params, X: np.ndarray) -> tuple[np.ndarray,
     return to_numpy(w), to_numpy(mu), to_numpy(sd)
 
 
-def _draw(spec: MoE, p: Params, X: np.ndarray, B: int, seeds: Sequence[np.random.SeedSequence]) -> np.ndarray:
+def _draw(spec: MoE, p: Params, X: np.ndarray, B: int, seeds: Sequence[np.random.SeedSequence],
+          trials: np.ndarray | None = None) -> np.ndarray:
     """B responses per replicate from the fitted conditional density at fixed X: (R, B, n) (replicate r draws
-    from ``seeds[r]`` with :func:`moestat.fit.results.sample_mixture`, the sampler of ``MLEFit.simulate``)."""
+    from ``seeds[r]`` with :func:`moestat.fit.results.sample_mixture`, the sampler of ``MLEFit.simulate``).
+    ``trials`` (n,) or (R, n): binomial trials of the rows, so a draw is a proportion of successes out of them."""
     w, mu, sd = _fitted_components(spec, p, X)
-    return np.stack([sample_mixture(spec.response, w[r], mu[r], sd[r], B, np.random.default_rng(seeds[r]))
+    m = None if trials is None else np.broadcast_to(np.asarray(trials, dtype=float), w.shape[:2])
+    return np.stack([sample_mixture(spec.response, w[r], mu[r], sd[r], B, np.random.default_rng(seeds[r]),
+                                    None if m is None else m[r])
                      for r in range(w.shape[0])])
 
 
@@ -319,7 +328,7 @@ def _blocks_from_params(p: Params):
 @validate_arguments(n_resamples=Integer(1), kind=Choice("parametric", "nonparametric"), restarts=Integer(1),
                     seed=Seed(), progress=Optional(Boolean()))
 def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str = "parametric", restarts: int = 2,
-              seed=None, progress: bool | None = None, **fit_kwargs) -> BootstrapResult:
+              seed=None, progress: bool | None = None, trials=None, **fit_kwargs) -> BootstrapResult:
     r"""Bootstrap distribution of :math:`\hat\theta` with label alignment (module docstring).
 
     Parameters
@@ -330,12 +339,17 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         The data the fit was computed on (default: the fit's own data; a formula fit's inputs are the union of its
         expert and gate covariates).  Case weights travel with their rows: a nonparametric resample of a weighted
         fit draws multinomial counts of the :math:`\sum_t c_t` observations (the bootstrap of the data with each row
-        repeated :math:`c_t` times); a parametric one keeps the weights.
+        repeated :math:`c_t` times); a parametric one keeps the weights.  Binomial trials :math:`m_t` (a fit with
+        ``trials=``) also stay with their rows: a nonparametric resample draws the triples
+        :math:`(x_t, y_t, m_t)` together, and a parametric one draws :math:`y^*_t = \mathrm{Bin}(m_t,
+        \hat\mu_{tz})/m_t` with the observed :math:`m_t` (the sampler of ``MLEFit.simulate``).
     n_resamples : int
         Number of bootstrap replicates B (all refitted in one batched call; formerly ``B=``).
     kind : {"parametric", "nonparametric"}
     restarts : int
         Random starts per refit, in addition to the warm start at :math:`\hat\theta`.
+    trials : array (n,), optional
+        The binomial trials of the rows of ``X`` (default: the fit's own); only for a fit made with ``trials=``.
     seed : int or SeedSequence
         Replicate b draws from ``SeedSequence(seed).spawn(B)[b]``.
     progress : bool or None
@@ -354,15 +368,13 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         raise TypeError(f"fit must be an MLEFit, got {type(fit).__name__}.")
     if not fit.single:
         raise ValueError("bootstrap needs a fit to a single data set; select one replicate's data and refit.")
-    if fit._m is not None:
-        raise ValueError("bootstrap does not support fits with binomial trials= yet; expand the rows into one row per "
-                         "trial only for k = 1 (a mixture keeps each row's trials in one expert), or refit by hand.")
     check_choice("kind", kind, ("parametric", "nonparametric"))
     B = check_int("n_resamples", n_resamples, minimum=2)
     spec = fit.spec
     if X is None and y is None:
         X, y = to_numpy(fit._X[0]), to_numpy(fit._y[0])
-    Xn, yn, single = _check_data(spec, X, y, layout=fit.layout)
+    m0 = _bootstrap_trials(fit, trials)
+    Xn, yn, single = _check_data(spec, X, y, layout=fit.layout, trials=m0)
     n = int(fit._X.shape[1])
     if not single or Xn.shape[1] != n:
         raise ValueError(f"X must be the (n, d) data of the fit (n={n}), got shape {np.shape(X)}.")
@@ -374,7 +386,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
                                 "align expert labels"], progress,
                   expected_s=_expected_seconds(B, restarts + 1, n, spec.k, spec.d))
     with bar:
-        Xb, yb, wb = _resamples(fit, Xn, yn, B, kind, w0, draw_seeds, seeds)
+        Xb, yb, wb, mb = _resamples(fit, Xn, yn, B, kind, w0, draw_seeds, seeds, m0)
         bar.step()
         opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
                 "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
@@ -385,16 +397,17 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed
             for b in range(B):
                 try:
-                    _check_data(spec, Xb[b], yb[b])
+                    _check_data(spec, Xb[b], yb[b], layout=fit.layout, trials=None if mb is None else mb[b])
                 except ValueError:
                     failed_data[b] = True
             keep = ~failed_data
             Xb, yb = Xb[keep], yb[keep]
             wb = None if wb is None else wb[keep]
+            mb = None if mb is None else mb[keep]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MLEConvergenceWarning)
             warnings.simplefilter("ignore", DegenerateFitWarning)
-            bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb,
+            bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb, trials=mb,
                            feature_names=fit.layout.feature_names, **opts)
         bar.step()
         _warn_degenerate_refits(bfit, "bootstrap refits")
@@ -410,27 +423,45 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         warn_user(f"{int(failed.sum())} of {B} bootstrap refits failed (non-converged, non-finite or degenerate "
                       "resample); they are excluded from the bootstrap summaries and not redrawn.",
                       MLEConvergenceWarning)
-    config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy,
+    config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy, "trials": m0 is not None,
               **{key: v for key, v in opts.items() if key not in ("gate_columns", "expert_columns", "shared_columns")}}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
 
 
+def _bootstrap_trials(fit: MLEFit, trials: Any) -> np.ndarray | None:
+    """The binomial trials (n,) of a bootstrap: ``trials`` if given (a fit with trials only), else the fit's."""
+    if trials is None:
+        return None if fit._m is None else to_numpy(fit._m[0])
+    if fit._m is None:
+        raise TypeError(f"trials= is for fits with binomial trials; this fit has none (fit_mle(..., family='binomial', "
+                        f"trials=m) makes one), got trials of shape {np.shape(trials)}. Drop trials=.")
+    m = np.asarray(as_numeric("trials", trials), dtype=float)
+    n = int(fit._X.shape[1])
+    if m.shape != (n,):
+        raise ValueError(f"trials has shape {m.shape} but the fit has n={n} rows; pass one number of trials per row.")
+    return m
+
+
 def _resamples(fit: MLEFit, Xn: np.ndarray, yn: np.ndarray, B: int, kind: str, w0: np.ndarray | None,
-               draw_seeds: np.random.SeedSequence, seeds: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The B bootstrap data sets ``(X, y, case weights or None)`` of :func:`bootstrap`."""
+               draw_seeds: np.random.SeedSequence, seeds: list, m0: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The B bootstrap data sets ``(X, y, case weights or None, binomial trials or None)`` of :func:`bootstrap`;
+    each row keeps its trials ``m0`` (n,)."""
     n = Xn.shape[1]
     wb = None if w0 is None else np.broadcast_to(w0, (B, n)).copy()
+    mb = None if m0 is None else np.broadcast_to(m0, (B, n)).copy()
     if kind == "parametric":
         Xb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy()
-        yb = _draw(fit.spec, fit.params.batched(), Xn, B, [draw_seeds])[0]
+        yb = _draw(fit.spec, fit.params.batched(), Xn, B, [draw_seeds], m0)[0]
     elif w0 is None:
         idx = np.stack([np.random.default_rng(s).integers(0, n, n) for s in seeds])
         Xb, yb = Xn[0][idx], yn[0][idx]
+        mb = None if m0 is None else m0[idx]
     else:
         total = max(int(np.rint(w0.sum())), 1)
         wb = np.stack([np.random.default_rng(s).multinomial(total, w0 / w0.sum()) for s in seeds]).astype(float)
         Xb, yb = np.broadcast_to(Xn[0], (B, *Xn.shape[1:])).copy(), np.broadcast_to(yn[0], (B, n)).copy()
-    return Xb, yb, wb
+    return Xb, yb, wb, mb
 
 
 # ---------------------------------------------------------------------------------------- LRT for k
@@ -479,33 +510,45 @@ class LRTResult(Result):
                 f"p_value={np.round(self.p_value, 4)}, n_failed={self.n_failed})")
 
 
-def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, weights,
-                  fit_kwargs: dict) -> tuple[np.ndarray, np.ndarray, dict, Any]:
+def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, weights, fit_kwargs: dict[str, Any],
+                  shared: str | None = None, trials: Any = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any], Any]:
     """Arrays, fit options and the formula design (None for arrays) from either interface: ``(X, y)`` or a formula
-    on ``data`` (its union design, column restrictions, names and case weights become :func:`moestat.fit_mle`
-    options)."""
+    on ``data`` (its union design, column restrictions, shared columns, names, case weights and binomial trials
+    become :func:`moestat.fit_mle` options)."""
     kw = dict(fit_kwargs)
     if formula is None:
-        for name, value in (("data", data), ("gate_formula", gate_formula)):
+        for name, value in (("data", data), ("gate_formula", gate_formula), ("shared", shared)):
             if value is not None:
-                raise TypeError(f"{name}= needs formula=; with arrays pass X and y.")
+                hint = " (with arrays, shared_columns=[...] names the shared columns of X)" if name == "shared" else ""
+                raise TypeError(f"{name}= needs formula=; with arrays pass X and y{hint}.")
+        if isinstance(trials, str):
+            raise TypeError(f"trials={trials!r} names a column, which needs formula= and data=; with arrays pass the "
+                            "numbers of trials as an array.")
         if X is None or y is None:
             raise TypeError("pass the data as X and y, or as formula= and data=.")
         if isinstance(X, pd.DataFrame) and "feature_names" not in kw:
             kw["feature_names"] = [str(c) for c in X.columns]
         if weights is not None:
             kw["weights"] = weights
+        if trials is not None:
+            kw["trials"] = np.asarray(as_numeric("trials", trials), dtype=float)
         return (np.asarray(as_numeric("X", X), dtype=float).copy(), np.asarray(as_numeric("y", y), dtype=float).copy(),
                 kw, None)
     if X is not None or y is not None:
         raise TypeError("pass either formula= and data= or arrays X and y, not both.")
     if data is None:
         raise TypeError("formula= needs data=, the frame its columns come from.")
+    for name in ("gate_columns", "expert_columns", "shared_columns"):
+        if kw.get(name) is not None:
+            raise TypeError(f"{name}= is for arrays; a formula fit sets the columns with gate_formula= and shared=.")
     inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights,
-                            missing=kw.pop("missing", "raise"))
-    kw.update(feature_names=inputs.names, gate_columns=inputs.gate_columns, expert_columns=inputs.expert_columns)
+                            missing=kw.pop("missing", "raise"), shared=shared, trials=trials)
+    kw.update(feature_names=inputs.names, gate_columns=inputs.gate_columns, expert_columns=inputs.expert_columns,
+              shared_columns=inputs.shared_columns or None)
     if inputs.weights is not None:
         kw["weights"] = inputs.weights
+    if inputs.trials is not None:
+        kw["trials"] = inputs.trials
     return inputs.X, inputs.y, kw, inputs.design
 
 
@@ -544,6 +587,18 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
     return f0, f1
 
 
+def _repeat_rows(opts: dict[str, Any], B: int) -> dict[str, Any]:
+    """Fit options for the R x B null resamples (replicate r's B resamples are rows r*B .. r*B + B - 1): per-row
+    arrays given per replicate, (R, n) case weights and binomial trials, are repeated B times so every resample keeps
+    its data set's rows' weights and trials; the column layout (``shared_columns`` and the rest) is kept as is."""
+    out = dict(opts)
+    for key in ("weights", "trials"):
+        value = out.get(key)
+        if value is not None and np.ndim(value) == 2:
+            out[key] = np.repeat(np.asarray(value, dtype=float), B, axis=0)
+    return out
+
+
 def _lrt_fits(spec0: MoE, spec1: MoE, Xn: np.ndarray, yn: np.ndarray, B: int, restarts: int,
               s_data: np.random.SeedSequence, s_draw: np.random.SeedSequence, s_boot: np.random.SeedSequence,
               opts: dict, bar: _Stages) -> tuple[MLEFit, MLEFit, np.ndarray, tuple[MLEFit, MLEFit]]:
@@ -560,23 +615,37 @@ def _lrt_fits(spec0: MoE, spec1: MoE, Xn: np.ndarray, yn: np.ndarray, B: int, re
                       "lists it): the likelihood-ratio statistic compares a degenerate maximum and its p-value is not "
                       "trustworthy; raise sd_floor, drop k, or use a family that fits the data.", DegenerateFitWarning)
     lr = 2 * (np.asarray(f1._loglik) - np.asarray(f0._loglik))
-    ystar = _draw(spec0, f0.params.batched(), Xn, B, s_draw.spawn(R))  # (R, B, n)
+    ystar = _draw(spec0, f0.params.batched(), Xn, B, s_draw.spawn(R), opts.get("trials"))  # (R, B, n)
     Xs = np.repeat(Xn, B, axis=0)
     ys = ystar.reshape(R * B, n)
     p0 = f0.params.batched().numpy()
     init0 = Params(**{name: np.repeat(a, B, axis=0) for name, a in p0.blocks()})
-    g0, g1 = _fit_pair(spec0, spec1, Xs, ys, init0=init0, restarts=restarts, seed=s_boot, opts=opts,
-                       step=bar.step)
+    g0, g1 = _fit_pair(spec0, spec1, Xs, ys, init0=init0, restarts=restarts, seed=s_boot,
+                       opts=_repeat_rows(opts, B), step=bar.step)
     _warn_degenerate_refits(g1, f"k={k1} refits to the null resamples")
     return f0, f1, lr, (g0, g1)
+
+
+def _checked_inputs(spec: MoE, X: np.ndarray, y: np.ndarray, fit_kwargs: dict[str, Any]
+                    ) -> tuple[np.ndarray, np.ndarray, bool, np.ndarray | None]:
+    """``(X, y, single, trials)`` of :func:`test_n_experts`, checked with the fit's column layout (so shared columns
+    count once among the free parameters) and its binomial trials, which come back as an (R, n) array or None."""
+    layout = ParamLayout(spec, fit_kwargs.get("feature_names"), gate_columns=fit_kwargs.get("gate_columns"),
+                         expert_columns=fit_kwargs.get("expert_columns"),
+                         shared_columns=fit_kwargs.get("shared_columns"))
+    m = _check_trials(fit_kwargs.get("trials"), spec, X)
+    Xn, yn, single = _check_data(spec, X, y, layout=layout, trials=m)
+    if m is not None:
+        m = np.array(np.broadcast_to(m, yn.shape), dtype=float)
+    return Xn, yn, single, m
 
 
 @renamed_arguments(B="n_resamples")
 @validate_arguments(k0=Integer(1), k1=Integer(2), n_resamples=Integer(1), restarts=Integer(1), seed=Seed(),
                     progress=Optional(Boolean()))
 def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 99, *, formula: str | None = None,
-                   data=None, gate_formula: str | None = None, weights=None, gate: str = "softmax",
-                   expert: str = "linear", method: str = "em", restarts: int = 3, seed=None,
+                   data=None, gate_formula: str | None = None, weights=None, shared: str | None = None, trials=None,
+                   gate: str = "softmax", expert: str = "linear", method: str = "em", restarts: int = 3, seed=None,
                    progress: bool | None = None, **fit_kwargs) -> LRTResult:
     r"""Parametric bootstrap LRT of :math:`H_0: k = k_0` against :math:`k = k_1` (module docstring).
 
@@ -587,6 +656,15 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     formula, data, gate_formula, weights
         Or the data as a formula fit (:func:`moestat.fit_mle`); case weights stay with their rows in the
         parametric bootstrap.
+    shared : str, optional
+        Formula interface: covariates with one coefficient common to every expert (``"~ z"``; with arrays pass
+        ``shared_columns=[...]``), as in :func:`moestat.fit_mle`.  Both hypotheses keep the constraint: the
+        :math:`k_0` and :math:`k_1` fits to the data and to every null resample share :math:`\gamma`, so the
+        test compares :math:`k_0` against :math:`k_1` experts within the shared-coefficient model.
+    trials : array (n,) or (R, n), or a column name with ``formula``, optional
+        Binomial experts (``family="binomial"``): the rows' numbers of trials, ``y`` their proportions of
+        successes.  The null resamples are drawn as :math:`\mathrm{Bin}(m_t, \hat\mu_{tz})/m_t` with the observed
+        :math:`m_t`, which every refit keeps.
     k0, k1 : int
         Numbers of experts, ``k0 < k1``.
     n_resamples : int
@@ -615,11 +693,13 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
         raise ValueError(f"k1 must exceed k0, got k0={k0}, k1={k1}.")
     B = check_int("n_resamples", n_resamples, minimum=2)
     X, y, fit_kwargs, design = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula,
-                                             weights=weights, fit_kwargs=fit_kwargs)
+                                             weights=weights, fit_kwargs=fit_kwargs, shared=shared, trials=trials)
     d = X.shape[-1] if X.ndim >= 2 else 1
     spec0 = MoE(gate=gate, expert=expert, k=k0, d=d, response=fit_kwargs.pop("family", None) or "gaussian")
     spec1 = spec0.with_k(k1)
-    Xn, yn, single = _check_data(spec1, X, y)
+    Xn, yn, single, m = _checked_inputs(spec1, X, y, fit_kwargs)
+    if m is not None:
+        fit_kwargs["trials"] = m
     R, n, _ = Xn.shape
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
     s_data, s_draw, s_boot = ss.spawn(3)
@@ -648,8 +728,8 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
         return a[0].item() if single else a
 
     config = {"n_resamples": B, "gate": gate, "expert": expert, "restarts": restarts, "seed_entropy": ss.entropy,
-              "n": n,
-              **{key: v for key, v in opts.items() if np.isscalar(v)}}
+              "n": n, "shared": ", ".join(f0.layout.feature_names[j] for j in f0.layout.shared_columns) or None,
+              "trials": m is not None, **{key: v for key, v in opts.items() if np.isscalar(v)}}
     return LRTResult(out(lr), out(pval), null[0] if single else null, out(n_failed), k0, k1, _keep_design(f0, design),
                      _keep_design(f1, design), config,
                      out(not_conv))
@@ -715,7 +795,8 @@ def _fit_one_k(spec: MoE, X: np.ndarray, y: np.ndarray, *, method: str, restarts
 @validate_arguments(criterion=Choice("bic", "icl", "aic", "dsc"), restarts=Integer(1), seed=Seed(),
                     progress=Optional(Boolean()))
 def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str | None = None, data=None,
-             gate_formula: str | None = None, weights=None, criterion: str = "bic", gate: str = "softmax",
+             gate_formula: str | None = None, weights=None, shared: str | None = None, trials=None,
+             criterion: str = "bic", gate: str = "softmax",
              expert: str = "linear", method: str = "em", restarts: int = 5, seed=None, progress: bool | None = None,
              **fit_kwargs) -> SelectKResult:
     r"""Fit each k in ``ks`` and choose the one minimising ``criterion`` (``"bic"``, ``"icl"``, ``"aic"`` or
@@ -732,6 +813,13 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     One data set: ``X`` of shape (n, d) and ``y``, or ``formula`` and ``data`` (with
     ``gate_formula`` and ``weights`` as in :func:`moestat.fit_mle`).
 
+    ``shared`` (a formula, ``"~ z"``; with arrays ``shared_columns=[...]``) gives every fit the covariates whose
+    coefficient :math:`\gamma` is common to all experts, so the table's ``df`` counts :math:`\gamma` once,
+    :math:`(k-1)(p_g + 1) + k(p_e + 1) + q + k` for Gaussian experts with :math:`p_g` gate covariates, :math:`p_e`
+    expert-specific and :math:`q` shared covariates (the last :math:`k`: the noise sds), and the criteria choose k
+    within that model.  ``trials`` (an array, or a column name with ``formula``): binomial experts' numbers of
+    trials per row, ``y`` their proportions of successes (:func:`moestat.fit_mle`).
+
     ``progress``: a tqdm bar advancing once per k (each k is one fit with all its restarts batched).  ``None``
     (default) shows it in interactive sessions, or once the fits so far, extrapolated to the remaining k (a fit's
     cost taken proportional to k), predict more than :data:`PROGRESS_AFTER_S` seconds; ``False`` never.
@@ -746,7 +834,7 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     if not ks:
         raise ValueError("ks must list at least one number of experts.")
     Xa, y, fit_kwargs, design = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula,
-                                              weights=weights, fit_kwargs=fit_kwargs)
+                                              weights=weights, fit_kwargs=fit_kwargs, shared=shared, trials=trials)
     if Xa.ndim != 2:
         raise ValueError(f"select_k needs X of shape (n, d), got shape {Xa.shape}.")
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)

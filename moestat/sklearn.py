@@ -9,10 +9,13 @@ and returns ``self``, learned state ends in ``_``; verified with
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
+from scipy import stats
+from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.utils import check_random_state
+from sklearn.utils import check_array, check_random_state
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 from .exceptions import warn_user
@@ -47,8 +50,13 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         for counts (log link) and 0/1 responses (logit link).  ``predict`` is then the mixture's mean rate or
         probability.
     gate_columns, expert_columns : sequence of int, optional
-        The columns of ``X`` the gate and the experts use (default: all), as in :func:`moestat.fit_mle`: e.g. a gate
-        on a concomitant variable only.
+        The columns of ``X`` the gate and the experts use (default: all; the experts' default leaves out
+        ``shared_columns``), as in :func:`moestat.fit_mle`: e.g. a gate on a concomitant variable only.
+    shared_columns : sequence of int, optional
+        Columns of ``X`` whose expert coefficient :math:`\\gamma` is common to every expert (:func:`moestat.fit_mle`'s
+        ``shared_columns``; flexmix's ``FLXMRglmfix(fixed = ~ z)``): expert :math:`j`'s linear predictor is
+        :math:`b_j + a_j^\\top x + \\gamma^\\top z`.  The gate still reads them unless ``gate_columns`` leaves them
+        out.  :math:`\\gamma` appears once in ``fit_.summary()`` (terms ``shared:<column>``).
 
     Attributes
     ----------
@@ -74,7 +82,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
     def __init__(self, n_experts: int = 2, gate: str = "softmax", expert: str = "linear", method: str = "auto",
                  restarts: int = 5, top_k: int | None = None, tol: float = 1e-8, max_iter: int | None = None,
                  sd_floor: float = 1e-3, device: str = "auto", random_state=None, family: str = "gaussian",
-                 gate_columns=None, expert_columns=None) -> None:
+                 gate_columns=None, expert_columns=None, shared_columns=None) -> None:
         self.n_experts = n_experts
         self.gate = gate
         self.expert = expert
@@ -89,22 +97,31 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         self.family = family
         self.gate_columns = gate_columns
         self.expert_columns = expert_columns
+        self.shared_columns = shared_columns
 
     def _spec(self, d: int) -> MoE:
         return MoE(gate=self.gate, expert=self.expert, k=self.n_experts, d=d, top_k=self.top_k,
                    response=self.family)
 
-    def fit(self, X, y, sample_weight=None):
+    def fit(self, X, y, sample_weight=None, trials=None):
         """Fit by maximum likelihood; returns ``self``.
 
         ``sample_weight`` (n,): case weights :math:`c_t \\ge 0`, the log-likelihood
         :math:`\\sum_t c_t\\log p(y_t\\mid x_t)` (integer weights fit as the rows repeated; see
         :func:`moestat.fit_mle`'s ``weights``).  The columns of a DataFrame ``X`` name the terms of the summary.
+
+        ``trials`` (n,): ``family="binomial"`` only, the number of trials :math:`m_t` of each row, with ``y`` the
+        proportion of successes (:func:`moestat.fit_mle`'s ``trials``; statsmodels' ``var_weights`` convention).
+        Like ``sample_weight`` it is a per-row fit parameter, so ``Pipeline.fit(X, y, moeregressor__trials=m)``
+        and ``cross_validate(..., params={"trials": m})`` pass each fold its rows' trials.  ``predict`` (the mean
+        proportion) needs no trials; ``predict_quantile``, ``predict_interval``, ``posterior`` and ``loglik`` of
+        such a fit take the new rows' ``trials``.
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64, ensure_min_samples=2)
         weights = None
         if sample_weight is not None:
             weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        m = None if trials is None else _check_trials(trials, X.shape[0])
         spec = self._spec(X.shape[1])
         method = self.method
         if method == "auto":
@@ -116,6 +133,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
             fit = fit_mle(spec, X, y, method=method, restarts=self.restarts, tol=self.tol, max_iter=self.max_iter,
                           sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn",
                           weights=weights, gate_columns=self.gate_columns, expert_columns=self.expert_columns,
+                          shared_columns=self.shared_columns, trials=m,
                           feature_names=None if names is None else [str(c) for c in names])
         if not fit.converged:
             warn_user("the best start did not converge; increase max_iter.", MLEConvergenceWarning)
@@ -133,19 +151,21 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return np.asarray(self.fit_.predict(X), dtype=np.float64)
 
-    def predict_quantile(self, X, q):
+    def predict_quantile(self, X, q, trials=None):
         """Quantiles ``q`` of the fitted predictive distribution at X (:meth:`moestat.MLEFit.predict`,
-        ``kind="quantile"``): (m,) for a scalar ``q``, else (m, len(q))."""
+        ``kind="quantile"``): (m,) for a scalar ``q``, else (m, len(q)); a fit with binomial ``trials`` needs the new
+        rows' trials (the quantiles are then proportions of successes)."""
         check_is_fitted(self, "fit_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        return np.asarray(self.fit_.predict(X, "quantile", q=q), dtype=np.float64)
+        return np.asarray(self.fit_.predict(X, "quantile", q=q, trials=trials), dtype=np.float64)
 
-    def predict_interval(self, X, confidence_level: float = 0.95):
+    def predict_interval(self, X, confidence_level: float = 0.95, trials=None):
         """Central prediction intervals of coverage ``confidence_level`` at X, shape (m, 2)
-        (:meth:`moestat.MLEFit.predict`)."""
+        (:meth:`moestat.MLEFit.predict`); a fit with binomial ``trials`` needs the new rows' trials."""
         check_is_fitted(self, "fit_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        return np.asarray(self.fit_.predict(X, "interval", confidence_level=confidence_level), dtype=np.float64)
+        return np.asarray(self.fit_.predict(X, "interval", confidence_level=confidence_level, trials=trials),
+                          dtype=np.float64)
 
     def summary(self, **kwargs):
         """The fit's :meth:`moestat.MLEFit.summary` (terms named by the columns of a DataFrame ``X``)."""
@@ -158,14 +178,42 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return np.asarray(self.fit_.gate_probs(X))
 
-    def posterior(self, X, y):
-        """Posterior expert probabilities given (X, y), shape (m, k)."""
+    def posterior(self, X, y, trials=None):
+        """Posterior expert probabilities given (X, y), shape (m, k); a fit with binomial ``trials`` needs the new
+        rows' trials."""
         check_is_fitted(self, "fit_")
         X, y = validate_data(self, X, y, reset=False, dtype=np.float64, y_numeric=True)
-        return np.asarray(self.fit_.posterior(X, y))
+        return np.asarray(self.fit_.posterior(X, y, trials=trials))
 
-    def loglik(self, X, y) -> float:
-        """Log-likelihood of (X, y) under the fitted model."""
+    def loglik(self, X, y, trials=None) -> float:
+        r"""Log-likelihood of (X, y) under the fitted model.
+
+        A fit with binomial ``trials`` needs the new rows' trials :math:`m_t`; the log-likelihood is then the full
+        binomial mixture log-pmf of the fit, :math:`\sum_t \log\sum_j \pi_j(x_t)\binom{m_t}{m_ty_t}
+        \mu_j(x_t)^{m_ty_t}(1-\mu_j(x_t))^{m_t(1-y_t)}`.
+        """
         check_is_fitted(self, "fit_")
         X, y = validate_data(self, X, y, reset=False, dtype=np.float64, y_numeric=True)
-        return float(self.fit_.spec.loglik(self.params_, X, y))
+        with_trials = bool(self.fit_.settings.get("trials"))
+        if trials is None and not with_trials:
+            return float(self.fit_.spec.loglik(self.params_, X, y))
+        if not with_trials:
+            raise TypeError("trials= is for fits with binomial trials; this fit has none, drop it from loglik().")
+        if trials is None:
+            raise TypeError("this fit has binomial trials: loglik() needs trials=, the number of trials of each row.")
+        m = _check_trials(trials, X.shape[0])
+        self.fit_.spec.glm.check_response(y, m)
+        pi = np.asarray(self.fit_.gate_probs(X), dtype=np.float64)
+        mu = np.asarray(self.fit_.expert_means(X), dtype=np.float64)  # success probabilities (m, k)
+        with np.errstate(divide="ignore"):
+            log_f = stats.binom.logpmf(np.rint(y * m)[:, None], m[:, None], mu) + np.log(pi)
+        return float(logsumexp(log_f, axis=1).sum())
+
+
+def _check_trials(trials: Any, n: int) -> np.ndarray:
+    """Binomial trials as a float64 array (n,), one per row (their values are checked by :func:`moestat.fit_mle`)."""
+    m = check_array(trials, ensure_2d=False, dtype=np.float64, input_name="trials")
+    if m.ndim != 1 or m.shape[0] != n:
+        raise ValueError(f"trials has shape {m.shape} but X has {n} rows; pass one number of trials per row, like "
+                         "sample_weight.")
+    return np.asarray(m, dtype=np.float64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import moestat as ms
@@ -139,3 +140,152 @@ def test_bootstrap_lrt_size_full():
     # draws, an exact 5% test under exchangeability; R=600 null data sets give the size a binomial sd of
     # 0.9%, so the band is +-2.2 sd.
     assert 0.03 <= size <= 0.07, size
+
+
+# ------------------------------------------------------------------- shared coefficients and binomial trials
+def _shared_slope_frame(n: int = 400, seed: int = 12) -> pd.DataFrame:
+    """Two experts on x (gate on x) and one slope 1.5 on z common to both: y = b_j + a_j x + 1.5 z + 0.3 e."""
+    rng = np.random.default_rng(seed)
+    x, z = rng.uniform(-1, 1, n), rng.normal(size=n)
+    first = rng.uniform(size=n) < 1 / (1 + np.exp(-3 * x))
+    y = np.where(first, 1 + 2 * x, -1 - x) + 1.5 * z + 0.3 * rng.normal(size=n)
+    return pd.DataFrame({"x": x, "z": z, "y": y})
+
+
+def _binomial_trials_data(n: int = 400, seed: int = 11) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two logistic experts, gate on x, m_t in 5..30 trials per row; y is the proportion of successes."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, n)
+    m = rng.integers(5, 31, n).astype(float)
+    first = rng.uniform(size=n) < 1 / (1 + np.exp(-(0.3 + 2.0 * x)))
+    eta = np.where(first, 1.0 + 1.5 * x, -1.0 - 1.0 * x)
+    return x[:, None], rng.binomial(m.astype(int), 1 / (1 + np.exp(-eta))) / m, m
+
+
+@pytest.fixture(scope="module")
+def binomial_fit():
+    X, y, m = _binomial_trials_data()
+    return ms.fit_mle(ms.MoE(k=2, d=1, response="binomial"), X, y, trials=m, seed=1), X, y, m
+
+
+def test_select_k_with_shared_slope_picks_the_true_k():
+    df = _shared_slope_frame()
+    res = ms.select_k(formula="y ~ x", data=df, shared="~ z", ks=(1, 2, 3), seed=3, restarts=3)
+    # fixed seed, so the choice is deterministic; it is also not marginal: BIC(1) - BIC(2) ~ 720 and BIC(3) - BIC(2)
+    # ~ 13 (a Bayes factor of e^6.7 against a third expert, whose fit is moreover degenerate and skipped: a vanishing
+    # expert at the variance floor), so k = 2 is the BIC minimum with or without the skip
+    assert res.best_k == 2
+    table = res.table.set_index("k")
+    assert table["bic"].idxmin() == 2 and table.loc[1, "bic"] - table.loc[2, "bic"] > 100
+    # parameters counted by hand: gate (k-1) x (const, x), experts k x (const, x), one shared slope, k sigmas
+    assert list(table["df"]) == [2 * (k - 1) + 2 * k + 1 + k for k in (1, 2, 3)]
+    # k = 1 with a shared slope is the linear regression y ~ x + z: its maximised Gaussian log-likelihood is
+    # -n/2 (log(2 pi RSS/n) + 1) (closed form); one EM step solves least squares exactly, so only rounding remains
+    Z = np.c_[np.ones(len(df)), df["x"], df["z"]]
+    rss = ((df["y"] - Z @ np.linalg.lstsq(Z, df["y"], rcond=None)[0]) ** 2).sum()
+    assert table.loc[1, "loglik"] == pytest.approx(-len(df) / 2 * (np.log(2 * np.pi * rss / len(df)) + 1), rel=1e-9)
+    fit = res.fits[2]
+    assert fit.param_names.count("shared:z") == 1 and fit.layout.shared_columns == (1,)
+    gamma, se = fit.theta[fit.param_names.index("shared:z")], fit.bse()[fit.param_names.index("shared:z")]
+    assert abs(gamma - 1.5) < 4 * se  # the true shared slope, within 4 standard errors
+    # the array interface takes the same model as shared_columns (here the gate also reads z: one more column)
+    arrays = ms.select_k(df[["x", "z"]].to_numpy(), df["y"].to_numpy(), ks=(1,), shared_columns=[1], seed=3)
+    assert arrays.table["loglik"].iloc[0] == pytest.approx(table.loc[1, "loglik"], rel=1e-9)
+    with pytest.raises(TypeError, match="shared= needs formula"):
+        ms.select_k(df[["x", "z"]].to_numpy(), df["y"].to_numpy(), ks=(1,), shared="~ z")
+
+
+def test_parametric_bootstrap_with_trials_agrees_with_observed_information(binomial_fit):
+    fit = binomial_fit[0]
+    bs = ms.bootstrap(fit, n_resamples=40, seed=2)
+    assert bs.n_failed == 0 and bs.config["trials"]
+    ratio = bs.se() / fit.bse()
+    # B=40: a bootstrap SE has relative sd ~ 1/sqrt(2*39) = 11%, so 35% is a > 3 sd band per term.  Drawing the
+    # resamples as 0/1 responses (trials dropped) would inflate every SE by ~sqrt(mean m) ~ 4, far outside it
+    assert np.all(np.abs(ratio - 1) < 0.35), ratio
+    centre = np.abs(np.median(bs.draws, 0) - fit.theta) / fit.bse()
+    assert centre.max() < 1.0  # labels aligned: the draws sit around the estimate
+
+
+def test_nonparametric_bootstrap_resamples_rows_with_their_trials(binomial_fit):
+    from moestat.inference import _resamples
+
+    fit, X, y, m = binomial_fit
+    seeds = np.random.SeedSequence(5).spawn(3)
+    Xb, yb, wb, mb = _resamples(fit, X[None], y[None], 3, "nonparametric", None, np.random.SeedSequence(4), seeds, m)
+    assert wb is None  # unweighted fit: the resample's multiplicities are its repeated rows
+    rows = {(a, b, c) for a, b, c in zip(X[:, 0], y, m, strict=True)}
+    for b in range(3):  # every resampled (x, y, m) is one of the original rows, trials included (brute force)
+        assert all(t in rows for t in zip(Xb[b, :, 0], yb[b], mb[b], strict=True))
+        assert len(set(zip(Xb[b, :, 0], mb[b], strict=True))) < len(y)  # drawn with replacement
+    bs = ms.bootstrap(fit, n_resamples=20, seed=6, kind="nonparametric")
+    assert bs.n_failed == 0
+    again = ms.bootstrap(fit, X, y, n_resamples=20, seed=6, kind="nonparametric", trials=m)
+    np.testing.assert_array_equal(again.draws, bs.draws)  # trials= given explicitly: the fit's own, same draws
+    ratio = bs.se() / fit.bse()
+    # B=20 nonparametric: the SE's relative sd is ~16-20% (pairs resampling adds the design's variability), so a
+    # +-60% band is a ~3 sd check that the refits saw trials (without them every SE would be ~4 times larger)
+    assert np.all(np.abs(ratio - 1) < 0.6), ratio
+    with pytest.raises(ValueError, match="trials has shape"):
+        ms.bootstrap(fit, n_resamples=5, trials=m[:10])
+
+
+def test_bootstrap_refuses_trials_for_a_fit_without_them(fit2):
+    with pytest.raises(TypeError, match="trials= is for fits with binomial trials"):
+        ms.bootstrap(fit2, n_resamples=5, trials=np.ones(300))
+
+
+class _Spy:
+    """Wraps the real fit_mle of moestat.inference and records each call's options and resulting fit."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import moestat.inference as inference
+
+        self.real, self.calls = inference.fit_mle, []
+        monkeypatch.setattr(inference, "fit_mle", self)
+
+    def __call__(self, *args, **kwargs):
+        fit = self.real(*args, **kwargs)
+        self.calls.append((args, kwargs, fit))
+        return fit
+
+
+def test_lrt_null_refits_keep_the_shared_design(monkeypatch):
+    df = _shared_slope_frame(n=250, seed=13)
+    spy = _Spy(monkeypatch)
+    lrt = ms.test_n_experts(formula="y ~ x", data=df, shared="~ z", k0=1, k1=2, n_resamples=9, seed=4, restarts=2)
+    assert len(spy.calls) == 4  # k0 and k1 to the data, then k0 and k1 to the 9 null resamples (batched)
+    for i, (_, kwargs, fit) in enumerate(spy.calls):
+        assert fit.layout.shared_columns == (1,) and kwargs["shared_columns"] == (1,)
+        assert fit.param_names.count("shared:z") == 1
+        assert fit.n_reps == (1 if i < 2 else 9)
+    assert lrt.fit1.param_names.count("shared:z") == 1 and lrt.config["shared"] == "z"
+    # both nested fits keep the constraint and the k1 fit starts from the k0 fit split, so every statistic is
+    # non-negative up to the optimiser's tolerance; with the constraint lost in the null refits, the k0 refit would
+    # have the wrong df and the k1 refit extra slopes
+    assert lrt.statistic > 50 and (lrt.null_distribution > -1e-4).all()
+    assert lrt.p_value == pytest.approx(1 / 10)  # the smallest attainable p-value with B=9
+
+
+def test_lrt_with_trials_draws_and_refits_with_the_rows_trials(monkeypatch):
+    X, y, m = _binomial_trials_data(n=300, seed=14)
+    spy = _Spy(monkeypatch)
+    lrt = ms.test_n_experts(X, y, k0=1, k1=2, n_resamples=9, seed=7, restarts=2, family="binomial", trials=m)
+    (_, k_data, _), (_, _, _), (a_null, k_null, g0), _ = spy.calls
+    np.testing.assert_array_equal(k_data["trials"], m[None])
+    np.testing.assert_array_equal(k_null["trials"], np.repeat(m[None], 9, axis=0))  # each resample keeps m_t
+    ys = np.asarray(a_null[2])
+    successes = ys * m
+    assert np.allclose(successes, np.rint(successes), atol=1e-9)  # proportions of m_t trials, not 0/1 draws
+    assert len(np.unique(ys)) > 2 and g0.settings["trials"]
+    assert lrt.statistic > 50 and lrt.p_value == pytest.approx(1 / 10) and lrt.config["trials"]
+    assert (lrt.null_distribution > -1e-4).all()
+
+
+def test_repeat_rows_repeats_per_replicate_arrays_for_the_null_resamples():
+    from moestat.inference import _repeat_rows
+
+    w = np.arange(6.0).reshape(2, 3)
+    out = _repeat_rows({"weights": w, "trials": np.ones(3), "shared_columns": (1,)}, B=2)
+    np.testing.assert_array_equal(out["weights"], [w[0], w[0], w[1], w[1]])  # replicate r's rows r*B .. r*B + B - 1
+    assert out["trials"].shape == (3,) and out["shared_columns"] == (1,)
