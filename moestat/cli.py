@@ -15,7 +15,10 @@ kept); 1 an unexpected failure (traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,9 +78,8 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
     try:
         frame = study.run(out, resume=not args.overwrite, executor=executor, workers=args.workers,
                           progress=not args.quiet, device=args.device)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: finished cells are saved in {out}; rerun with --resume to continue.",
-              file=sys.stderr)
+    except KeyboardInterrupt:  # Study.run has stopped its workers and recorded the interruption
+        print(f"\n{_interrupted(args, out)}", file=sys.stderr)
         return 130
     except StudyFailureError as exc:
         print(f"moestat: error: {exc}", file=sys.stderr)
@@ -86,6 +88,20 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
     print(f"\nwrote {len(frame)} rows: {out / 'results.parquet'}, {out / 'results.csv'}, "
           f"{out / 'provenance.json'}")
     return 0
+
+
+def _interrupted(args: argparse.Namespace, out: Path) -> str:
+    """What an interrupted ``study run`` kept (from ``provenance.json``) and the command that continues it."""
+    finished = ""
+    with contextlib.suppress(OSError, ValueError, KeyError, AttributeError):
+        prov = json.loads((out / "provenance.json").read_text())["config"]
+        if prov["status"] == "interrupted":
+            finished = f"{prov['cells_finished']} of {prov['n_cells']} cells finished; "
+    again = ["moestat", "study", "run", str(args.study), "--out", str(out), "--resume"]
+    again += ["--workers", str(args.workers)] if args.workers else []
+    again += ["--device", args.device] if args.device else []
+    return (f"moestat: interrupted: {finished}the finished cells are saved in {out} (cells that were running "
+            f"stopped and will be recomputed). Continue with: {shlex.join(again)}")
 
 
 def _print_summary(frame: pd.DataFrame) -> None:

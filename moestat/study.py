@@ -53,7 +53,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -666,6 +666,15 @@ class Study:
             (``seed, data_seed, fit_seed``), ``device``, the cell's outputs (``objective,
             converged``, diagnostics, metric columns) and ``wall_time`` (seconds for the cell,
             divided by its replicates).
+
+        Raises
+        ------
+        KeyboardInterrupt
+            On Ctrl-C (SIGINT), after the run has stopped: pending cells are cancelled and, with
+            ``executor="processes"``, the workers are ended at once (SIGTERM; SIGKILL after a few seconds, or at
+            once on a second Ctrl-C) and reaped, their unfinished cells to be recomputed by a resume; a given
+            executor only has its pending cells cancelled.  ``provenance.json`` then says ``"interrupted"`` and
+            how many cells finished (``cells_finished``); they are on disk, and ``resume=True`` continues.
         """
         from tqdm.auto import tqdm
 
@@ -697,6 +706,9 @@ class Study:
         scratch: tempfile.TemporaryDirectory[str] | None = None
         bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=self.name, unit="cell",
                    disable=not progress)
+        # with our own pool, a second Ctrl-C must not break off the first one's clean-up (it hurries it instead)
+        interrupts = _Interrupts(install=executor == "processes" and bool(todo))
+        running = None
         try:
             for c in cells:
                 if c["id"] in done:
@@ -708,8 +720,9 @@ class Study:
                 cache = StudyCache(scratch.name)
             else:
                 cache = StudyCache(None if ckpt is None else ckpt / "cache")
-            self._pieces = {}
-            for cid, output in self._execute(todo, dev, executor, workers, cache):
+            self._pieces: dict[str, dict[str, pd.DataFrame]] = {}
+            running = self._execute(todo, dev, executor, workers, cache, interrupts.again)
+            for cid, output in running:
                 frame = _roundtrip(output.frame)
                 pieces = {name: _roundtrip(piece) for name, piece in output.pieces.items()}
                 if ckpt is not None:
@@ -723,6 +736,19 @@ class Study:
                 bar.update(1)
                 tally.add(cid, frame)
                 tally.check(len(done))
+        except KeyboardInterrupt as interrupt:
+            _stop_running(running, interrupt)
+            if ckpt is not None:
+                prov = self._provenance(cells, dev, status="interrupted")
+                prov["cells_finished"] = len(done)
+                prov["failures"] = tally.record()
+                write_provenance(ckpt, prov, device=dev)
+            if hasattr(interrupt, "add_note"):  # Python >= 3.11
+                where = f"saved in {str(ckpt)!r}; run again with resume=True" if ckpt is not None else \
+                    "not saved (no checkpoint folder)"
+                interrupt.add_note(f"study {self.name!r} interrupted: {len(done)} of {len(cells)} cells finished, "
+                                   f"{where} to continue.")
+            raise
         except StudyFailureError:
             if ckpt is not None:
                 prov = self._provenance(cells, dev, status="stopped")
@@ -733,6 +759,7 @@ class Study:
             bar.close()
             if scratch is not None:
                 scratch.cleanup()
+            interrupts.restore()
         result = pd.concat([done[c["id"]] for c in cells], ignore_index=True)
         if ckpt is not None:
             write_frame(result, ckpt / "results.parquet")
@@ -747,7 +774,10 @@ class Study:
         return result
 
     def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None,
-                 cache: StudyCache | None = None):
+                 cache: StudyCache | None = None,
+                 hurry: threading.Event | None = None) -> Iterator[tuple[str, CellOutput]]:
+        """Yield ``(cell id, CellOutput)`` as cells finish.  On KeyboardInterrupt an own pool's workers are ended
+        at once (:func:`_end_workers`; ``hurry``: a second Ctrl-C) and a given executor's pending cells cancelled."""
         if not todo:
             return
         if executor is None:
@@ -764,7 +794,7 @@ class Study:
         elif not isinstance(executor, cf.Executor):
             raise ValueError(f"executor must be None, 'processes' or a concurrent.futures.Executor, "
                              f"got {executor!r}.")
-        futures: dict[cf.Future, str] = {}
+        futures: dict[cf.Future[CellOutput], str] = {}
         try:
             # largest cells first (longest-processing-time order): the pool's last cells are short ones,
             # so no worker idles behind one long cell at the end; the frame's row order does not change
@@ -772,6 +802,16 @@ class Study:
                 futures[executor.submit(run_cell, self._payload(c, device, cache))] = c["id"]
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()
+        except KeyboardInterrupt:
+            if owned:
+                # the running cells are lost work either way (a resume recomputes them).  The pool's thread sees
+                # its workers die and fails the pending cells itself; cancelling them here first would make it
+                # raise InvalidStateError on them (CPython 3.11), so they are left to it.
+                _end_workers(list((getattr(executor, "_processes", None) or {}).values()), hurry)
+            else:
+                for fut in futures:
+                    fut.cancel()
+            raise
         except BaseException:
             for fut in futures:
                 fut.cancel()
@@ -1051,9 +1091,71 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _init_worker(workers: int, parent_pid: int) -> None:
-    """Process-pool initializer: share the cores (:func:`_share_cores`) and die with the parent."""
+    """Process-pool initializer: share the cores (:func:`_share_cores`), die with the parent, and ignore SIGINT: a
+    Ctrl-C at a terminal reaches the whole process group, and it is the main process that ends the workers (a
+    worker would otherwise print a KeyboardInterrupt traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     _share_cores(workers)
+
+
+class _Interrupts:
+    """Ctrl-C (SIGINT) in the main process of a run that owns a process pool.
+
+    The first SIGINT raises KeyboardInterrupt as Python's default handler does, and the run starts to end its
+    workers.  A second one would break off that clean-up and leave workers running or unreaped, so it sets
+    :attr:`again` instead, which makes the clean-up kill the workers at once (:func:`_end_workers`); a third raises
+    again, for a clean-up that hangs.  Installed only in the main thread over Python's default handler (a caller's
+    own handler is left alone), and restored when the run ends.
+    """
+
+    def __init__(self, install: bool) -> None:
+        self.count = 0
+        self.again = threading.Event()
+        self._previous: Any = None
+        if install and threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 2:
+            self.again.set()
+            return
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def _end_workers(processes: Sequence[Any], hurry: threading.Event | None = None, grace: float = 5.0) -> None:
+    """End pool workers now and reap them: SIGTERM (whose default action ends a process at once, whatever it
+    computes), then SIGKILL to those still alive after ``grace`` seconds or as soon as ``hurry`` is set (a second
+    Ctrl-C); every worker is joined, so none is left a zombie."""
+    import multiprocessing.connection
+
+    for p in processes:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    alive = [p for p in processes if p.is_alive()]
+    while alive and time.monotonic() < deadline and not (hurry is not None and hurry.is_set()):
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=0.1)
+        alive = [p for p in alive if p.is_alive()]
+    for p in alive:
+        p.kill()
+    for p in processes:
+        p.join(timeout=grace)
+
+
+def _stop_running(running: Any, interrupt: BaseException) -> None:
+    """End the cell generator (:meth:`Study._execute`) of an interrupted run now.  When Ctrl-C came while the run
+    stored a cell, the generator waits at its ``yield``: the interrupt is thrown in there, so it ends its pool now
+    rather than when it is garbage-collected (closing it then would wait for the running cells)."""
+    if running is not None and running.gi_frame is not None:
+        with contextlib.suppress(KeyboardInterrupt, StopIteration):
+            running.throw(interrupt)
 
 
 def run_cell(payload: dict[str, Any]) -> CellOutput:

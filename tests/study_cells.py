@@ -92,3 +92,44 @@ def mean_estimate_cell(ctx):
                             "running_mean": running.ravel()})
     return CellOutput(pd.DataFrame({"rep": np.arange(ctx.reps), "estimate": estimate, "error": estimate - mu}),
                       {"history": history})
+
+
+NAP_ENV = "MOESTAT_TEST_NAP"
+"""Environment variable read by :func:`napping_cell`: ``"SECONDS:N"`` makes every cell with ``n < N`` sleep
+``SECONDS`` first; ``"SECONDS:N:stubborn"`` also makes it ignore SIGTERM while it sleeps."""
+
+
+def napping_cell(ctx) -> pd.DataFrame:
+    """A custom cell on its own data that can be made to hold its worker (for the Ctrl-C tests).
+
+    Its result is the sample mean of ``n`` N(mu, 1) draws per replicate (``mu`` from the truth's ``data``
+    table), drawn from the cell's data seed, so a cell's rows are the same whenever and wherever it runs.
+    The environment variable :data:`NAP_ENV` (inherited by pool workers) makes small cells sleep before they
+    compute, without being part of the study's configuration: an interrupted run that naps and a reference run
+    that does not have the same frame.
+    """
+    import os
+    import signal
+    import time
+
+    spec = os.environ.get(NAP_ENV, "")
+    if spec:
+        seconds, below, *flags = spec.split(":")
+        if ctx.n < int(below):
+            if "stubborn" in flags:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(float(seconds))
+    mu = float(ctx.truth_cfg["data"]["mu"])
+    rngs = [np.random.default_rng(s) for s in ctx.data_seed.spawn(ctx.reps)]
+    estimate = np.array([g.normal(mu, 1.0, size=ctx.n).mean() for g in rngs])
+    return pd.DataFrame({"rep": np.arange(ctx.reps), "estimate": estimate, "error": estimate - mu})
+
+
+def stubborn_sleep(ready, seconds: float) -> None:
+    """A process target that ignores SIGTERM, sets the event ``ready`` and sleeps (for the worker-ending test)."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    time.sleep(seconds)
