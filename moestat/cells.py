@@ -61,15 +61,26 @@ EXPLICIT_TRUTH_KEYS = ("gate", "expert", "k", "d", "noise_sd", "top_k", "tempera
 
 
 def preset_keys(name: str) -> tuple[str, ...]:
-    """Keyword arguments accepted by preset ``name`` (from its signature)."""
+    """Keyword arguments a truth entry may give preset ``name`` (from its signature; ``n`` is the cell's)."""
     fn = PRESETS[name]
-    return tuple(p.name for p in inspect.signature(fn).parameters.values())
+    return tuple(p.name for p in inspect.signature(fn).parameters.values() if p.name != "n")
 
 
-def build_truth(cfg: Mapping[str, Any]) -> Truth:
-    """The true model described by a (validated) truth entry of a study."""
+def indexed_by_n(name: str) -> bool:
+    """Whether preset ``name`` builds a sequence of truths :math:`G^*_n`: it takes the sample size ``n``."""
+    return "n" in inspect.signature(PRESETS[name]).parameters
+
+
+def build_truth(cfg: Mapping[str, Any], n: int | None = None) -> Truth:
+    """The true model described by a (validated) truth entry of a study, at sample size ``n`` for a preset that
+    is indexed by n (:func:`indexed_by_n`; e.g. a local alternative whose atoms approach each other as n grows)."""
     if cfg.get("preset") is not None:
         kwargs = {k: v for k, v in cfg.items() if k in preset_keys(cfg["preset"])}
+        if indexed_by_n(cfg["preset"]):
+            if n is None:
+                raise ValueError(f"preset {cfg['preset']!r} is a sequence of truths indexed by n; build it for a "
+                                 "sample size (build_truth(cfg, n=...)).")
+            kwargs["n"] = int(n)
         return PRESETS[cfg["preset"]](**kwargs)
     spec = MoE(**{k: cfg[k] for k in ("gate", "expert", "k", "d", "noise_sd", "top_k", "temperature")
                   if cfg.get(k) is not None})
@@ -882,7 +893,7 @@ class CellContext:
             raise ValueError(f"truth {self.truth_cfg['label']!r} is a custom cell's data settings "
                              f"({self.truth_cfg['data']}), not a model: read ctx.truth_cfg['data'].")
         if self._truth is None:
-            self._truth = build_truth(self.truth_cfg)
+            self._truth = build_truth(self.truth_cfg, n=self.n)
         return self._truth
 
     def data(self) -> Dataset:

@@ -309,9 +309,9 @@ class Study:
     ademp: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        self.n = self._validate_n()
         self.truths = self._validate_truths()
         self.fits = self._validate_fits()
-        self.n = self._validate_n()
         if isinstance(self.reps, bool) or not isinstance(self.reps, (int, np.integer)) or self.reps < 1:
             raise StudyConfigError(f"study.reps must be an integer >= 1, got {self.reps!r}.")
         self.reps = int(self.reps)
@@ -395,8 +395,10 @@ class Study:
         self._check_unique("truth", entries)
         try:  # build each truth once so that bad values fail now, not inside a worker
             for e in entries:
-                if "data" not in e:
-                    _cells.build_truth(e)
+                if "data" in e:
+                    continue
+                for n in (self.n if e.get("preset") and _cells.indexed_by_n(e["preset"]) else [None]):
+                    _cells.build_truth(e, n=n)
         except (TypeError, ValueError) as exc:
             raise StudyConfigError(f"study.truth[{e['_source']}] ({e['label']}): {exc}") from exc
         return entries
@@ -476,7 +478,7 @@ class Study:
             if e.get("inputs", "uniform") != "uniform":
                 raise StudyConfigError(f"{where} is fixed, so inputs={e['inputs']!r} (random inputs) does not apply; "
                                        "drop inputs or use design='random'.")
-            d = _cells.build_truth(e).spec.d
+            d = _cells.build_truth(e, n=self.n[0]).spec.d
             for n in self.n:
                 try:
                     fixed_design(design, n, d, float(e.get("low", -1.0)), float(e.get("high", 1.0)))
@@ -1239,11 +1241,13 @@ def _decorate(frame: pd.DataFrame, ctx: CellContext, payload: dict[str, Any], wa
     if t.get("preset"):
         import inspect
 
-        bound = inspect.signature(PRESETS[t["preset"]]).bind(
+        bound = inspect.signature(PRESETS[t["preset"]]).bind_partial(
             **{k: v for k, v in t.items() if k in preset_keys(t["preset"])})
         bound.apply_defaults()
         cols["truth_preset"] = t["preset"]
         for k, v in bound.arguments.items():
+            if k == "n":
+                continue
             cols[k if k.startswith("truth_") else f"truth_{k}"] = _scalar(v)
         cols["truth_duplicate_default"] = _scalar(truth.info.get("duplicate", []))
     else:

@@ -246,7 +246,11 @@ def _dgm_table(study: Study) -> pd.DataFrame:
     for t in study.truths:
         from .cells import build_truth, truth_with_noise
 
-        truth = build_truth(t)
+        if "data" in t:  # a custom cell's own data: its knobs are all there is to show
+            rows.append({"truth": t["label"], "source": "custom cell data",
+                         "settings": ", ".join(f"{k}={v}" for k, v in t["data"].items())})
+            continue
+        truth = build_truth(t, n=min(study.n))
         spec = truth.spec
         design = t.get("design", "random")
         sd = np.unique(np.round(np.asarray(truth_with_noise(truth).noise_sd, dtype=float), 6))

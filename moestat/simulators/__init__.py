@@ -5,7 +5,10 @@
 from .clusters import ClusterConfig, ClusterData, simulate_clusters
 from .patches import PatchData, simulate_patches
 from .regression import Dataset, replicate_seeds, simulate
-from .truth import Truth
+from .sequences import local_alternative
+from .truth import Truth, register_preset
 
-__all__ = ["ClusterConfig", "ClusterData", "Dataset", "PatchData", "Truth", "replicate_seeds", "simulate",
-           "simulate_clusters", "simulate_patches"]
+register_preset("local_alternative", local_alternative)
+
+__all__ = ["ClusterConfig", "ClusterData", "Dataset", "PatchData", "Truth", "local_alternative", "replicate_seeds",
+           "simulate", "simulate_clusters", "simulate_patches"]
