@@ -71,6 +71,32 @@ def renamed_arguments(**renames: str) -> Callable[[Callable[..., Any]], Callable
     return deco
 
 
+def keyword_only_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a function whose options became keyword-only: options still passed by position are mapped to
+    their names, in the signature's order, with a :class:`FutureWarning` (so older positional calls keep running)."""
+    params = list(inspect.signature(fn).parameters.values())
+    n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    options = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > n_pos:
+            extra = args[n_pos:]
+            if len(extra) > len(options):
+                raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments but {len(args)} were given.")
+            names = options[:len(extra)]
+            for name, value in zip(names, extra, strict=True):
+                if name in kwargs:
+                    raise TypeError(f"{fn.__name__}() got multiple values for argument {name!r}.")
+                kwargs[name] = value
+            warn_user(f"{fn.__name__}(): pass {', '.join(names)} by keyword ({names[0]}=...); options after the "
+                      f"first {n_pos} arguments are keyword-only and positional options will stop working.",
+                      FutureWarning)
+            args = args[:n_pos]
+        return fn(*args, **kwargs)
+    return wrapper
+
+
 # ------------------------------------------------------------------ declarative constraint tables
 class Constraint:
     """What one argument of a public function accepts; ``description`` completes "<name> must be ..."."""

@@ -23,6 +23,7 @@ from .._validation import (
     Optional,
     Real,
     Seed,
+    keyword_only_options,
     renamed_arguments,
     validate_arguments,
 )
@@ -126,11 +127,12 @@ class SampleComplexityResult(Result):
         return plot_sample_complexity(self, ax=ax, **kwargs)
 
 
+@keyword_only_options
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 @validate_arguments(target=Real(), q=Real(0, 1), confidence_level=Real(0, 1, open_low=True, open_high=True),
                     n_resamples=Integer(100), seed=Seed(), direction=Choice("above", "below"))
-def sample_complexity(frame: pd.DataFrame, metric: str, target: float, by: str | Sequence[str] | None = None,
-                      x: str = "n", *, rep: str | None = "rep", direction: str = "above", rule: str = "mean",
+def sample_complexity(frame: pd.DataFrame, metric: str, target: float, *, by: str | Sequence[str] | None = None,
+                      x: str = "n", rep: str | None = "rep", direction: str = "above", rule: str = "mean",
                       q: float = 0.5, confidence_level: float = 0.95, n_resamples: int = 2000,
                       seed: int | None = 0) -> SampleComplexityResult:
     """Smallest n at which ``metric`` reaches ``target``, with a bootstrap CI and censoring.

@@ -35,6 +35,7 @@ from .._validation import (
     Optional,
     Real,
     Seed,
+    keyword_only_options,
     renamed_arguments,
     validate_arguments,
 )
@@ -691,13 +692,14 @@ def _resolve_method(method: str, units: str | None, estimator: str, resample: st
     return method
 
 
+@keyword_only_options
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 @validate_arguments(confidence_level=Real(0, 1, open_low=True, open_high=True), n_resamples=Integer(100),
                     seed=Seed(), min_decades=Real(0), alpha_curvature=Real(0, 1, open_low=True, open_high=True),
                     max_ci_width=Real(0, open_low=True), warn=Boolean())
-def fit_rate(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
+def fit_rate(frame: pd.DataFrame, y: str, *, x: str = "n", by: str | Sequence[str] | None = None,
              model: str | Sequence[str] = "power", agg: str | None = None, confidence_level: float = 0.95,
-             method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *,
+             method: str = "auto", n_resamples: int = 2000, seed: int | None = 0,
              rep: str | None = "rep", units: str | None = None, interval: str = "t", resample: str | None = None,
              cluster: str | None = "auto", estimator: str = "ols", na: str = "raise", min_decades: float = 1.0,
              alpha_curvature: float = 0.05, max_ci_width: float = 0.3, knapp_hartung: str = "standard",
@@ -1019,13 +1021,14 @@ def _compare_verdict(a: Any, b: Any, verdict_a: str, verdict_b: str, lo: float, 
     return f"{a if est > 0 else b} faster"
 
 
+@keyword_only_options
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 @validate_arguments(confidence_level=Real(0, 1, open_low=True, open_high=True), n_resamples=Integer(100),
                     seed=Seed(), paired=Boolean(), min_decades=Real(0),
                     alpha_curvature=Real(0, 1, open_low=True, open_high=True), max_ci_width=Real(0, open_low=True))
-def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", by: str | Sequence[str] | None = None,
+def compare_rates(frame: pd.DataFrame, y: str, between: str = "gate", *, by: str | Sequence[str] | None = None,
                   x: str = "n", model: str = "power", agg: str | None = None, confidence_level: float = 0.95,
-                  method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, *, rep: str | None = "rep",
+                  method: str = "auto", n_resamples: int = 2000, seed: int | None = 0, rep: str | None = "rep",
                   units: str | None = None, levels: Sequence[Any] | None = None, cluster: str | None = "auto",
                   paired: bool = False, na: str = "raise", min_decades: float = 1.0, alpha_curvature: float = 0.05,
                   max_ci_width: float = 0.3, knapp_hartung: str = "standard") -> pd.DataFrame:
@@ -1288,9 +1291,10 @@ def _interaction(sub: pd.DataFrame, y: str, x: str, between: str, a: Any, b: Any
 # diagnostics
 
 
+@keyword_only_options
 @validate_arguments(agg=Optional(Choice(*(a for a in _AGGS if a is not None))))
-def compare_models(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
-                   models: Sequence[str] = tuple(RATE_MODELS), agg: str | None = None, *,
+def compare_models(frame: pd.DataFrame, y: str, *, x: str = "n", by: str | Sequence[str] | None = None,
+                   models: Sequence[str] = tuple(RATE_MODELS), agg: str | None = None,
                    rep: str | None = "rep") -> pd.DataFrame:
     """Curvature check: AIC comparison of the rate models on the same response ``log y``.
 
@@ -1384,12 +1388,13 @@ _WINDOW_FIT_KWARGS = {"units": None, "interval": "t", "resample": None, "cluster
                       "na": "raise", "knapp_hartung": "standard"}
 
 
+@keyword_only_options
 @renamed_arguments(n_boot="n_resamples", ci="confidence_level")
 @validate_arguments(confidence_level=Real(0, 1, open_low=True, open_high=True), n_resamples=Integer(100),
                     seed=Seed(), drop=Choice("both", "smallest", "largest"), min_values=Integer(3), min_span=Real(0))
-def window_sensitivity(frame: pd.DataFrame, y: str, x: str = "n", by: str | Sequence[str] | None = None,
+def window_sensitivity(frame: pd.DataFrame, y: str, *, x: str = "n", by: str | Sequence[str] | None = None,
                        model: str = "power", agg: str | None = None, confidence_level: float = 0.95,
-                       method: str = "auto", n_resamples: int = 1000, seed: int | None = 0, *,
+                       method: str = "auto", n_resamples: int = 1000, seed: int | None = 0,
                        rep: str | None = "rep", drop: str = "both", min_values: int = MIN_N_VALUES,
                        min_span: float = 1.0, **kwargs: Any) -> WindowSensitivity:
     """Exponent as the smallest (``drop="smallest"``) and/or largest (``"largest"``) n values are dropped.
