@@ -104,6 +104,26 @@ def _check_probabilities(name: str, q: Any) -> np.ndarray:
     return arr
 
 
+def _equilibrated_inverse(A: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+    r"""Inverses of symmetric positive semi-definite matrices ``A`` (..., P, P) after symmetric diagonal scaling.
+
+    With :math:`D = \mathrm{diag}(A)^{-1/2}`, :math:`A^{-1} = D\,(DAD)^{-1}D` exactly; :math:`DAD` has a unit
+    diagonal, so its eigenvalues do not depend on the units of the parameters (a covariate measured in
+    millimetres instead of kilometres scales a row and column of :math:`A` by :math:`10^{12}`, which made the raw
+    matrix look singular).  A matrix counts as invertible (``ok``) when the smallest eigenvalue of :math:`DAD` exceeds
+    ``rtol`` times its largest; the others get NaN.
+    """
+    d = np.sqrt(np.clip(np.diagonal(A, axis1=-2, axis2=-1), 0.0, None))
+    scale = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    B = A * scale[..., :, None] * scale[..., None, :]
+    ev = np.linalg.eigvalsh(B)
+    ok = (d > 0).all(-1) & (ev[..., 0] > rtol * np.abs(ev[..., -1]))
+    out = np.full(A.shape, np.nan)
+    if ok.any():
+        out[ok] = np.linalg.inv(B[ok]) * scale[ok][..., :, None] * scale[ok][..., None, :]
+    return out, ok
+
+
 def mixture_cdf(y: Any, weights: np.ndarray, means: np.ndarray, sd: Any = 1.0,
                 response: str = "gaussian", trials: Any = None) -> np.ndarray:
     r"""The mixture CDF :math:`F(y\mid x) = \sum_i \pi_i F_i(y)` of Gaussian, Poisson or binomial components.
@@ -631,24 +651,21 @@ class MLEFit(FitResult):
         return self._out(self._singular())
 
     def _singular(self) -> np.ndarray:
-        ev = np.linalg.eigvalsh(-to_numpy(self._hessian()))
-        return ~(ev[:, 0] > 1e-10 * np.abs(ev[:, -1]))
+        return ~_equilibrated_inverse(-to_numpy(self._hessian()))[1]
 
     def cov_params(self, kind: str = "oim") -> np.ndarray:
         """Covariance of :math:`\\hat\\theta`: ``"oim"``, ``"sandwich"`` or ``"opg"`` (module docstring)."""
         check_choice("kind", kind, COV_KINDS)
         H = to_numpy(self._hessian())
-        sing = self._singular()
         P = H.shape[-1]
         cov = np.full(H.shape, np.nan)
-        ok = ~sing
         if kind == "opg":
-            J = self._meat()
-            ev = np.linalg.eigvalsh(J)
-            ok = ev[:, 0] > 1e-10 * np.abs(ev[:, -1])
-            cov[ok] = np.linalg.inv(J[ok])
-        elif ok.any():
-            Hinv = np.linalg.inv(-H[ok])
+            Jinv, ok = _equilibrated_inverse(self._meat())
+            cov[ok] = Jinv[ok]
+        else:
+            Hinv_all, ok = _equilibrated_inverse(-H)
+        if kind != "opg" and ok.any():
+            Hinv = Hinv_all[ok]
             if kind == "oim":
                 cov[ok] = Hinv
             else:
@@ -1118,8 +1135,8 @@ class MLEFit(FitResult):
             notes.append("some sigma sits at the variance floor: the likelihood is constrained there.")
         if comp["collapsed"].any():
             notes.append(f"expert(s) {comp.index[comp['collapsed']].tolist()} have a collapsed variance (sigma "
-                         f"< {COLLAPSE_RATIO} x the largest, on few observations): likely a spurious maximiser; refit with more restarts, a "
-                         "higher sd_floor or fewer experts.")
+                         f"< {COLLAPSE_RATIO} x the largest, on few observations): likely a spurious maximiser; "
+                         "refit with more restarts, a higher sd_floor or fewer experts.")
         kind_name = {"gaussian": "Gaussian", "poisson": "Poisson", "binomial": "Binomial"}[self.spec.response]
         return Summary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood",
                        blocks=self._summary_blocks(coef, tf, comp, kind_name))
