@@ -22,9 +22,16 @@ exact Hessian (``LSProblem.gauss_newton(exact=True)``, chunked to 8 MiB of pair 
 relu fits), both chunked like ``value_grad`` since issue 21.  A piece that chunks has a peak that stops growing
 with n, apart from its output (``mean`` returns A n values); one that does not grows like A n k.
 
+``blocks``: ``fit_mle``'s memory budget (issue 21) on the issue's workload, R = 20 replicates x 5 random starts of
+n observations (softmax gate, k = 3 linear experts, d = 4, EM then L-BFGS for the slow starts, ``fit_mle``'s
+defaults otherwise): peak RSS, torch peak and wall time for ``memory_budget=None`` (one block: the behaviour before
+issue 21), the default ``"1GB"`` and ``"256MB"``, with the number of blocks and whether every budget gave the same
+fit (restart log-likelihoods to 1e-8 relative, the tolerance of EM's stopping rule).  n = 5,000 with ``--quick``,
+20,000 without.
+
 Run (Linux only: ``/proc/self/status`` and ``clear_refs``)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/peak_memory.py [--quick]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/peak_memory.py [--quick] [--parts fits,pieces,blocks]
 """
 
 from __future__ import annotations
@@ -46,8 +53,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import moestat as ms
+from moestat.fit._layout import ParamLayout
 from moestat.fit._objective import LSProblem, MeanKernel
 from moestat.fit.lse import _free_mask
+from moestat.fit.mle import MemoryModel, memory_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lse_vs_scipy import md_table, truth_params
@@ -119,7 +128,7 @@ def fit_call(which: str, n: int, R: int):
     truth = ms.Params(truth.gate_bias, truth.gate_weight, truth.expert_weight, truth.expert_bias,
                       noise_sd=np.full(k, 0.3))
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1, inputs="gaussian", model="mixture")
-    return lambda: ms.fit_mle(spec, data.X, data.y, restarts=2, seed=2, max_iter=100)
+    return lambda: ms.fit_mle(spec, data.X, data.y, restarts=2, seed=2, max_iter=100, progress=False)
 
 
 FITS = ("fit_lse", "fit_lse, one program (block_bytes=None)", "fit_mle (2 restarts)")
@@ -167,6 +176,38 @@ def piece_rows(ns: list[int], A: int = 8) -> list[dict]:
     return rows
 
 
+def block_rows(n: int, R: int = 20, budgets: tuple = (None, "1GB", "256MB")) -> list[dict]:
+    """Peak RSS, torch peak and wall time of the issue's fit_mle workload under each memory budget."""
+    d, k = 4, 3
+    spec = ms.MoE(gate="softmax", expert="linear", k=k, d=d)
+    truth = truth_params("softmax", k, d)
+    truth = ms.Params(truth.gate_bias, truth.gate_weight, truth.expert_weight, truth.expert_bias,
+                      noise_sd=np.full(k, 0.3))
+    data = ms.simulate(spec, truth, n=n, reps=R, seed=1, inputs="gaussian", model="mixture")
+    model = MemoryModel.of(spec, ParamLayout(spec), R, n, weighted=False, trials=False)
+    rows, ref = [], None
+    for budget in budgets:
+        fits: list = []
+
+        def call(budget=budget, fits=fits) -> None:
+            fits.append(ms.fit_mle(spec, data.X, data.y, restarts=5, seed=2, memory_budget=budget, progress=False))
+
+        t0 = time.perf_counter()
+        rss = peak_rss(call)
+        wall = time.perf_counter() - t0
+        tp = peak_torch(call)
+        fit = fits[0]
+        ref = fit if ref is None else ref
+        b = memory_bytes(budget)
+        per = model.problems_per_block(b, n, R * 5, "em")
+        rows.append({"budget": str(budget), "n": n, "R x S": R * 5, "EM blocks": -(-R * 5 // per),
+                     "problems per EM block": per, "peak RSS MiB": rss / MiB, "torch peak MiB": tp / MiB,
+                     "wall s": wall, "loglik sum": float(np.sum(fit.loglik)),
+                     "same fit": bool(np.allclose(fit.restart_loglik, ref.restart_loglik, rtol=1e-8))})
+        print(md_table(rows[-1:]).splitlines()[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n up to 32,000 (under two minutes)")
@@ -182,6 +223,9 @@ def main() -> None:
         ns = [2000, 8000, 32000] if args.quick else [2000, 8000, 32000, 128000]
         Rs = [2, 8]
         print("## peak memory of one fit as n and R grow\n" + md_table(fit_rows(ns, Rs)) + "\n", flush=True)
+    if "blocks" in parts:
+        print("## fit_mle under a memory budget (R = 20 x 5 starts, d = 4, k = 3)\n"
+              + md_table(block_rows(5000 if args.quick else 20000)) + "\n", flush=True)
     if "pieces" in parts:
         ns = [2000, 8000, 32000] if args.quick else [2000, 8000, 32000, 64000]
         print("## peak torch allocations of one call of each least-squares piece (k = 9, d = 32, A = 8)\n"

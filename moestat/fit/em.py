@@ -37,7 +37,7 @@ All arrays carry leading axes (R, S) = (replicates, restarts); one tensor progra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -318,7 +318,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
            tol: float, max_iter: int, gate_steps: int = 2, gate_solver: str = "newton",
            prox: float = 1e-8, gate_columns: Sequence[int] | None = None,
            expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None,
-           shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None) -> EMState:
+           shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
+           callback: Callable[[int, torch.Tensor], None] | None = None) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
@@ -332,6 +333,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ``shared_columns`` are input columns whose expert slope :math:`\gamma` is common to all experts; the expert
     M-step then solves for every expert's own coefficients and :math:`\gamma` jointly (:func:`shared_newton_step`).
     ``trials`` (R, n) are binomial trials :math:`m_t` (binomial experts; ``y`` is then the proportion of successes).
+    ``callback(iteration, keep)``, if given, is called after every E-step with the mask of the active pairs that
+    iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.
 
     Every per-observation array is laid out (pairs, k, n), observations last, so the reductions over
     experts run along a strided axis instead of a length-k inner axis (several times faster on CPU).
@@ -427,6 +430,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             done = keep & ((ll - ll_prev).abs() <= tol * (1.0 + ll.abs()))
             converged[idx[done]] = True
             keep &= ~done
+        if callback is not None:
+            callback(it, keep)
         if it == max_iter or not bool(keep.any()):
             break
         if not bool(keep.all()):  # drop finished pairs from the working set

@@ -27,7 +27,10 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import numbers
+import re
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,7 @@ import torch
 
 from .._torch import cpu_threads, resolve_device, resolve_dtype, to_tensor
 from .._validation import (
+    Boolean,
     Choice,
     Device,
     Dtype,
@@ -49,7 +53,7 @@ from .._validation import (
     input_scale,
     validate_arguments,
 )
-from ..exceptions import UnderdeterminedWarning, warn_user
+from ..exceptions import MoestatWarning, UnderdeterminedWarning, warn_user
 from ..families import initial_beta, irls_weighted
 from ..model import MoE
 from ..params import Params
@@ -135,26 +139,35 @@ def _as_init_list(init, spec: MoE, R: int) -> list[Params]:
     return out
 
 
-def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
-                  seeds: Sequence[np.random.SeedSequence], expert_columns: Sequence[int] | None = None,
-                  trials: torch.Tensor | None = None) -> BlockParams:
-    r"""Random-subset starts, shape (R, S, ...).
+def start_subsets(seeds: Sequence[np.random.SeedSequence], S: int, k: int, m: int, n: int) -> np.ndarray:
+    """The observations each random start's experts are fitted through, (R, S, k, m) indices in ``range(n)``.
 
-    Each expert of each start is the least-squares fit through ``p + 1`` random observations
-    (``p = d + 1``; weight 1, every other observation weight :math:`0.01\,(p+1)/n`), with
-    :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate (all gate
-    coefficients 0).  Replicate ``r`` draws from its own stream ``seeds[r]``, so adding
-    replicates never changes earlier replicates' starts.  ``expert_columns`` are all the columns of the experts'
-    linear predictor (shared ones included: each expert gets its own slope there, which the fit's layout then
-    projects onto the constraint by averaging); ``trials`` are binomial trials (R, n).
+    Replicate ``r`` draws all its starts at once from its own stream ``seeds[r]`` (one call of
+    ``Generator.integers``), so the subsets do not depend on how the starts are later split into blocks.
+    """
+    return np.stack([np.random.default_rng(s).integers(0, n, size=(S, k, m)) for s in seeds])
+
+
+def subset_size(spec: MoE, expert_columns: Sequence[int] | None, d: int, n: int) -> int:
+    """``m = min(p + 1, n)`` observations per expert of a random start (``p`` the experts' design columns)."""
+    p = (d if expert_columns is None else len(list(expert_columns))) if spec.family.input_dependent else 0
+    return min(p + 2, n)
+
+
+def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
+                  expert_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None) -> BlockParams:
+    r"""Starts fitted through the random subsets ``idx`` (R, S, k, m) of the data X (R, n, d): shape (R, S, ...).
+
+    Each expert is the least-squares fit through its ``m`` observations (weight 1, every other observation weight
+    :math:`0.01\,m/n`), with :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate
+    (all gate coefficients 0); GLM experts take a few ridge IRLS steps instead (a subset of ``p + 1`` points may
+    separate).  Arguments as :func:`random_starts`.
     """
     R, n, d = X.shape
-    k = spec.k
+    S, k, m = idx.shape[1:]
     cols = list(range(d)) if expert_columns is None else list(expert_columns)
     Z = design(X[..., cols], spec.family.input_dependent)
     p = Z.shape[-1]
-    m = min(p + 1, n)
-    idx = np.stack([np.random.default_rng(s).integers(0, n, size=(S, k, m)) for s in seeds])
     w = torch.full((R, S, k, n), 0.01 * m / n, dtype=X.dtype, device=X.device)
     w.scatter_(-1, torch.as_tensor(idx, device=X.device), 1.0)
     w = w.transpose(-1, -2)
@@ -172,6 +185,25 @@ def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
         ew[..., cols] = beta[..., 1:]
     return BlockParams(zeros_k, torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device), ew, beta[..., 0],
                        var.sqrt())
+
+
+def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
+                  seeds: Sequence[np.random.SeedSequence], expert_columns: Sequence[int] | None = None,
+                  trials: torch.Tensor | None = None) -> BlockParams:
+    r"""Random-subset starts, shape (R, S, ...).
+
+    Each expert of each start is the least-squares fit through ``p + 1`` random observations
+    (``p = d + 1``; weight 1, every other observation weight :math:`0.01\,(p+1)/n`), with
+    :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate (all gate
+    coefficients 0).  Replicate ``r`` draws from its own stream ``seeds[r]``, so adding
+    replicates never changes earlier replicates' starts.  ``expert_columns`` are all the columns of the experts'
+    linear predictor (shared ones included: each expert gets its own slope there, which the fit's layout then
+    projects onto the constraint by averaging); ``trials`` are binomial trials (R, n).
+    (:func:`start_subsets` draws the subsets, :func:`subset_starts` fits through them.)
+    """
+    _, n, d = X.shape
+    idx = start_subsets(seeds, S, spec.k, subset_size(spec, expert_columns, d, n), n)
+    return subset_starts(spec, X, y, idx, expert_columns, trials)
 
 
 def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor,
@@ -196,7 +228,8 @@ def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor,
 
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
                  sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float,
-                 weights: torch.Tensor | None = None, trials: torch.Tensor | None = None
+                 weights: torch.Tensor | None = None, trials: torch.Tensor | None = None,
+                 callback: Callable[[int], None] | None = None
                  ) -> tuple[BlockParams, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Batched L-BFGS on :math:`-\ell_{rs}(\theta_{rs})/n` for every pair; returns params, loglik, converged, n_iter.
 
@@ -204,7 +237,8 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     holds throughout.  A pair is converged when :math:`\max_j|\partial(\ell/n)/\partial\theta_j| \le`
     ``gtol``, or when a step lowers :math:`-\ell/n` by at most ``ftol`` relative; every pair has its own
     L-BFGS memory and line search, and converged pairs leave the active set
-    (:func:`moestat.fit._optim.lbfgs`, the optimiser of the least-squares engine).
+    (:func:`moestat.fit._optim.lbfgs`, the optimiser of the least-squares engine).  ``callback(n_active)``, if
+    given, is called at every evaluation with the number of pairs still iterating (the progress bar).
     """
     R, n, _ = X.shape
     k = spec.k
@@ -219,7 +253,12 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     else:  # GLM experts: no noise sd
         v0 = theta0.detach().reshape(R * S, -1)
     Zt = design(X, True).transpose(1, 2)
-    cache: dict = {}
+    B = R * S
+    # one extra "pacer" problem, -sum(v), which never converges while a real pair runs, so L-BFGS never works on a
+    # batch of one: torch's batch-of-one products take other BLAS kernels than batched ones, and a pair's arithmetic
+    # would depend on whether it happened to be the last of its batch (and so on its block)
+    v0 = torch.cat([v0, torch.zeros_like(v0[:1])])
+    cache: dict[str, Any] = {}
 
     def unpack(v: torch.Tensor, fl2: torch.Tensor) -> BlockParams:
         p = layout.unpack(v)
@@ -230,75 +269,374 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
 
     def negll(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         if cache.get("rows") is not rows:  # gather the active pairs' data once per active set
-            r = rep_of[rows]
-            cache.update(rows=rows, Zt=Zt[r], y=y[r], fl2=floor2[rows], w=None if weights is None else weights[r],
-                         m=None if trials is None else trials[r])
-        logc = log_components(spec, unpack(v, cache["fl2"]), cache["Zt"], cache["y"], cache["m"])
+            real = rows[:-1] if int(rows[-1]) == B else rows
+            r = rep_of[real]
+            cache.update(rows=rows, n_real=int(real.numel()), Zt=Zt[r], y=y[r], fl2=floor2[real],
+                         w=None if weights is None else weights[r], m=None if trials is None else trials[r])
+            if callback is not None:
+                callback(cache["n_real"])
+        a = cache["n_real"]
+        if a == 0:  # the pacer alone: a flat objective, whose line search fails at once and ends the run
+            return v.sum(-1) * 0.0
+        logc = log_components(spec, unpack(v[:a], cache["fl2"]), cache["Zt"], cache["y"], cache["m"])
         lse = torch.logsumexp(logc, dim=1)
-        return -(lse if cache["w"] is None else lse * cache["w"]).sum(-1) / n
+        out = -(lse if cache["w"] is None else lse * cache["w"]).sum(-1) / n
+        return out if a == v.shape[0] else torch.cat([out, -v[a:].sum(-1)])
 
-    res = lbfgs(ClosureProblem(negll, R * S, X.device), v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
-    ll = (-res.loss * n).reshape(R, S)
-    conv = res.converged.reshape(R, S) & torch.isfinite(ll)
-    p = unpack(res.theta, floor2).map(lambda a: a.detach().reshape(R, S, *a.shape[1:]))
-    return p, ll, conv, res.n_iter.reshape(R, S)
-
-
-def _finish_lbfgs(spec: MoE, X: torch.Tensor, y: torch.Tensor, pb: BlockParams, ll: torch.Tensor, conv: torch.Tensor,
-                  n_iter: torch.Tensor, slow: torch.Tensor, layout: ParamLayout, floor: torch.Tensor, *,
-                  max_iter: int, gtol: float, ftol: float, weights: torch.Tensor | None = None,
-                  trials: torch.Tensor | None = None):
-    """Continue the (replicate, restart) pairs flagged ``slow`` with batched L-BFGS from their EM state."""
-    r_idx, s_idx = slow.nonzero(as_tuple=True)
-    sub = pb.map(lambda a: a[r_idx, s_idx].unsqueeze(1))
-    p2, ll2, conv2, it2 = gradient_fit(spec, X[r_idx], y[r_idx], sub, layout, sd_floor=floor[r_idx],
-                                       max_iter=max(max_iter, 1), gtol=gtol, ftol=ftol,
-                                       weights=None if weights is None else weights[r_idx],
-                                       trials=None if trials is None else trials[r_idx])
-    better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= ll[r_idx, s_idx])
-    out = pb.map(lambda a: a.clone())
-    for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
-        new = getattr(p2, name)[:, 0]
-        old = getattr(out, name)[r_idx, s_idx]
-        mask = better.reshape(-1, *([1] * (new.dim() - 1)))
-        getattr(out, name)[r_idx, s_idx] = torch.where(mask, new, old)
-    ll, conv, n_iter = ll.clone(), conv.clone(), n_iter.clone()
-    ll[r_idx, s_idx] = torch.where(better, ll2[:, 0], ll[r_idx, s_idx])
-    conv[r_idx, s_idx] = conv2[:, 0] & better
-    n_iter[r_idx, s_idx] += it2[:, 0]
-    return out, ll, conv, n_iter
+    res = lbfgs(ClosureProblem(negll, B + 1, X.device), v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
+    ll = (-res.loss[:B] * n).reshape(R, S)
+    conv = res.converged[:B].reshape(R, S) & torch.isfinite(ll)
+    p = unpack(res.theta[:B], floor2).map(lambda a: a.detach().reshape(R, S, *a.shape[1:]))
+    return p, ll, conv, res.n_iter[:B].reshape(R, S)
 
 
-def _solve(spec: MoE, Xt: torch.Tensor, yt: torch.Tensor, init_b: BlockParams, layout: ParamLayout,
-           floor: torch.Tensor, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
-           gtol: float, switch_after: int | None, screen: float | None, weights: torch.Tensor | None = None,
-           trials: torch.Tensor | None = None):
-    """EM (then L-BFGS for the slow starts) or L-BFGS from the starts ``init_b`` (R, S, ...)."""
+# ------------------------------------------------------------------------------------------ memory budget
+#: ``fit_mle``'s default ``memory_budget``: 10^9 bytes.
+MEMORY_BUDGET = "1GB"
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def memory_bytes(value: Any) -> int | None:
+    """``memory_budget`` in bytes: a positive integer, a string such as ``"2GB"``, ``"512 MiB"`` or ``"1.5e9"``
+    (decimal units B, KB, MB, GB, TB = 1000^j bytes; binary KiB, MiB, GiB, TiB = 1024^j), or ``None`` (no budget)."""
+    if value is None:
+        return None
+    fix = "pass bytes as a positive integer, a string such as '2GB' or '512MiB', or None for no budget"
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"memory_budget={value!r} is not a size; {fix}.")
+        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        size = float(value)
+    else:
+        raise TypeError(f"memory_budget must be a number of bytes, a string or None, got {type(value).__name__}; "
+                        f"{fix}.")
+    if not (np.isfinite(size) and size >= 1):
+        raise ValueError(f"memory_budget={value!r} must be at least 1 byte; {fix}.")
+    return int(size)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryModel:
+    r"""Estimated memory of a ``fit_mle`` call, in bytes, for sizing its blocks of (replicate, restart) problems.
+
+    A block of :math:`A` problems of :math:`n` observations holds about :math:`A\,n\,b` bytes, with :math:`b` the
+    bytes per observation and problem of the phase (``em``: the random starts and EM; ``lbfgs``: the L-BFGS
+    iterations, of ``method="gradient"`` or of the slow EM starts), counted in float64 words (``itemsize``
+    bytes each) from the arrays the phase keeps per observation of each problem (:func:`moestat.fit.em.em_fit`,
+    :func:`gradient_fit`), with a margin of 20-25 %, checked against the peak of live torch allocations (the
+    estimate was 1.2-2.4x the measured growth per problem for EM and 1.3-1.5x for L-BFGS at d = 1-8, k = 2-5,
+    softmax gate, linear experts; docs/performance.md).  An estimate, not a guarantee.  ``fixed`` is what the call
+    holds whatever the blocks: its float64 copy of the data and the rescaled inputs, :math:`2 R n (d + 1)` words.
+    """
+
+    em: float
+    lbfgs: float
+    fixed: float
+
+    @staticmethod
+    def of(spec: MoE, layout: ParamLayout, R: int, n: int, *, weighted: bool, trials: bool,
+           itemsize: int = 8) -> MemoryModel:
+        d, k = spec.d, spec.k
+        pg = len(layout.gate_columns) + 1
+        shared = len(layout.shared_columns)
+        pe = len(layout.expert_columns) + 1 if spec.family.input_dependent else 1
+        extra = int(weighted) + int(trials)
+        data = d + 1 + extra  # the block's gathered copy of its problems' data
+        # em_fit: response, designs (gate, experts, shared), per-observation outer products z z^T (small p), z y;
+        # a pass that drops finished problems from the active set copies them once more
+        gram = (pg * pg if pg * pg <= 64 else 0) + (pe * pe if pe != pg and pe * pe <= 64 else 0)
+        em_data = 1 + pg + (pe if pe != pg else 0) + shared + gram + pe + extra
+        # (k, n) arrays of an iteration (log gate weights, log components, residuals, responsibilities, temporaries),
+        # the gate Newton step's (k - 1)^2 weights; without precomputed z z^T the weighted Gram matrices form
+        # (m, p, n) products; shared or GLM experts add k p-wide products
+        em_work = pg + 12 * k + 2 * (k - 1) ** 2
+        if pg * pg > 64:
+            em_work += 1.5 * (k - 1) ** 2 * pg + k * pe
+        if shared or not spec.has_noise_sd:
+            em_work += 2 * k * (pe + shared)
+        starts = k * (2 * pe + 3) + pe  # subset weights (k), their weighted design and its broadcast copy, means
+        em = 1.2 * (data + max(2 * em_data + em_work, starts))
+        # L-BFGS (fitted on the peak of live torch allocations, d = 1-8, k = 2-5): the active problems' design, the
+        # log-likelihood's autograd graph and the line search's trial points
+        lbfgs = 1.25 * (1 + 3 * pg + 5 * k + 1.5 * k * pe + 2 * shared) + data + extra
+        return MemoryModel(em=itemsize * em, lbfgs=itemsize * lbfgs, fixed=itemsize * 2 * R * n * (d + 1 + extra))
+
+    def problems_per_block(self, budget: int | None, n: int, total: int, phase: str) -> int:
+        """How many problems of ``n`` observations a block of ``phase`` ("em" or "lbfgs") holds within ``budget``."""
+        if budget is None:
+            return max(total, 1)
+        per = getattr(self, phase) * n
+        return int(max(1, min(total, (budget - self.fixed) // per)))
+
+    def check(self, budget: int | None, n: int, method: str) -> None:
+        """Warn when even one problem at a time needs more than ``budget``."""
+        if budget is None:
+            return
+        need = self.fixed + n * max(self.lbfgs, self.em if method == "em" else 0.0)
+        if need > budget:
+            warn_user(f"memory_budget={budget} bytes is below the estimated {need / 1e6:.0f} MB needed for the data "
+                      "and one (replicate, restart) problem at a time; fitting one problem at a time anyway. "
+                      "Raise memory_budget to silence this.", MoestatWarning)
+
+
+# ------------------------------------------------------------------------------------------ progress
+class _Progress:
+    """A tqdm bar over the (replicate, restart) problems of one ``fit_mle`` call, advancing as problems finish.
+
+    ``progress=True`` opens it at once, ``False`` never; ``None`` follows :func:`moestat.bootstrap` and
+    :func:`moestat.select_k`: it opens in interactive sessions, when the expected run time (``expected_s``) exceeds
+    ``moestat.inference.PROGRESS_AFTER_S`` seconds, at a block boundary where the time so far extrapolated over the
+    blocks predicts a longer run, or once the fit has run that long.  The postfix names the phase, block and
+    iteration.
+    """
+
+    def __init__(self, total: int, progress: bool | None, expected_s: float) -> None:
+        from ..inference import PROGRESS_AFTER_S, _interactive
+
+        self.total, self.auto, self.after = total, progress is None, PROGRESS_AFTER_S
+        self.done, self.phase, self.t0, self.bar = 0, "", time.perf_counter(), None
+        if progress or (self.auto and (_interactive() or expected_s > self.after)):
+            self._open()
+
+    def _open(self) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, initial=self.done, desc="fit_mle", leave=False,
+                        bar_format="{desc}: {n_fmt}/{total_fmt} problems done |{bar:10}| {elapsed} elapsed{postfix}")
+
+    def update(self, done: int, phase: str) -> None:
+        """``done`` problems are finished; the fit is now in ``phase``."""
+        done = max(done, self.done)
+        if self.bar is None and self.due():
+            self.done = done
+            self._open()
+        if self.bar is not None:
+            if phase != self.phase:
+                self.bar.set_postfix_str(phase, refresh=False)
+            self.bar.update(done - self.done)
+        self.done, self.phase = done, phase
+
+    def due(self) -> bool:
+        """Under ``progress=None``: whether the fit has run long enough for the bar to open."""
+        return self.auto and time.perf_counter() - self.t0 > self.after
+
+    def block_done(self, done: int, blocks: int) -> None:
+        """``done`` of ``blocks`` blocks of the current phase have run: open the bar if they predict a long run."""
+        if self.bar is None and self.auto and done < blocks:
+            if (time.perf_counter() - self.t0) * blocks / done > self.after:
+                self._open()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# ------------------------------------------------------------------------------------------ blocks of problems
+@dataclasses.dataclass
+class _Problems:
+    """The (replicate, restart) problems of one ``fit_mle`` call, flat: problem ``q = r S + s`` is start ``s`` of
+    replicate ``r``; the first ``U`` starts are the user's (``user``, (R, U, ...)), the others random (``subsets``,
+    (R, S - U, k, m), :func:`start_subsets`).  ``X`` is on the fitting scale."""
+
+    X: torch.Tensor
+    y: torch.Tensor
+    floor: torch.Tensor
+    weights: torch.Tensor | None
+    trials: torch.Tensor | None
+    user: BlockParams | None
+    subsets: np.ndarray | None
+    S: int
+
+    @property
+    def R(self) -> int:
+        return int(self.X.shape[0])
+
+    def data(self, q: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                           torch.Tensor | None]:
+        """Each problem's own copy of its replicate's data: X (A, n, d), y, floor, weights, trials."""
+        r = torch.as_tensor(q // self.S, device=self.X.device)
+        return (self.X[r], self.y[r], self.floor[r], None if self.weights is None else self.weights[r],
+                None if self.trials is None else self.trials[r])
+
+    def starts(self, spec: MoE, layout: ParamLayout, q: np.ndarray, X: torch.Tensor, y: torch.Tensor,
+               trials: torch.Tensor | None) -> BlockParams:
+        """The starting values of problems ``q`` (A, 1, ...), from their gathered data ``X``, ``y``."""
+        r, s = q // self.S, q % self.S
+        U = 0 if self.user is None else int(self.user.gate_bias.shape[1])
+        mine, rand = np.flatnonzero(s < U), np.flatnonzero(s >= U)
+        parts = []
+        if mine.size and self.user is not None:
+            ru, su = (torch.as_tensor(a, device=X.device) for a in (r[mine], s[mine]))
+            parts.append((mine, self.user.map(lambda a: a[ru, su].unsqueeze(1))))
+        if rand.size and self.subsets is not None:
+            sel = torch.as_tensor(rand, device=X.device)
+            idx = self.subsets[r[rand], s[rand] - U][:, None]
+            parts.append((rand, subset_starts(spec, X[sel], y[sel], idx, layout.expert_design_columns,
+                                              None if trials is None else trials[sel])))
+        if len(parts) == 1:
+            out = parts[0][1]
+        else:
+            out = parts[0][1].map(lambda a: a.new_empty((q.size, *a.shape[1:])))
+            for rows, b in parts:
+                at = torch.as_tensor(rows, device=X.device)
+                for f in _FIELDS:
+                    getattr(out, f)[at] = getattr(b, f)
+        out.noise_sd = out.noise_sd.clamp_min(self.floor[torch.as_tensor(r, device=X.device)][:, None, None])
+        return out
+
+
+_FIELDS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
+
+
+@dataclasses.dataclass
+class _Flat:
+    """Results of every problem, flat (Q = R S): parameters (Q, ...), loglik, converged, n_iter, EM history."""
+
+    params: BlockParams
+    loglik: torch.Tensor
+    converged: torch.Tensor
+    n_iter: torch.Tensor
+    history: torch.Tensor | None = None
+
+    @staticmethod
+    def empty(spec: MoE, Q: int, X: torch.Tensor) -> _Flat:
+        k, d, dt, dev = spec.k, spec.d, X.dtype, X.device
+        return _Flat(BlockParams(torch.zeros(Q, k, dtype=dt, device=dev), torch.zeros(Q, k, d, dtype=dt, device=dev),
+                                 torch.zeros(Q, k, d, dtype=dt, device=dev), torch.zeros(Q, k, dtype=dt, device=dev),
+                                 torch.zeros(Q, k, dtype=dt, device=dev)),
+                     torch.full((Q,), -torch.inf, dtype=dt, device=dev), torch.zeros(Q, dtype=torch.bool, device=dev),
+                     torch.zeros(Q, dtype=torch.long, device=dev))
+
+    def put(self, q: torch.Tensor, p: BlockParams, ll: torch.Tensor, conv: torch.Tensor, n_iter: torch.Tensor) -> None:
+        """Store the (A, 1, ...) results of problems ``q``."""
+        for f in _FIELDS:
+            getattr(self.params, f)[q] = getattr(p, f)[:, 0]
+        self.loglik[q], self.converged[q], self.n_iter[q] = ll[:, 0], conv[:, 0], n_iter[:, 0]
+
+    def per_replicate(self, R: int, S: int) -> tuple[BlockParams, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                     torch.Tensor | None]:
+        """(params, loglik, converged, n_iter, history) with leading axes (R, S) ((T, R, S) for the history)."""
+        return (self.params.map(lambda a: a.reshape(R, S, *a.shape[1:])), self.loglik.reshape(R, S),
+                self.converged.reshape(R, S), self.n_iter.reshape(R, S),
+                None if self.history is None else self.history.reshape(-1, R, S))
+
+
+def _ranges(q: np.ndarray, size: int) -> list[np.ndarray]:
+    """``q`` cut into consecutive blocks of at most ``size``."""
+    return [q[a:a + size] for a in range(0, q.size, size)]
+
+
+def _pad_history(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate the blocks' EM histories (T_b, A_b) along problems, repeating each block's last row up to the
+    longest: a problem that stopped keeps its log-likelihood in later rows, as in one unblocked run."""
+    T = max(h.shape[0] for h in parts)
+    return torch.cat([torch.cat([h, h[-1:].expand(T - h.shape[0], -1)]) if h.shape[0] < T else h for h in parts],
+                     dim=1)
+
+
+def _em_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list[np.ndarray], bar: _Progress, *,
+               tol: float, max_iter: int, gate_steps: int, gate_solver: str, finishes: bool) -> _Flat:
+    """EM from each block's starts, one block after another (``finishes``: no L-BFGS phase follows)."""
+    out = _Flat.empty(spec, probs.R * probs.S, probs.X)
+    hist, done = [], 0
+    for b, q in enumerate(blocks):
+        Xb, yb, fl, wb, mb = probs.data(q)
+        init = probs.starts(spec, layout, q, Xb, yb, mb)
+        phase = f"EM, block {b + 1}/{len(blocks)}"
+
+        def report(it: int, keep: torch.Tensor, size: int = q.size, phase: str = phase, before: int = done) -> None:
+            if bar.bar is not None or bar.due():  # count (a device sync) only for a bar that shows
+                bar.update(before + size - int(keep.sum()), f"{phase}, iteration {it}")
+
+        st = em_fit(spec, Xb, yb, init, var_floor=fl**2, tol=tol, max_iter=max_iter, gate_steps=gate_steps,
+                    gate_solver=gate_solver, gate_columns=layout.gate_columns, expert_columns=layout.expert_columns,
+                    weights=wb, shared_columns=layout.shared_columns, trials=mb, callback=report)
+        at = torch.as_tensor(q, device=probs.X.device)
+        out.put(at, st.params, st.loglik, st.converged, st.n_iter)
+        hist.append(st.history[:, :, 0])
+        done += q.size if finishes else int(st.converged.sum())
+        bar.update(done, phase)
+        bar.block_done(b + 1, len(blocks))
+        del Xb, yb, init, st
+    out.history = _pad_history(hist)
+    return out
+
+
+def _lbfgs_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list[np.ndarray], bar: _Progress,
+                  out: _Flat | None, done: int, *, max_iter: int, gtol: float, ftol: float) -> _Flat:
+    """L-BFGS on each block: from the starts (``out=None``), or continuing ``out``'s problems, of which each keeps the
+    L-BFGS end point only if its log-likelihood is at least the one it started from."""
+    res = _Flat.empty(spec, probs.R * probs.S, probs.X) if out is None else out
+    for b, q in enumerate(blocks):
+        Xb, yb, fl, wb, mb = probs.data(q)
+        at = torch.as_tensor(q, device=probs.X.device)
+        init = (probs.starts(spec, layout, q, Xb, yb, mb) if out is None
+                else BlockParams(*(getattr(res.params, f)[at][:, None] for f in _FIELDS)))
+        phase = f"L-BFGS, block {b + 1}/{len(blocks)}"
+
+        def report(active: int, size: int = q.size, phase: str = phase, before: int = done) -> None:
+            bar.update(before + size - active, phase)
+
+        p2, ll2, conv2, it2 = gradient_fit(spec, Xb, yb, init, layout, sd_floor=fl, max_iter=max_iter, gtol=gtol,
+                                           ftol=ftol, weights=wb, trials=mb, callback=report)
+        if out is None:
+            res.put(at, p2, ll2, conv2, it2)
+        else:
+            better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= res.loglik[at])
+            for f in _FIELDS:
+                new, old = getattr(p2, f)[:, 0], getattr(res.params, f)[at]
+                getattr(res.params, f)[at] = torch.where(better.reshape(-1, *([1] * (new.dim() - 1))), new, old)
+            res.loglik[at] = torch.where(better, ll2[:, 0], res.loglik[at])
+            res.converged[at] = conv2[:, 0] & better
+            res.n_iter[at] += it2[:, 0]
+        done += q.size
+        bar.update(done, phase)
+        bar.block_done(b + 1, len(blocks))
+        del Xb, yb, init, p2
+    return res
+
+
+def _solve(spec: MoE, probs: _Problems, layout: ParamLayout, model: MemoryModel, budget: int | None,
+           bar: _Progress, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
+           gtol: float, switch_after: int | None, screen: float | None) -> _Flat:
+    """EM (then L-BFGS for the slow starts) or L-BFGS from every problem's start, in blocks within ``budget``.
+
+    Problems are independent, so the blocks give the unblocked fit: each problem's arithmetic does not depend on
+    which others share its block.  The one step that compares problems, ``screen`` (a start against the best start
+    of its replicate), runs between the phases, on every problem's EM end point."""
+    n, Q = int(probs.X.shape[1]), probs.R * probs.S
+    every = np.arange(Q)
     if method != "em":
-        pb, ll, conv, n_iter = gradient_fit(spec, Xt, yt, init_b, layout, sd_floor=floor, max_iter=max_iter,
-                                            gtol=gtol, ftol=0.01 * tol, weights=weights, trials=trials)
-        return pb, ll, conv, n_iter, None
+        blocks = _ranges(every, model.problems_per_block(budget, n, Q, "lbfgs"))
+        return _lbfgs_blocks(spec, probs, layout, blocks, bar, None, 0, max_iter=max_iter, gtol=gtol, ftol=0.01 * tol)
     em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
-    st = em_fit(spec, Xt, yt, init_b, var_floor=floor**2, tol=tol, max_iter=em_iter,
-                gate_steps=gate_steps, gate_solver=gate_solver, gate_columns=layout.gate_columns,
-                expert_columns=layout.expert_columns, weights=weights, shared_columns=layout.shared_columns,
-                trials=trials)
-    pb, ll, conv, n_iter = st.params, st.loglik, st.converged, st.n_iter
-    slow = ~conv & torch.isfinite(ll)
+    blocks = _ranges(every, model.problems_per_block(budget, n, Q, "em"))
+    out = _em_blocks(spec, probs, layout, blocks, bar, tol=tol, max_iter=em_iter, gate_steps=gate_steps,
+                     gate_solver=gate_solver, finishes=switch_after is None)
+    if switch_after is None:
+        return out
+    ll = out.loglik.reshape(probs.R, probs.S)
+    slow = ~out.converged.reshape(probs.R, probs.S) & torch.isfinite(ll)
     if screen is not None:
         best_now = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf)).amax(1, keepdim=True)
         slow &= ll >= best_now - screen
-    if switch_after is not None and bool(slow.any()):
-        pb, ll, conv, n_iter = _finish_lbfgs(spec, Xt, yt, pb, ll, conv, n_iter, slow, layout, floor,
-                                             max_iter=max_iter - em_iter, gtol=gtol, ftol=0.01 * tol,
-                                             weights=weights, trials=trials)
-    return pb, ll, conv, n_iter, st.history
+    todo = np.flatnonzero(slow.reshape(-1).cpu().numpy())
+    bar.update(Q - todo.size, "L-BFGS")
+    if todo.size == 0:
+        return out
+    blocks = _ranges(todo, model.problems_per_block(budget, n, todo.size, "lbfgs"))
+    return _lbfgs_blocks(spec, probs, layout, blocks, bar, out, Q - todo.size, max_iter=max(max_iter - em_iter, 1),
+                         gtol=gtol, ftol=0.01 * tol)
 
 
 @validate_arguments(restarts=Integer(0), tol=Real(0), max_iter=Optional(Integer(1)), sd_floor=Real(0),
                     gate_steps=Integer(1), gtol=Real(0), device=Device(), dtype=Dtype(), seed=Seed(),
                     underdetermined=Choice("raise", "warn"), switch_after=Optional(Integer(0)),
-                    screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)))
+                    screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)), progress=Optional(Boolean()))
 def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = None, data=None, k: int | None = None,
             gate_formula: str | None = None, weights=None, missing: str = "raise",
             gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
@@ -308,7 +646,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
             feature_names: Sequence[str] | None = None, underdetermined: str = "raise",
-            switch_after: int | None = 30, screen: float | None = 10.0, threads: int | None = 1) -> MLEFit:
+            switch_after: int | None = 30, screen: float | None = 10.0, threads: int | None = 1,
+            memory_budget: int | str | None = MEMORY_BUDGET, progress: bool | None = None) -> MLEFit:
     r"""Maximum-likelihood fit of a Gaussian MoE, batched over replicates and restarts.
 
     Two interfaces: arrays (``fit_mle(spec, X, y)``) or a formula and a data frame
@@ -414,6 +753,19 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         Torch intra-op threads for the solve on CPU (restored afterwards); ``None`` keeps torch's
         setting.  One thread by default, as :func:`moestat.fit_lse`: the batched problems are small, and
         threads that wait on each other on a shared CPU cost more than they gain.
+    memory_budget : int, str or None
+        The memory the fit may work in, in bytes or as a string such as ``"2GB"`` or ``"512MiB"`` (default
+        ``"1GB"``, :data:`MEMORY_BUDGET`; on a GPU, device memory).  The R x S (replicate, restart) problems are
+        independent, so they are fitted in blocks, one after another, of as many problems as the budget holds after
+        the data: a block of A problems of n observations takes about :math:`A\,n\,b` bytes, with :math:`b` the
+        estimate of :class:`MemoryModel` (about 0.8 KB per observation at d = 4, k = 3 for EM).  The result is the
+        same for every budget (each problem's arithmetic does not depend on its block; blocks may split one
+        replicate's restarts, and ``screen`` compares every start of a replicate after all blocks have run EM).
+        ``None``: one block.  A budget below one problem at a time warns and fits one at a time.
+    progress : bool or None
+        A tqdm bar counting the problems that have finished, with the phase, block and iteration as postfix.
+        ``None`` (the default of :func:`moestat.bootstrap` and :func:`moestat.select_k`) shows it in interactive
+        sessions or when the fit is expected (or, once running, predicted) to take more than 10 s.
 
     Returns
     -------
@@ -439,6 +791,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     >>> fit.summary()  # doctest: +SKIP
     """
     check_choice("missing", missing, ("raise", "drop"))
+    budget = memory_bytes(memory_budget)
     if feature_names is None and isinstance(X, pd.DataFrame):
         feature_names = [str(c) for c in X.columns]
     spec, X, y, weights, design, columns, n_dropped = _resolve_inputs(spec, X, y, formula=formula, data=data, k=k,
@@ -492,23 +845,33 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     w_t = None if w_n is None else to_tensor(w_n, device=dev, dtype=dt)
     m_t = None if m_n is None else to_tensor(m_n, device=dev, dtype=dt)
     floor = to_tensor(sd_floor * yn.std(axis=1) if spec.has_noise_sd else np.zeros(R), device=dev, dtype=dt)
-    starts = []
-    for p in user:
-        b = BlockParams.from_params(p.to_torch(dev, dt)).map(lambda a: a.unsqueeze(1))
-        b.noise_sd = b.noise_sd.clamp_min(floor[:, None, None])
-        if s_t is not None:
-            b.gate_weight, b.expert_weight = b.gate_weight * s_t, b.expert_weight * s_t
-        starts.append(b)
-    if restarts:
-        starts.append(random_starts(spec, X_fit, yt, restarts, seeds, layout.expert_design_columns, m_t))
-    fields = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
-    init_b = BlockParams(*(torch.cat([getattr(s, f) for s in starts], dim=1) for f in fields))
-    init_b.noise_sd = init_b.noise_sd.clamp_min(floor[:, None, None])
-    with cpu_threads(threads, dev):
-        pb, ll, conv, n_iter, history = _solve(spec, X_fit, yt, init_b, layout, floor, method=method, tol=tol,
-                                               max_iter=max_iter, gate_steps=gate_steps, gate_solver=gate_solver,
-                                               gtol=gtol, switch_after=switch_after, screen=screen, weights=w_t,
-                                               trials=m_t)
+    user_b = None
+    if user:
+        parts = []
+        for p in user:
+            b = BlockParams.from_params(p.to_torch(dev, dt)).map(lambda a: a.unsqueeze(1))
+            if s_t is not None:
+                b.gate_weight, b.expert_weight = b.gate_weight * s_t, b.expert_weight * s_t
+            parts.append(b)
+        user_b = BlockParams(*(torch.cat([getattr(b, f) for b in parts], dim=1) for f in _FIELDS))
+    S = len(user) + restarts
+    subsets = None if not restarts else start_subsets(
+        seeds, restarts, spec.k, subset_size(spec, layout.expert_design_columns, spec.d, Xn.shape[1]), Xn.shape[1])
+    probs = _Problems(X_fit, yt, floor, w_t, m_t, user_b, subsets, S)
+    model = MemoryModel.of(spec, layout, R, Xn.shape[1], weighted=w_t is not None, trials=m_t is not None,
+                           itemsize=Xt.element_size())
+    model.check(budget, Xn.shape[1], method)
+    from ..inference import _expected_seconds
+
+    bar = _Progress(R * S, progress, _expected_seconds(R, S, Xn.shape[1], spec.k, spec.d))
+    try:
+        with cpu_threads(threads, dev):
+            flat = _solve(spec, probs, layout, model, budget, bar, method=method, tol=tol, max_iter=max_iter,
+                          gate_steps=gate_steps, gate_solver=gate_solver, gtol=gtol, switch_after=switch_after,
+                          screen=screen)
+    finally:
+        bar.close()
+    pb, ll, conv, n_iter, history = flat.per_replicate(R, S)
     ll_safe = torch.where(torch.isfinite(ll), ll, torch.full_like(ll, -torch.inf))
     best = ll_safe.argmax(dim=1)
     r_idx = torch.arange(R, device=dev)
@@ -523,7 +886,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key),
                 "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
                 "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
-                "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None}
+                "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None, "memory_budget": budget}
     fit = MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
