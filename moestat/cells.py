@@ -452,7 +452,7 @@ def mle_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
         # non-convergence and singular information are recorded per replicate (converged, status, se:* = NaN)
         warnings.simplefilter("ignore", MLEConvergenceWarning)
         warnings.simplefilter("ignore", SingularInformationWarning)
-        fit = fit_mle(spec, X, y, init=fit_init, seed=fit_seed, device=device, **opts)
+        fit = fit_mle(spec, X, y, init=fit_init, seed=fit_seed, device=device, **{"progress": False, **opts})
         kind = se if se != "auto" else ("oim" if truth is not None and comparable(spec, truth.spec) else "none")
         info: dict[str, np.ndarray] = {
             "loglik": np.atleast_1d(np.asarray(fit.loglik, dtype=float)),

@@ -408,7 +408,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
             warnings.simplefilter("ignore", MLEConvergenceWarning)
             warnings.simplefilter("ignore", DegenerateFitWarning)
             bfit = fit_mle(spec, Xb, yb, init=fit.params, restarts=restarts, seed=fit_seed, weights=wb, trials=mb,
-                           feature_names=fit.layout.feature_names, **opts)
+                           feature_names=fit.layout.feature_names, **{"progress": False, **opts})
         bar.step()
         _warn_degenerate_refits(bfit, "bootstrap refits")
         th = _align(spec, fit, bfit)
@@ -579,10 +579,10 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MLEConvergenceWarning)
         warnings.simplefilter("ignore", DegenerateFitWarning)
-        f0 = fit_mle(spec0, X, y, init=init0, restarts=restarts, seed=s0, **opts)
+        f0 = fit_mle(spec0, X, y, init=init0, restarts=restarts, seed=s0, **{"progress": False, **opts})
         step()
         start1 = split_start(spec0, f0.params.batched(), X, spec1.k)
-        f1 = fit_mle(spec1, X, y, init=start1, restarts=restarts, seed=s1, **opts)
+        f1 = fit_mle(spec1, X, y, init=start1, restarts=restarts, seed=s1, **{"progress": False, **opts})
         step()
     return f0, f1
 
@@ -789,7 +789,7 @@ def _fit_one_k(spec: MoE, X: np.ndarray, y: np.ndarray, *, method: str, restarts
     """One fit of :func:`select_k` (its degeneracy is reported in the table, not warned per fit)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateFitWarning)
-        return fit_mle(spec, X, y, method=method, restarts=restarts, seed=seed, **fit_kwargs)
+        return fit_mle(spec, X, y, method=method, restarts=restarts, seed=seed, **{"progress": False, **fit_kwargs})
 
 
 @validate_arguments(criterion=Choice("bic", "icl", "aic", "dsc"), restarts=Integer(1), seed=Seed(),

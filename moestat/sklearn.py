@@ -133,7 +133,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
             fit = fit_mle(spec, X, y, method=method, restarts=self.restarts, tol=self.tol, max_iter=self.max_iter,
                           sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn",
                           weights=weights, gate_columns=self.gate_columns, expert_columns=self.expert_columns,
-                          shared_columns=self.shared_columns, trials=m,
+                          shared_columns=self.shared_columns, trials=m, progress=False,
                           feature_names=None if names is None else [str(c) for c in names])
         if not fit.converged:
             warn_user("the best start did not converge; increase max_iter.", MLEConvergenceWarning)
