@@ -5,6 +5,7 @@ dispatch spread) is tested in tests/papers/test_chen2022.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import moestat._vignette_index as vindex
+from moestat import figstyle as fs
 
 
 @pytest.fixture
@@ -41,10 +43,38 @@ def test_studies_hold_the_settings_models_and_ablation(vignette):
         vignette.make_studies("huge")
 
 
-def test_vignette_runs_and_resumes(vignette, tmp_path):
+def test_quick_size_changes_only_the_budget_and_full_is_the_rendered_one():
+    """The page's numbers come from "full"; "quick" (the --quick run described on the page) is full with fewer
+    settings, runs, test examples and iterations, and a larger expert step that keeps the normalised-GD path
+    length eta * T of full (each step moves an expert that receives examples by eta in Frobenius norm)."""
+    mod = vindex.load(vindex.find("cluster-moe"))
+    full, quick = mod.SIZES["full"], mod.SIZES["quick"]
+    # the configuration behind docs/vignettes/cluster-moe.md (its "What differs from the paper" table)
+    assert (full["settings"], full["runs"], full["n_train"], full["n_test"]) == ((1, 2, 3, 4), 10, 1_000, 16_000)
+    assert (full["T_moe"], full["T_single"], full["eta"], full["eta_r"], full["sigma0"]) == (4000, 1000, 1e-3, 0.1, 0.1)
+    assert (full["M"], full["J"], full["J_single"], full["dtype"]) == (8, 16, 128, "float32")
+    assert full["load_balance"] == (0.1,) and full["load_balance_extra"] == {1: (1e-3,)}
+    # eta * T: each expert's weights travel the same distance under normalised GD (a step of length eta each)
+    assert quick["eta"] * quick["T_moe"] == pytest.approx(full["eta"] * full["T_moe"], rel=1e-12)
+    same = {"M", "J", "eta_r", "sigma0", "router_noise", "data_seed", "model_seed", "models", "ablation_models",
+            "n_train", "dtype", "single_optimizer", "single_weight_decay"}
+    assert {k: quick[k] for k in same} == {k: full[k] for k in same}
+    assert set(quick["settings"]) <= set(full["settings"]) and quick["runs"] < full["runs"]
+
+
+def test_vignette_runs_and_resumes(vignette, tmp_path, monkeypatch):
     mod = vignette
     assert mod.NAME == "cluster-moe" and callable(mod.run)
     threads = torch.get_num_threads()
+    drawn = {}
+    save = mod.fs.save
+
+    def record(fig, path, **kwargs):  # inspect each figure as it is saved
+        fig.canvas.draw()
+        drawn[Path(path).name] = _figure_facts(fig)
+        save(fig, path, **kwargs)
+
+    monkeypatch.setattr(mod.fs, "save", record)
     mod.run(tmp_path, quick=True)
     assert torch.get_num_threads() == threads  # restored
     res = pd.read_csv(tmp_path / "results.csv")
@@ -72,6 +102,7 @@ def test_vignette_runs_and_resumes(vignette, tmp_path):
     for f in ("summary_by_init.csv", "summary_load_balance.csv", "accuracy.png", "dispatch_entropy.png",
               "alignment.png", "dispatch_tables.png", "load_balance.png"):
         assert (tmp_path / f).stat().st_size > 0, f
+    _check_figures(drawn, res)
     prov = json.loads((tmp_path / "provenance.json").read_text())
     assert prov["config"]["size"] == "quick" and prov["config"]["n_train"] == 120
     assert prov["config"]["studies"] == {"study": "cluster-moe", "study-lb0.1": "cluster-moe-lb0.1"}
@@ -82,3 +113,49 @@ def test_vignette_runs_and_resumes(vignette, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("study*/cells/*.parquet")} == cells
     again = pd.read_csv(tmp_path / "results.csv")
     pd.testing.assert_frame_equal(again.drop(columns="wall_time"), res.drop(columns="wall_time"))
+
+
+def _figure_facts(fig) -> dict:
+    """What the style promises of a drawn figure: panels with their titles and labels, legends and where they
+    sit, the texts (caption included), error bars and the smallest displayed font."""
+    renderer = fig.canvas.get_renderer()
+    data_axes = [a for a in fig.axes if a.get_visible() and a.axison]
+    legends = [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+    texts = " ".join(t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text")) if t.get_visible())
+    return {"titles": [a.get_title() for a in data_axes], "ylabels": [a.get_ylabel() for a in data_axes],
+            "legend_over_data": any(leg.get_window_extent(renderer).overlaps(a.get_window_extent(renderer))
+                                    for leg in legends for a in data_axes),
+            "n_legends": len(legends), "texts": texts, "font_px": fs.smallest_font_px(fig),
+            "errorbars": [(c.get_label(), seg) for a in data_axes for c in a.containers
+                          if hasattr(c, "has_yerr") and c.has_yerr
+                          for seg in [c.lines[2][0].get_segments()]]}
+
+
+def _check_figures(drawn: dict, res: pd.DataFrame) -> None:
+    assert set(drawn) == {"accuracy.png", "dispatch_entropy.png", "alignment.png", "dispatch_tables.png",
+                          "load_balance.png"}
+    for name, facts in drawn.items():
+        assert all(facts["titles"]), name  # a title on every panel
+        assert facts["n_legends"] <= 1 and not facts["legend_over_data"], name  # one legend, outside the data
+        assert facts["font_px"] >= fs.MIN_FONT_PX, name  # legible at the docs' page width
+    # captions say what a point, a line and a bar are, and over how many runs
+    assert "R = 2 runs" in drawn["accuracy.png"]["texts"] and "no error bars" in drawn["accuracy.png"]["texts"]
+    assert "R = 2 runs" in drawn["dispatch_entropy.png"]["texts"]
+    assert r"$\pm$1 SD over R = 2 runs" in drawn["load_balance.png"]["texts"]
+    assert drawn["accuracy.png"]["titles"] == ["setting 1 (no proven ceiling)", "setting 3 (Thm 4.1 applies)"]
+    # dispatch tables: the run-0 entropy of each panel is the one in results.csv
+    run0 = res.query("run == 0 and ablation == 'none'").set_index(["setting", "model"])["dispatch_entropy"]
+    assert drawn["dispatch_tables.png"]["titles"] == [
+        f"setting {s}, {m.split('-')[1]} MoE: $H$ = {run0[(s, m)]:.2f}" for s in (1, 3)
+        for m in ("moe-cubic", "moe-linear")]
+    # load balance: each bar is mean +- 1 SD (ddof 1) over the runs of results.csv, in panel order
+    bars = [seg[0] for _, seg in drawn["load_balance.png"]["errorbars"]]  # one setting: one segment per series
+    expected = []
+    for col, scale in (("accuracy", 100), ("dispatch_entropy", 1), ("load_entropy", 1)):  # panel order
+        for model in ("moe-cubic", "moe-linear"):  # series order within a panel
+            for coef in (0.0, 0.1):
+                pick = (res["setting"] == 1) & (res["model"] == model) & np.isclose(res["load_balance"], coef)
+                v = res.loc[pick, col].to_numpy() * scale
+                expected.append((v.mean() - v.std(ddof=1), v.mean() + v.std(ddof=1)))
+    got = [(seg[0][1], seg[1][1]) for seg in bars]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)  # results.csv is a text round trip of the drawn frame
