@@ -5,8 +5,10 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 import moestat as ms
+from moestat.fit.results import COLLAPSE_POINTS_PER_COEF, COLLAPSE_RATIO
 from moestat.selection_study import (
     CRITERIA,
     contaminate,
@@ -154,16 +156,26 @@ def test_frequency_table_cells():
 # ------------------------------------------------------------------------------------------ selection_choices
 @pytest.fixture(scope="module")
 def contaminated_set():
+    """epsilon = 0.1, n = 400: 41 outliers from N(0, 10^2)."""
     data = simulate_contaminated(SPEC, TRUTH, 400, 0.1, reps=1, seed=2, **UNIT)
     return data.X[0], data.y[0]
 
 
-def test_selection_choices_match_select_k(contaminated_set):
-    X, y = contaminated_set
+@pytest.fixture(scope="module")
+def spurious_set():
+    """epsilon = 0.01, n = 400: a single outlier, which the k = 3 fit (fit seed 4) interpolates with an expert of
+    its own whose sigma sits at the variance floor: a spurious maximum of the unbounded likelihood."""
+    data = simulate_contaminated(SPEC, TRUTH, 400, 0.01, reps=1, seed=4, **UNIT)
+    assert int(data.outlier.sum()) == 1
+    return data.X[0], data.y[0]
+
+
+def test_selection_choices_match_select_k(spurious_set):
+    X, y = spurious_set
     ks = (1, 2, 3)
     got = selection_choices(X, y, ks, restarts=2, seed=4, device="cpu").set_index("criterion")
     assert list(got.index) == list(CRITERIA)
-    with pytest.warns(ms.DegenerateFitWarning):   # the contaminated fits are marked; select_k says so
+    with pytest.warns(ms.DegenerateFitWarning):   # the k = 3 fit is at a spurious maximum; select_k says so
         ref = {c: ms.select_k(X, y, ks=ks, criterion=c, restarts=2, seed=4, progress=False, device="cpu")
                for c in ("aic", "bic", "icl", "dsc")}
     # independent computation: select_k itself with the same seed, one call per criterion
@@ -172,10 +184,59 @@ def test_selection_choices_match_select_k(contaminated_set):
     table = ref["bic"].table
     for c in ("aic", "bic", "icl"):   # the textbook rule: argmin over every fit, degenerate or not
         assert got.loc[f"{c}_raw", "k_selected"] == int(table.loc[table[c].idxmin(), "k"]), c
-    # on this contaminated set the k = 3 fit is at a spurious maximum (a collapsed variance): select_k's rule skips
-    # it and the raw rule takes it, so the comparison above checks the skip and is not vacuous
-    assert "collapsed_variance" in got.loc["bic_raw", "degenerate"]
-    assert got.loc["bic", "k_selected"] < got.loc["bic_raw", "k_selected"]
+    # the skip is exercised, so the comparison above is not vacuous: the raw rules take the k = 3 fit, whose third
+    # expert sits on the one outlier with sigma at the floor (its likelihood is unbounded there, Kiefer & Wolfowitz
+    # 1956); select_k's rule skips it and keeps the clean part's K* = 2
+    for c in ("aic", "bic", "icl"):
+        assert got.loc[f"{c}_raw", "k_selected"] == 3, c
+        assert "sigma_at_floor" in got.loc[f"{c}_raw", "degenerate"], c
+        assert got.loc[c, "k_selected"] == 2 and got.loc[c, "degenerate"] == "", c
+    fit3 = ref["bic"].fits[3]
+    spurious = np.flatnonzero(np.asarray(fit3.at_floor))
+    assert spurious.size == 1
+    # independent check of the flag's meaning: the floored expert's posterior mass (hand-computed below) is the one
+    # outlier; 1.5 leaves room for a fraction of a clean point, far below the 20 that a real expert would hold
+    assert _posterior_mass(fit3.params, X, y)[spurious[0]] < 1.5
+
+
+def _posterior_mass(p: ms.Params, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    r"""$\sum_t \tau_{ti}$ by hand: softmax gate times the Gaussian expert density, normalised over experts."""
+    logit = p.gate_bias + X @ p.gate_weight.T
+    gate = np.exp(logit - logit.max(1, keepdims=True))
+    mean = p.expert_bias + X @ p.expert_weight.T
+    joint = gate / gate.sum(1, keepdims=True) * stats.norm.pdf(y[:, None], mean, p.noise_sd)
+    return (joint / joint.sum(1, keepdims=True)).sum(0)
+
+
+def test_wide_outlier_expert_is_not_a_spurious_fit(contaminated_set):
+    """With 10% outliers the k = 3 fit is the two true experts plus a wide expert for the outliers.  Hathaway's
+    ratio alone (sigma_i / max sigma < 0.05) called the true experts a collapsed variance, and select_k's rule then
+    skipped the fit and chose 2 (the benchmark's old "robust" select_k columns).  The true experts hold hundreds of
+    observations, so they are not spurious: no flag, and select_k's rule and the textbook rule agree on k = 3."""
+    X, y = contaminated_set
+    got = selection_choices(X, y, (1, 2, 3), restarts=2, seed=4, device="cpu").set_index("criterion")
+    for c in ("aic", "bic", "icl"):
+        assert got.loc[c, "k_selected"] == got.loc[f"{c}_raw", "k_selected"] == 3, c
+        assert got.loc[c, "degenerate"] == "", c
+    res = ms.select_k(X, y, ks=(1, 2, 3), criterion="bic", restarts=2, seed=4, progress=False, device="cpu")
+    fit3 = res.fits[3]
+    sd = np.asarray(fit3.params.noise_sd)
+    ratio = sd / sd.max()
+    mass = _posterior_mass(fit3.params, X, y)
+    # the posterior mass by hand equals the package's (same formula; 1e-8 is float64 round-off on 400 terms)
+    np.testing.assert_allclose(mass, np.asarray(fit3.posterior(X, y)).sum(0), rtol=1e-8)
+    wide = int(np.argmax(sd))
+    # the outlier expert: Q's sd is 10 and the clean responses spread about 4 around its mean; 5 only rules out
+    # a clean expert (sd 0.3 or 0.4)
+    assert sd[wide] > 5.0
+    narrow = np.flatnonzero(np.arange(3) != wide)
+    # Hathaway's ratio alone would flag a true expert (the old rule) ...
+    assert ratio[narrow].min() < COLLAPSE_RATIO
+    # ... but each true expert holds far more than the 10 per coefficient (20 here) that marks a spurious one;
+    # 3 x 20 keeps the check away from the threshold (measured: 123 and 231 observations)
+    assert np.all(mass[narrow] > 3 * COLLAPSE_POINTS_PER_COEF * (SPEC.d + 1))
+    assert not np.any(np.asarray(fit3.collapsed)) and fit3.degeneracy().empty
+    assert res.best_k == 3
 
 
 def test_selection_choices_needs_k_at_least_3(contaminated_set):
