@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 import moestat as ms
@@ -11,7 +13,7 @@ from moestat.rates import theory_rates
 
 def test_every_paper_has_a_citation_and_theory_rows_carry_its_key():
     for key, module in papers.PAPERS.items():
-        assert key[-4:].isdigit() and module.REFERENCE.count("(") >= 1
+        assert re.fullmatch(r"[a-z]+\d{4}(_[a-z]+)?", key) and module.REFERENCE.count("(") >= 1
         for row in getattr(module, "THEORY", []):
             assert len(row) == len(papers.THEORY_COLUMNS)
             assert row[0] == key, f"{key}.THEORY has a row of {row[0]}"
@@ -20,8 +22,9 @@ def test_every_paper_has_a_citation_and_theory_rows_carry_its_key():
 def test_theory_rates_is_the_union_of_the_papers_rows_in_paper_order():
     table = theory_rates()
     expected = [row for m in papers.PAPERS.values() for row in getattr(m, "THEORY", [])]
-    assert len(table) == len(expected) == 72
-    assert list(table["source"].unique()) == ["nguyen2024", "makkuva2020", "chowdhury2023", "nguyen2023"]
+    assert len(table) == len(expected) == 84
+    assert list(table["source"].unique()) == ["nguyen2024", "makkuva2020", "chowdhury2023", "nguyen2023",
+                                              "nguyen2025_cosine"]
     np.testing.assert_array_equal(table["exponent"].to_numpy(float), np.array([r[10] for r in expected], float))
 
 

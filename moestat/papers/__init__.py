@@ -22,14 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..rates.theory import THEORY_COLUMNS, register_theory
-from . import chen2022, chowdhury2023, makkuva2020, nguyen2023, nguyen2024, presets
+from . import chen2022, chowdhury2023, makkuva2020, nguyen2023, nguyen2024, nguyen2025_cosine, presets
 from .presets import PRESETS
 
 __all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2023",
            "nguyen2024", "presets", "theory_rows"]
 
 PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen2022,
-          "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023}
+          "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023, "nguyen2025_cosine": nguyen2025_cosine}
 """The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
 
 

@@ -87,7 +87,8 @@ def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
 
     Sources: nguyen2024 (Table 1 and Theorems 1-5; its softmax rows cite its reference [26]), makkuva2020
     (Theorem 4 and its derived sample complexity; heuristic parametric rates for Theorem 2), chowdhury2023
-    (Theorems 4.2-4.5: log-log slopes of sample and model complexity; upper bounds).
+    (Theorems 4.2-4.5: log-log slopes of sample and model complexity; upper bounds), nguyen2023 (softmax-gated
+    Gaussian MoE: MLE rates by Voronoi cell size) and nguyen2025_cosine (cosine and perturbed cosine routers).
 
     Columns: ``source, result, gate, regime, expert, examples, quantity, response, regressor, rate``
     (as printed), ``exponent`` (alpha of ``response ~ regressor^-alpha`` for ``direction="decay"``; the
