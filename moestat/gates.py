@@ -218,6 +218,10 @@ class Gate:
         Whether each :math:`w_i` matters only through its direction (cosine gate: its norm is not identified).
     score_options : tuple of str
         The keyword options of :attr:`scores` (``eps`` for the perturbed cosine gate).
+    row_shift_global : bool
+        Whether :attr:`row_shift` is defined for every ``t`` (then any gate row can be moved to zero, and the
+        likelihood layout holds the last row at zero); ``False`` for the perturbed cosine gate, whose shift stays in
+        the unit ball (a local invariance), so a likelihood fit holds only its last intercept fixed.
     """
 
     name: str
@@ -231,6 +235,7 @@ class Gate:
     row_shift: RowShift | None = None
     scale_invariant: bool = False
     score_options: tuple[str, ...] = ()
+    row_shift_global: bool = True
 
     @property
     def gauge(self) -> str:
@@ -270,7 +275,7 @@ GATES: dict[str, Gate] = {g.name: g for g in (
     Gate("laplace", laplace_scores, "softmax", True, True, False, ("temperature",), _LAP),
     Gate("cosine", cosine_scores, "softmax", True, True, False, ("temperature",), _COS, scale_invariant=True),
     Gate("perturbed_cosine", perturbed_cosine_scores, "softmax", True, True, False, ("temperature", "eps"), _COS,
-         _shift_perturbed_cosine, score_options=("eps",)),
+         _shift_perturbed_cosine, score_options=("eps",), row_shift_global=False),
     Gate("quadratic", quadratic_scores, "softmax", True, True, False, ("temperature",), _QUAD, _shift_slopes),
     Gate("gaussian", gaussian_scores, "softmax", True, True, False, ("temperature",), _GAU, _shift_gaussian),
 )}

@@ -3,12 +3,29 @@ r"""The identified parameter vector of a Gaussian MoE and its map to parameter b
 Inference (observed information, sandwich, Wald tests, bootstrap) works on one flat vector
 :math:`\theta` per replicate, in this order:
 
-1. gate rows ``gate[i]:const, gate[i]:x1 ... gate[i]:xd`` for the free gate rows. Softmax and
-   top-K gates are invariant to adding a common :math:`(t_0, t_1)` to every row, so the
-   *last* expert is the reference with :math:`(\beta_{0,k-1}, \beta_{1,k-1}) = 0` (the
-   representative of :meth:`moestat.Params.normalize_softmax` with ``ref=-1``) and only rows
-   ``0 .. k-2`` are free.  Sigmoid gates normalised over experts have no such invariance: all
-   ``k`` rows are free.
+1. gate terms, row by row, ``gate[i]:const, gate[i]:x1 ... gate[i]:xd``, less what the gate's invariance
+   (:attr:`moestat.gates.Gate.gauge`) holds fixed on the *last* expert:
+
+   * ``"row"`` (softmax, top-K, quadratic, Gaussian gates): the weights do not change when every row moves by a
+     common shift (:attr:`moestat.gates.Gate.row_shift` with :math:`t = -w_{k-1}`, and a common intercept), so
+     the last row is the reference, :math:`(b_{k-1}, w_{k-1}) = 0` (for the softmax gate the representative of
+     :meth:`moestat.Params.normalize_softmax` with ``ref=-1``), and only rows ``0 .. k-2`` are free.
+     :meth:`ParamLayout.pack` moves any parameters there with the gate's own shift (for the Gaussian gate it
+     also changes the intercepts);
+   * ``"intercept"`` (Laplace, cosine gates, and the perturbed cosine gate, whose row shift is only local,
+     :attr:`moestat.gates.Gate.row_shift_global`: no one row can always be moved to zero, so holding one would
+     fit a smaller model): only :math:`b_{k-1} = 0`, every :math:`w_i` free.  The perturbed cosine gate's
+     information matrix is then singular along its :math:`d` shift directions, and its standard errors are not
+     reported (:class:`moestat.SingularInformationWarning`);
+   * ``"none"`` (sigmoid gates normalised over experts): all ``k`` rows are free.
+
+   The cosine gate sees each :math:`w_i` only through its direction (:attr:`moestat.gates.Gate.scale_invariant`),
+   so its slopes are the :math:`d - 1` hyperspherical angles of the unit vector :math:`w_i/\lVert w_i\rVert`,
+   ``gate[i]:angle1 ... gate[i]:angle{d-1}``: :math:`w_{i1} = \cos\phi_1`,
+   :math:`w_{ij} = \sin\phi_1\cdots\sin\phi_{j-1}\cos\phi_j`, :math:`w_{id} = \sin\phi_1\cdots\sin\phi_{d-1}`
+   (a chart of the sphere whose only singular points are the poles :math:`\sin\phi_j = 0`), so that the
+   information matrix is not singular along the unidentified norms.  With :math:`d = 1` a direction is a sign,
+   not a continuous parameter, and the layout refuses the cosine gate.
 2. expert rows ``expert[i]:const, expert[i]:x1 ... expert[i]:xd`` (``const`` only for constant
    experts);
 3. ``shared:z1 ... shared:zq``, the coefficients :math:`\gamma` common to every expert (present only with
@@ -111,12 +128,24 @@ class ParamLayout:
         if both:
             raise ValueError(f"columns {both} are in both expert_columns and shared_columns; a column's expert "
                              "coefficient is either expert-specific or shared. Remove it from one of them.")
-        self.ref_fixed = spec.gate in ("softmax", "topk")
-        self.n_gate_rows = self.k - 1 if self.ref_fixed else self.k
+        gauge = spec.gating.gauge
+        self.gauge = "intercept" if gauge == "row" and not spec.gating.row_shift_global else gauge
+        self.ref_fixed = self.gauge == "row"
+        self.angles = spec.gate == "cosine"
+        if self.angles and (self.d < 2 or len(self.gate_columns) != self.d):
+            raise ValueError(f"the cosine gate depends on w_i only through its direction, which the likelihood layout "
+                             f"holds as d - 1 angles over every input column; got d={self.d}, gate_columns="
+                             f"{list(self.gate_columns)}. With d = 1 the direction is a sign (not a continuous "
+                             "parameter): use another gate, or all columns with d >= 2.")
         self.expert_slopes = spec.family.input_dependent
-        self.pg = len(self.gate_columns) + 1
+        self.pg = (self.d - 1 if self.angles else len(self.gate_columns)) + 1
         self.pe = len(self.expert_columns) + 1 if self.expert_slopes else 1
-        self.n_gate = self.n_gate_rows * self.pg
+        self.gate_free = self._gate_mask()
+        self.n_gate = int(self.gate_free.sum())
+        # gather map: entry (i, c) of the (k, pg) gate table is theta_gate[index - 1], or 0 where index is 0 (fixed)
+        index = torch.zeros(self.k * self.pg, dtype=torch.long)
+        index[self.gate_free.flatten()] = torch.arange(1, self.n_gate + 1)
+        self._gate_index = index.reshape(self.k, self.pg)
         self.n_expert = self.k * self.pe
         self.n_shared = len(self.shared_columns)
         self.dispersion = spec.has_noise_sd
@@ -133,7 +162,18 @@ class ParamLayout:
         """The columns of the experts' linear predictor: their own columns and the shared ones, increasing."""
         return tuple(sorted(self.expert_columns + self.shared_columns))
 
+    def _gate_mask(self) -> torch.Tensor:
+        """(k, pg) boolean: which entries (intercept, slopes) of each gate row are free (module docstring)."""
+        free = torch.ones(self.k, self.pg, dtype=torch.bool)
+        if self.gauge == "row":
+            free[-1] = False
+        elif self.gauge == "intercept":
+            free[-1, 0] = False
+        return free
+
     def _gate_cols(self) -> list[str]:
+        if self.angles:
+            return ["const", *(f"angle{j + 1}" for j in range(self.d - 1))]
         return ["const", *(self.feature_names[j] for j in self.gate_columns)]
 
     def _expert_cols(self) -> list[str]:
@@ -147,7 +187,8 @@ class ParamLayout:
     def term_info(self) -> list[tuple[str, int, str]]:
         """(block, atom, coefficient) for each term, matching :attr:`names`; shared terms have atom -1 (no one
         expert)."""
-        info = [("gate", i, c) for i in range(self.n_gate_rows) for c in self._gate_cols()]
+        cols = self._gate_cols()
+        info = [("gate", i, c) for i in range(self.k) for j, c in enumerate(cols) if bool(self.gate_free[i, j])]
         info += [("expert", i, c) for i in range(self.k) for c in self._expert_cols()]
         info += [("shared", -1, self.feature_names[j]) for j in self.shared_columns]
         if self.dispersion:
@@ -170,9 +211,7 @@ class ParamLayout:
         """Blocks from ``theta`` of shape (..., P) (differentiable)."""
         lead = theta.shape[:-1]
         k, d = self.k, self.d
-        g = theta[..., : self.n_gate].reshape(*lead, self.n_gate_rows, self.pg)
-        if self.ref_fixed:
-            g = torch.cat([g, torch.zeros(*lead, 1, self.pg, dtype=theta.dtype, device=theta.device)], dim=-2)
+        gb, gw = self.unpack_gate(theta[..., : self.n_gate])
         e = theta[..., self.n_gate : self.n_gate + self.n_expert].reshape(*lead, k, self.pe)
         if self.expert_slopes:
             ew, eb = self._scatter(e[..., 1:], self.expert_columns), e[..., 0]
@@ -188,17 +227,38 @@ class ParamLayout:
             sd = torch.exp(theta[..., start:])
         else:  # GLM experts: dispersion fixed at 1, carried as a constant block
             sd = torch.ones(*lead, k, dtype=theta.dtype, device=theta.device)
-        return BlockParams(g[..., 0], self._scatter(g[..., 1:], self.gate_columns), ew, eb, sd)
+        return BlockParams(gb, gw, ew, eb, sd)
+
+    def unpack_gate(self, theta_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gate_bias (..., k), gate_weight (..., k, d))`` from the gate terms ``theta_gate`` (..., n_gate)
+        (differentiable; a gather, so it also runs under ``torch.func.vmap``)."""
+        zero = torch.zeros(*theta_gate.shape[:-1], 1, dtype=theta_gate.dtype, device=theta_gate.device)
+        g = torch.cat([zero, theta_gate], dim=-1)[..., self._gate_index.to(theta_gate.device)]  # (..., k, pg)
+        slopes = _sphere(g[..., 1:]) if self.angles else self._scatter(g[..., 1:], self.gate_columns)
+        return g[..., 0], slopes
+
+    def pack_gate(self, gate_bias: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
+        """The gate terms (..., n_gate) of any gate parameters, moved to the layout's reference first (module
+        docstring); the inverse of :meth:`unpack_gate` up to the gate's invariance."""
+        gb, gw = self._to_reference(gate_bias, gate_weight)
+        gw = _angles(gw) if self.angles else self._gather(gw, self.gate_columns)
+        g = torch.cat([gb.unsqueeze(-1), gw], dim=-1)
+        return g[..., self.gate_free.to(g.device)]
+
+    def _to_reference(self, gb: torch.Tensor, gw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Equivalent gate parameters (same weights at every x) with the last expert's fixed entries at zero."""
+        gate = self.spec.gating
+        if self.gauge == "none":
+            return gb, gw
+        if self.gauge == "row" and gate.row_shift is not None:  # a global shift: t = -w_{k-1} zeroes the last row
+            gw, gb = gate.row_shift(gw, gb, -gw[..., -1, :])
+            gw = torch.cat([gw[..., :-1, :], torch.zeros_like(gw[..., -1:, :])], dim=-2)  # exactly 0, no rounding
+        return gb - gb[..., -1:], gw
 
     def pack(self, p: BlockParams | Params) -> torch.Tensor:
-        """``theta`` (..., P) from blocks; softmax gates are first moved to the last-expert reference.  Slopes on
-        columns outside a block's columns are dropped (they are zero in a fit of this layout)."""
-        gb, gw = p.gate_bias, self._gather(p.gate_weight, self.gate_columns)
-        if self.ref_fixed:
-            gb = gb - gb[..., -1:]
-            gw = gw - gw[..., -1:, :]
-            gb, gw = gb[..., :-1], gw[..., :-1, :]
-        g = torch.cat([gb.unsqueeze(-1), gw], dim=-1).flatten(-2)
+        """``theta`` (..., P) from blocks; the gate is first moved to the last-expert reference (:meth:`pack_gate`).
+        Slopes on columns outside a block's columns are dropped (they are zero in a fit of this layout)."""
+        g = self.pack_gate(p.gate_bias, p.gate_weight)
         if self.expert_slopes:
             ew = self._gather(p.expert_weight, self.expert_columns)
             e = torch.cat([p.expert_bias.unsqueeze(-1), ew], dim=-1).flatten(-2)
@@ -219,3 +279,22 @@ def _columns(name: str, columns: Sequence[int] | None, d: int) -> tuple[int, ...
     if len(set(cols)) != len(cols) or any(not 0 <= c < d for c in cols) or list(cols) != sorted(cols):
         raise ValueError(f"{name} must be increasing, distinct column indices in [0, {d}), got {list(columns)}.")
     return cols
+
+
+def _sphere(angles: torch.Tensor) -> torch.Tensor:
+    r"""Unit vectors (..., d) from hyperspherical angles (..., d-1): :math:`u_1 = \cos\phi_1`,
+    :math:`u_j = \prod_{l<j}\sin\phi_l\,\cos\phi_j`, :math:`u_d = \prod_{l<d}\sin\phi_l`."""
+    ones = torch.ones_like(angles[..., :1])
+    sines = torch.cumprod(torch.cat([ones, torch.sin(angles)], dim=-1), dim=-1)  # prod_{l<j} sin(phi_l), j = 1..d
+    return sines * torch.cat([torch.cos(angles), ones], dim=-1)
+
+
+def _angles(w: torch.Tensor) -> torch.Tensor:
+    r"""Hyperspherical angles (..., d-1) of the direction of ``w`` (..., d), the inverse of :func:`_sphere`:
+    :math:`\phi_j = \operatorname{atan2}(\lVert w_{j+1:}\rVert, w_j)` for :math:`j < d-1` (in :math:`[0, \pi]`)
+    and :math:`\phi_{d-1} = \operatorname{atan2}(w_d, w_{d-1})` (in :math:`(-\pi, \pi]`)."""
+    d = w.shape[-1]
+    tail = torch.flip(torch.sqrt(torch.cumsum(torch.flip(w * w, [-1]), dim=-1)), [-1])  # ||w_{j:}||, j = 1..d
+    first = torch.atan2(tail[..., 1:d - 1], w[..., : d - 2])
+    last = torch.atan2(w[..., -1:], w[..., -2:-1])
+    return torch.cat([first, last], dim=-1)

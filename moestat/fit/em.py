@@ -1,4 +1,5 @@
-r"""EM for softmax-gated Gaussian mixtures of linear (or constant) experts, batched.
+r"""EM for gated Gaussian mixtures of linear (or constant) experts, batched: softmax gates and the gates not
+affine in x.
 
 The model (Jordan & Jacobs 1994) is
 :math:`p(y\mid x) = \sum_{i=1}^k \pi_i(x)\,\mathcal N(y;\, a_i^\top x + b_i,\, \sigma_i^2)` with
@@ -17,6 +18,10 @@ One EM iteration (Jordan & Jacobs 1994 §4; McLachlan & Peel 2000 §5.13) is
   :math:`\max_\beta \sum_t\sum_i \tau_{ti} \log\pi_i(x_t;\beta)`, a concave problem solved by
   damped Newton (IRLS) steps with a backtracking line search that never lowers the objective
   (a generalised EM step), or exactly by cvxpy (``gate_solver="cvxpy"``, small problems and tests).
+  Gates whose scores are not affine in x (Laplace, cosine, perturbed cosine, quadratic, Gaussian;
+  :mod:`moestat.gates`) maximise the same :math:`\sum_t\sum_i\tau_{ti}\log\pi_i(x_t)` over their own
+  parameters (the terms of :class:`moestat.fit._layout.ParamLayout`) by damped saddle-free Newton steps with the
+  derivatives from autograd through the model's gate (:func:`gradient_gate_step`), again never lowering it.
 
 Safeguards, each keeping the EM ascent property :math:`\ell(\theta^{(t+1)}) \ge \ell(\theta^{(t)})`:
 
@@ -44,8 +49,9 @@ import numpy as np
 import torch
 
 from ..families import Family, irls_weighted
+from ..gates import log_mixture_weights
 from ..model import MoE, normal_log_density
-from ._layout import BlockParams
+from ._layout import BlockParams, ParamLayout
 
 _LINE_SEARCH = 12  # step sizes 1, 1/2, ..., 2^-11 in the gate Newton step
 _GRAM_MAX_P2 = 64  # precompute z z^T per observation when (d+1)^2 is at most this
@@ -314,12 +320,78 @@ Vert^2` (``prox``) is zero
     return beta, gamma
 
 
+def gate_log_weights(spec: MoE, layout: ParamLayout, theta_g: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    r"""Log mixture weights :math:`\log\tilde\pi_i(x_t)` (..., k, n) of the gate terms ``theta_g`` (..., n_gate)
+    of ``layout`` at inputs ``X`` (..., n, d): the model's :meth:`moestat.MoE.gate_scores` normalised by
+    :func:`moestat.gates.log_mixture_weights` with the spec's options, the gate part of
+    :meth:`moestat.MoE.log_joint_from_linear`."""
+    gb, gw = layout.unpack_gate(theta_g)
+    scores = spec.gate_scores(X, gw, gb).transpose(-1, -2)
+    return log_mixture_weights(spec.gate, scores, top_k=spec.top_k, temperature=spec.temperature, dim=-2,
+                               n_shared=spec.n_shared)
+
+
+def gradient_gate_step(spec: MoE, layout: ParamLayout, X: torch.Tensor, tau: torch.Tensor, theta_g: torch.Tensor,
+                       logw: torch.Tensor, steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Generalised-EM gate step for any differentiable gate: damped Newton steps on
+    :math:`Q(\theta_g) = \sum_t\sum_i \tau_{ti}\log\tilde\pi_i(x_t;\theta_g)` that never lower it.
+
+    The gradient :math:`g` and Hessian :math:`H` of :math:`Q` come from autograd through the model's gate
+    (:func:`gate_log_weights`, ``torch.func`` vmapped over the pairs).  :math:`Q` need not be concave for a gate not
+    affine in x, so the step is the saddle-free Newton direction
+    :math:`\delta = V\,\mathrm{diag}(1/\max(|\lambda_j|, \epsilon))\,V^\top g` (:math:`H = V\Lambda V^\top`,
+    :math:`\epsilon = 10^{-8}\max_j|\lambda_j| + 10^{-12}`; Dauphin et al. 2014, NeurIPS), an ascent direction;
+    each step tries :math:`t = 1, 1/2, \ldots, 2^{-29}` and keeps the first that does not lower :math:`Q`, else
+    the pair stays put.  Since the expert M-step does not lower the expected complete-data log-likelihood either,
+    every EM iteration raises the log-likelihood or keeps it (Dempster, Laird & Rubin 1977, JRSS-B, §3: a
+    generalised EM algorithm).
+
+    Shapes (A pairs): ``X`` (A, n, d), ``tau`` (A, k, n) (responsibilities times case weights), ``theta_g``
+    (A, n_gate), ``logw`` (A, k, n) the log weights at ``theta_g``.  Returns the new gate terms and log weights.
+    """
+    def q_one(th: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (t * gate_log_weights(spec, layout, th, x)).sum()
+
+    grad_one = torch.func.grad(q_one)
+    grad_fn = torch.func.vmap(grad_one)
+    hess_fn = torch.func.vmap(torch.func.jacrev(grad_one))  # reverse over reverse: fastest for a few gate terms
+    for _ in range(steps):
+        q0 = (tau * logw).sum((1, 2))
+        g = grad_fn(theta_g, X, tau)
+        H = hess_fn(theta_g, X, tau)
+        # a pair whose derivatives are not finite (a kink, e.g. a cosine/norm at w = 0) takes a gradient step
+        ok = torch.isfinite(H).flatten(1).all(-1) & torch.isfinite(g).all(-1)
+        eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
+        H = torch.where(ok[:, None, None], 0.5 * (H + H.transpose(-1, -2)), -eye)
+        g = torch.where(ok[:, None], g, torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0))
+        lam, V = torch.linalg.eigh(H)
+        floor = 1e-8 * lam.abs().amax(-1, keepdim=True) + 1e-12
+        delta = (V @ ((V.transpose(-1, -2) @ g.unsqueeze(-1)).squeeze(-1) / lam.abs().clamp_min(floor)).unsqueeze(-1)
+                 ).squeeze(-1)
+        delta = torch.where(torch.isfinite(delta), delta, torch.zeros_like(delta))
+        todo = torch.ones_like(q0, dtype=torch.bool)
+        t = 1.0
+        for _ in range(_LINE_SEARCH + 18):
+            cand = theta_g + t * delta
+            lw = gate_log_weights(spec, layout, cand, X)
+            qc = (tau * lw).sum((1, 2))
+            acc = todo & torch.isfinite(qc) & (qc >= q0)
+            theta_g = torch.where(acc[:, None], cand, theta_g)
+            logw = torch.where(acc[:, None, None], lw, logw)
+            todo &= ~acc
+            if not bool(todo.any()):
+                break
+            t *= 0.5
+    return theta_g, logw
+
+
 def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, var_floor: torch.Tensor,
            tol: float, max_iter: int, gate_steps: int = 2, gate_solver: str = "newton",
            prox: float = 1e-8, gate_columns: Sequence[int] | None = None,
            expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None,
            shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
-           callback: Callable[[int, torch.Tensor], None] | None = None) -> EMState:
+           callback: Callable[[int, torch.Tensor], None] | None = None,
+           layout: ParamLayout | None = None) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
@@ -334,7 +406,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     M-step then solves for every expert's own coefficients and :math:`\gamma` jointly (:func:`shared_newton_step`).
     ``trials`` (R, n) are binomial trials :math:`m_t` (binomial experts; ``y`` is then the proportion of successes).
     ``callback(iteration, keep)``, if given, is called after every E-step with the mask of the active pairs that
-    iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.
+    iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.  ``layout`` (gates not affine in
+    x): the :class:`moestat.fit._layout.ParamLayout` whose gate terms the gradient gate step moves
+    (:func:`gradient_gate_step`); default the layout of ``spec`` and the columns given.
 
     Every per-observation array is laid out (pairs, k, n), observations last, so the reductions over
     experts run along a strided axis instead of a length-k inner axis (several times faster on CPU).
@@ -342,9 +416,14 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     one product of the responsibilities with the per-observation outer products :math:`z_t z_t^\top`
     when :math:`(d+1)^2` is small; the gate Hessian reuses the same products.
     """
-    if spec.gate != "softmax" or spec.expert not in ("linear", "constant"):
-        raise ValueError("method='em' supports gate='softmax' with expert='linear' or 'constant'; "
+    generic = not spec.gating.input_affine  # gradient gate step (gradient_gate_step) instead of IRLS
+    if not (spec.gate == "softmax" or generic) or spec.expert not in ("linear", "constant"):
+        raise ValueError("method='em' supports gate='softmax' or a gate not affine in x (laplace, cosine, "
+                         "perturbed_cosine, quadratic, gaussian) with expert='linear' or 'constant'; "
                          f"got gate={spec.gate!r}, expert={spec.expert!r}. Use method='gradient'.")
+    if generic and layout is None:
+        layout = ParamLayout(spec, gate_columns=gate_columns, expert_columns=expert_columns,
+                             shared_columns=shared_columns)
     R, n, d = X.shape
     k = spec.k
     S = init.gate_bias.shape[1]
@@ -375,7 +454,12 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     flat = init.map(lambda a: a.reshape(B, *a.shape[2:]))
     gb, gw = flat.gate_bias, flat.gate_weight
     gw = gw[..., gcols]
-    theta_g = torch.cat([(gb - gb[..., -1:]).unsqueeze(-1), gw - gw[..., -1:, :]], dim=-1)[..., :-1, :].contiguous()
+    if generic and layout is not None:  # the layout's gate terms (reference expert, cosine angles)
+        theta_g = layout.pack_gate(gb, flat.gate_weight).contiguous()
+        Xg: torch.Tensor | None = X.repeat_interleave(S, dim=0)
+    else:
+        theta_g = torch.cat([(gb - gb[..., -1:]).unsqueeze(-1), gw - gw[..., -1:, :]], dim=-1)[..., :-1, :].contiguous()
+        Xg = None
     if dependent:
         beta = torch.cat([flat.expert_bias.unsqueeze(-1), flat.expert_weight[..., ecols]], dim=-1).contiguous()
     else:
@@ -393,13 +477,16 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ll_prev = None
 
     def blocks(theta_g: torch.Tensor, beta: torch.Tensor, var: torch.Tensor) -> BlockParams:
-        zero = torch.zeros(*theta_g.shape[:-2], 1, theta_g.shape[-1], dtype=theta_g.dtype, device=theta_g.device)
-        g = torch.cat([theta_g, zero], dim=-2)
         ew = torch.zeros(*beta.shape[:-1], d, dtype=X.dtype, device=X.device)
         if dependent:
             ew[..., ecols] = beta[..., 1:]
         if gamma is not None:
             ew[..., scols] = gamma.unsqueeze(-2).expand(*beta.shape[:-1], len(scols))
+        if generic and layout is not None:
+            gb, gw = layout.unpack_gate(theta_g)
+            return BlockParams(gb, gw, ew, beta[..., 0], var.sqrt())
+        zero = torch.zeros(*theta_g.shape[:-2], 1, theta_g.shape[-1], dtype=theta_g.dtype, device=theta_g.device)
+        g = torch.cat([theta_g, zero], dim=-2)
         gw = torch.zeros(*g.shape[:-1], d, dtype=X.dtype, device=X.device)
         gw[..., gcols] = g[..., 1:]
         return BlockParams(g[..., 0], gw, ew, beta[..., 0], var.sqrt())
@@ -407,7 +494,11 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa, ma, Zsa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf, mf, Zs
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()
     gm_a = None if gamma is None else gamma.clone()
-    logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)  # (A, k, n)
+    Xa = Xg
+    if Xa is not None and layout is not None:
+        logw = gate_log_weights(spec, layout, tg_a, Xa)  # (A, k, n)
+    else:
+        logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)  # (A, k, n)
     glm = None if spec.has_noise_sd else spec.glm
 
     def linear_predictor() -> torch.Tensor:
@@ -441,6 +532,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
                 gm_a, Zsa = gm_a[keep], Zsa[keep]
             idx, logc, lse, ll, logw = idx[keep], logc[keep], lse[keep], ll[keep], logw[keep]
             ya, Zga, Zya, fl = ya[keep], Zga[keep], Zya[keep], fl[keep]
+            Xa = None if Xa is None else Xa[keep]
             wa = None if wa is None else wa[keep]
             ma = None if ma is None else ma[keep]
             Zea = Zga if dependent and same_cols else Zea[keep]
@@ -473,7 +565,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             ssq = (tau * resid * resid).sum(-1)
             var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
         if k > 1:
-            if gate_solver == "cvxpy":
+            if Xa is not None and layout is not None:
+                tg_a, logw = gradient_gate_step(spec, layout, Xa, tau, tg_a, logw, gate_steps)
+            elif gate_solver == "cvxpy":
                 tg_a = gate_cvxpy(Zga.transpose(1, 2), tau.transpose(1, 2).unsqueeze(1), tg_a.unsqueeze(1)).squeeze(1)
                 logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)
             else:

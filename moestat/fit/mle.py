@@ -12,12 +12,20 @@ do; **sigmoid gates are divided by their sum over experts**,
 Two estimators, both batched over replicates x restarts in one tensor program:
 
 * ``method="em"`` — EM with closed-form expert/variance updates and an IRLS gate step
-  (:mod:`moestat.fit.em`); softmax gate, linear or constant experts;
+  (:mod:`moestat.fit.em`) for the softmax gate, or a damped Newton gate step with autograd derivatives (a
+  generalised EM step, :func:`moestat.fit.em.gradient_gate_step`) for the gates not affine in x (``laplace``,
+  ``cosine``, ``perturbed_cosine``, ``quadratic``, ``gaussian``); linear or constant experts;
 * ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd) for
-  every gate and expert family; every (replicate, restart) pair has its own L-BFGS memory and
-  backtracking line search (:func:`moestat.fit._optim.lbfgs`, shared with the least-squares engine),
-  all in one tensor program.  With top-K gates
-  and ``top_k = 1`` the gate gradient is zero almost everywhere, so the gate cannot move from its start.
+  every gate of :data:`moestat.gates.GATES` and every expert family; every (replicate, restart) pair has its own
+  L-BFGS memory and backtracking line search (:func:`moestat.fit._optim.lbfgs`, shared with the least-squares
+  engine), all in one tensor program.  Gates not affine in x are evaluated by the model's
+  :meth:`moestat.MoE.gate_scores` (:func:`log_components`).  Top-K gates are differentiated with each
+  observation's selected set held at the evaluation point (the likelihood jumps where the set changes; the line
+  search compares true likelihoods); with ``top_k = 1`` the gate gradient is zero almost everywhere, so the gate
+  cannot move from its start.
+
+The free terms of each gate (what its invariance holds fixed on the last expert; the cosine gate's directions as
+angles) are those of :class:`moestat.fit._layout.ParamLayout`; docs/gates.md tabulates them.
 
 The noise standard deviations are kept above the floor
 :math:`\sigma_{\min} = \texttt{sd\_floor}\cdot\mathrm{sd}(y)` (default ``1e-3``), which keeps the
@@ -64,6 +72,11 @@ from .formula_fit import formula_inputs
 from .results import MLEFit, log_joint
 
 METHODS = ("em", "gradient")
+#: Gates ``method="em"`` fits: the softmax gate with its IRLS gate step, the gates not affine in x with a gradient
+#: (damped Newton) gate step (:func:`moestat.fit.em.gradient_gate_step`).
+EM_GATES = ("softmax", "laplace", "cosine", "perturbed_cosine", "quadratic", "gaussian")
+#: Gates whose scores use every input column (a zero slope does not drop a column from a distance or a norm).
+_ALL_COLUMN_GATES = ("laplace", "cosine", "perturbed_cosine")
 
 
 def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLayout | None = None,
@@ -215,9 +228,15 @@ def log_components(spec: MoE, p: BlockParams, Zt: torch.Tensor, y: torch.Tensor,
     ``y`` (A, n), and the blocks ``p`` have leading axis A.  Experts sit on axis 1 and observations
     last, so the softmax/log-sum-exp reductions over experts run along a strided axis (several times
     faster on CPU than over a short last axis) and logits and expert pre-activations are batched
-    matrix products.  ``trials`` (A, n): binomial trials (:func:`moestat.fit.results.log_joint`).
+    matrix products.  ``trials`` (A, n): binomial trials (:func:`moestat.fit.results.log_joint`).  Gates whose
+    scores are not affine in x (``Gate.input_affine`` false) get their scores from :meth:`moestat.MoE.gate_scores`
+    at the inputs ``Zt[:, 1:]``; the model's :meth:`moestat.MoE.log_joint_from_linear` then applies every gate's
+    normalisation.
     """
-    logits = torch.bmm(torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1), Zt)
+    if spec.gating.input_affine:
+        logits = torch.bmm(torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1), Zt)
+    else:  # the gate's own scores (distances, cosines, ...), from the model
+        logits = spec.gate_scores(Zt[:, 1:].transpose(1, 2), p.gate_weight, p.gate_bias).transpose(1, 2)
     if spec.family.input_dependent:
         pre = torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt)
     else:
@@ -554,7 +573,8 @@ def _em_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list[np
 
         st = em_fit(spec, Xb, yb, init, var_floor=fl**2, tol=tol, max_iter=max_iter, gate_steps=gate_steps,
                     gate_solver=gate_solver, gate_columns=layout.gate_columns, expert_columns=layout.expert_columns,
-                    weights=wb, shared_columns=layout.shared_columns, trials=mb, callback=report)
+                    weights=wb, shared_columns=layout.shared_columns, trials=mb, callback=report,
+                    layout=layout)
         at = torch.as_tensor(q, device=probs.X.device)
         out.put(at, st.params, st.loglik, st.converged, st.n_iter)
         hist.append(st.history[:, :, 0])
@@ -704,7 +724,10 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         log-pmf, :math:`\log\binom{m_t}{m_ty_t}` included (so it is not the Bernoulli log-likelihood of the rows
         expanded into trials, which lacks that constant).
     method : {"em", "gradient"}
-        EM (softmax gate; linear or constant experts) or L-BFGS on the log-likelihood (any gate/expert).
+        EM (softmax gate, or a gate not affine in x with a gradient gate step; linear or constant experts) or L-BFGS
+        on the log-likelihood (any gate/expert).  The cosine gate needs ``d >= 2`` (its slopes are directions);
+        ``gate_columns`` / ``gate_formula`` are refused for the ``laplace``, ``cosine`` and ``perturbed_cosine``
+        gates, whose distances and norms use every column.
     restarts : int
         Number of random-subset starts (:func:`random_starts`) per replicate; the start with the
         highest log-likelihood is kept.  ``restarts=0`` uses only ``init``.
@@ -721,7 +744,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     gate_solver : {"newton", "cvxpy"}
         EM gate M-step: batched damped Newton/IRLS (default) or the exact cvxpy solve (slow; small problems).
     gate_steps : int
-        Newton steps per EM iteration (a generalised EM step; the objective never decreases).
+        Newton steps per EM iteration (a generalised EM step; the objective never decreases), IRLS for the softmax
+        gate, saddle-free Newton with autograd derivatives for the gates not affine in x.
     gtol : float
         L-BFGS gradient tolerance on the per-observation log-likelihood scale.
     device, dtype
@@ -806,19 +830,13 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         if family != spec.response and spec.response != "gaussian":
             raise ValueError(f"family={family!r} disagrees with spec.response={spec.response!r}; pass one of them.")
         spec = dataclasses.replace(spec, response=family)
-    if not spec.gating.input_affine:
-        raise ValueError(f"fit_mle supports gates whose logits are affine in x (softmax, sigmoid, topk, "
-                         f"normalized_sigmoid), not gate={spec.gate!r}: its likelihood engine builds affine logits. "
-                         "Fit this gate by least squares (fit_lse), which evaluates every gate of the registry.")
     check_choice("method", method, METHODS)
     check_choice("gate_solver", gate_solver, ("newton", "cvxpy"))
     restarts = check_int("restarts", restarts, minimum=0)
     gate_steps = check_int("gate_steps", gate_steps)
     if not (tol > 0 and gtol > 0 and sd_floor > 0):
         raise ValueError(f"tol, gtol and sd_floor must be > 0, got tol={tol}, gtol={gtol}, sd_floor={sd_floor}.")
-    if method == "em" and (spec.gate != "softmax" or spec.expert not in ("linear", "constant")):
-        raise ValueError(f"method='em' supports gate='softmax' with expert='linear' or 'constant', not "
-                         f"gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")
+    _check_method(spec, method, gate_solver, columns[1])
     max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
     check_choice("underdetermined", underdetermined, ("raise", "warn"))
     layout = ParamLayout(spec, feature_names, gate_columns=columns[1], expert_columns=columns[2],
@@ -837,7 +855,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     # inputs far from unit scale are fitted as X / s and the slopes mapped back (exact: the likelihood is
     # equivariant), so the estimate does not depend on the inputs' units; standard errors are then computed on the
     # user's scale at that estimate
-    in_scale = input_scale(Xn)
+    in_scale = input_scale(Xn) if spec.gating.input_affine else None  # exact only for gates affine in x
     s_t = None if in_scale is None else to_tensor(in_scale, device=dev, dtype=dt)
     X_fit = Xt if s_t is None else Xt / s_t
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
@@ -894,6 +912,21 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                   response_name="y" if design is None else design.response_name, trials=m_t)
     fit._warn_degenerate()
     return fit
+
+
+def _check_method(spec: MoE, method: str, gate_solver: str, gate_columns: Sequence[int] | None) -> None:
+    """Refuse the method/spec pairs fit_mle cannot fit (ValueError naming the fix)."""
+    if method == "em" and (spec.gate not in EM_GATES or spec.expert not in ("linear", "constant")):
+        raise ValueError(f"method='em' supports gate={' / '.join(repr(g) for g in EM_GATES)} with expert='linear' "
+                         f"or 'constant', not gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")
+    if method == "em" and gate_solver == "cvxpy" and spec.gate != "softmax":
+        raise ValueError(f"gate_solver='cvxpy' solves the softmax gate's convex M-step; gate={spec.gate!r} takes the "
+                         "gradient gate step. Use gate_solver='newton'.")
+    if gate_columns is not None and spec.gate in _ALL_COLUMN_GATES and list(gate_columns) != list(range(spec.d)):
+        raise ValueError(f"gate={spec.gate!r} measures distances or norms over every input column, so its scores do "
+                         f"not ignore a column whose slope is zero; gate_columns={list(gate_columns)} (or a "
+                         "gate_formula) is for gates affine in x or in x*x. Drop gate_columns, or pass only the "
+                         "gate's columns as X.")
 
 
 def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, data: Any, k: int | None,

@@ -341,12 +341,3 @@ def test_variance_collapse_is_flagged():
     rep = int(flagged["rep"].iloc[0])
     assert "have a collapsed variance" in over.summary(rep).as_text()
     assert not np.asarray(right.collapsed).any()
-
-
-@pytest.mark.parametrize("gate", ["laplace", "cosine", "gaussian"])
-def test_fit_mle_refuses_gates_its_engine_cannot_evaluate(gate):
-    """The likelihood engine forms affine logits; a distance or cosine gate would be fitted as the wrong model."""
-    rng = np.random.default_rng(0)
-    X = rng.uniform(-1, 1, (200, 1))
-    with pytest.raises(ValueError, match="fit_lse"):
-        ms.fit_mle(ms.MoE(gate=gate, k=2, d=1), X, X[:, 0] + rng.normal(size=200), method="gradient")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -213,7 +214,10 @@ def test_progress_bar_counts_problems(capsys):
     d = _data()
     ms.fit_mle(SPEC, d.X, d.y, restarts=RESTARTS, seed=5, memory_budget=_budget(5), progress=True)
     err = capsys.readouterr().err
-    assert "fit_mle" in err and "/12 problems done" in err and "EM, block" in err
+    # the count is the contract; the phase text after it ("EM, block ...") is redrawn at tqdm's refresh interval,
+    # so whether a given phase shows up in the captured output depends on timing and is not asserted
+    # (and the bar clears itself when done, so the last count drawn depends on timing too)
+    assert "fit_mle" in err and re.search(r"\b\d+/12 problems done", err)
     ms.fit_mle(SPEC, d.X, d.y, restarts=RESTARTS, seed=5, progress=False)
     assert "problems done" not in capsys.readouterr().err
 
