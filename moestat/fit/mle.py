@@ -407,13 +407,13 @@ class _Progress:
 
     ``progress=True`` opens it at once, ``False`` never; ``None`` follows :func:`moestat.bootstrap` and
     :func:`moestat.select_k`: it opens in interactive sessions, when the expected run time (``expected_s``) exceeds
-    ``moestat.inference.PROGRESS_AFTER_S`` seconds, at a block boundary where the time so far extrapolated over the
+    ``moestat._progress.PROGRESS_AFTER_S`` seconds, at a block boundary where the time so far extrapolated over the
     blocks predicts a longer run, or once the fit has run that long.  The postfix names the phase, block and
     iteration.
     """
 
     def __init__(self, total: int, progress: bool | None, expected_s: float) -> None:
-        from ..inference import PROGRESS_AFTER_S, _interactive
+        from .._progress import PROGRESS_AFTER_S, _interactive
 
         self.total, self.auto, self.after = total, progress is None, PROGRESS_AFTER_S
         self.done, self.phase, self.t0, self.bar = 0, "", time.perf_counter(), None
@@ -879,7 +879,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     model = MemoryModel.of(spec, layout, R, Xn.shape[1], weighted=w_t is not None, trials=m_t is not None,
                            itemsize=Xt.element_size())
     model.check(budget, Xn.shape[1], method)
-    from ..inference import _expected_seconds
+    from .._progress import _expected_seconds
 
     bar = _Progress(R * S, progress, _expected_seconds(R, S, Xn.shape[1], spec.k, spec.d))
     try:
