@@ -109,8 +109,11 @@ def _running(worker) -> bool:
 def _start_and_wait_for_first_cell(argv: list[str], out: Path, nap: str, logs: Path) -> tuple[subprocess.Popen, list]:
     """Start the study process, wait until its first cell is stored and both workers run; return it and them."""
     logs.mkdir(exist_ok=True)
+    # SIGINT as a terminal gives it: a test run started in the background of a non-interactive shell (as CI jobs
+    # often are) ignores SIGINT, and an ignored disposition is inherited, so Ctrl-C would never reach the study
     proc = subprocess.Popen(argv, env=_env(nap), stdout=open(logs / "stdout", "wb"),
-                            stderr=open(logs / "stderr", "wb"))
+                            stderr=open(logs / "stderr", "wb"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # generous: spawning two workers that import torch can take a minute on a loaded 2-core machine
     deadline, workers = time.monotonic() + 300, []
     while time.monotonic() < deadline and proc.poll() is None:
