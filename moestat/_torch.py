@@ -64,6 +64,8 @@ def to_tensor(x: Array, *, device: torch.device | None = None,
     if isinstance(x, torch.Tensor):
         return x.to(device=device or x.device, dtype=dtype or x.dtype)
     arr = np.asarray(x, dtype=np.float64)
+    if not arr.flags.writeable:  # torch would share a read-only buffer (pandas 3 columns are) and warn about it
+        arr = arr.copy()
     return torch.as_tensor(arr, dtype=dtype or torch.float64, device=device or "cpu")
 
 

@@ -307,3 +307,15 @@ def test_select_k_and_lrt_progress(gauss, capsys, monkeypatch):
     ms.test_n_experts(X[:150], y[:150], n_resamples=2, restarts=1, seed=0, progress=True)
     err = capsys.readouterr().err
     assert "test_n_experts" in err and "refit k=2 to 2 null resamples" in err
+
+
+def test_read_only_inputs_give_no_torch_warning(gauss):
+    """pandas 3 hands out read-only arrays (columns, df.to_numpy()); torch warns when it wraps one without a copy."""
+    import warnings
+
+    X = gauss._X[0].numpy().copy()
+    X.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        mean = gauss.predict(X)
+    np.testing.assert_allclose(mean, gauss.predict(X.copy()), rtol=0, atol=0)
