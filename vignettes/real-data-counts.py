@@ -124,16 +124,13 @@ def _table(sel) -> Any:
 
 
 def _restart_logliks(sel) -> Any:
-    """Every random start's final log-likelihood for each k (how often the starts reach the best maximum); a start
-    that EM's screening abandoned keeps the value where it stopped."""
-    import numpy as np
+    """Every random start's final log-likelihood for each k (:func:`moestat.fit.checks.restart_logliks`)."""
     import pandas as pd
 
-    rows = []
-    for k, f in sel.fits.items():
-        ll = np.asarray(f.restart_loglik, dtype=float).ravel()
-        rows += [{"k": k, "start": j, "loglik": v, "gap_to_best": float(np.nanmax(ll) - v)} for j, v in enumerate(ll)]
-    return pd.DataFrame(rows)
+    from moestat.fit.checks import restart_logliks
+
+    frames = [restart_logliks(f).assign(k=k) for k, f in sel.fits.items()]
+    return pd.concat(frames, ignore_index=True)[["k", "start", "loglik", "gap_to_best"]]
 
 
 def _degeneracy_over_k(sel) -> Any:
@@ -147,111 +144,48 @@ def _degeneracy_over_k(sel) -> Any:
 # %% [markdown]
 # ## Checks of the fitted model
 #
-# For a Poisson mixture $\mathbb E[y\mid x] = \sum_i \pi_i\mu_i$,
-# $\mathrm{Var}[y\mid x] = \sum_i \pi_i(\mu_i + \mu_i^2) - \mathbb E[y\mid x]^2$ and
-# $P(y = 0\mid x) = \sum_i \pi_i e^{-\mu_i}$; for the negative binomial (NB2) reference
-# $\mathrm{Var} = \mu + \alpha\mu^2$ and $P(0) = (1 + \alpha\mu)^{-1/\alpha}$.  The Pearson dispersion
+# `moestat.fit.checks.predictive_checks(fit)` sets the fitted mixture against the data: for a Poisson
+# mixture $\mathbb E[y\mid x] = \sum_i \pi_i\mu_i$,
+# $\mathrm{Var}[y\mid x] = \sum_i \pi_i(\mu_i + \mu_i^2) - \mathbb E[y\mid x]^2$
+# and $P(y = 0\mid x) = \sum_i \pi_i e^{-\mu_i}$, and the Pearson dispersion
 # $\sum_t (y_t - \mathbb E[y_t\mid x_t])^2 / \mathrm{Var}[y_t\mid x_t] \,/\, (n - \mathrm{df})$ is about 1 when
-# the model's variance matches the data's.
+# the model's variance matches the data's.  `count_model_checks` writes the same row for statsmodels' negative
+# binomial (NB2) regression, $\mathrm{Var} = \mu + \alpha\mu^2$ and $P(0) = (1 + \alpha\mu)^{-1/\alpha}$;
+# `compare_glm` sets the k = 1 fit against statsmodels' Poisson GLM.
 
 # %%
-def _moments_poisson_mixture(fit, data) -> tuple[Any, Any, Any]:
-    import numpy as np
-
-    pi, mu = np.asarray(fit.gate_probs(data)), np.asarray(fit.expert_means(data))
-    mean = (pi * mu).sum(1)
-    var = (pi * (mu + mu ** 2)).sum(1) - mean ** 2
-    return mean, var, (pi * np.exp(-mu)).sum(1)
-
-
-def _moments_nb2(mu, alpha: float) -> tuple[Any, Any, Any]:
-    """Mean, variance and P(y = 0) of the NB2 distribution with mean ``mu`` and dispersion ``alpha``."""
-    return mu, mu + alpha * mu ** 2, (1 + alpha * mu) ** (-1 / alpha)
-
-
-def _check_row(model: str, y, mean, var, p0, loglik: float, df: int) -> dict[str, Any]:
-    import numpy as np
-
-    n = len(y)
-    return {"model": model, "df": df, "loglik": loglik, "bic": -2 * loglik + df * np.log(n),
-            "pearson_dispersion": float(((y - mean) ** 2 / var).sum() / (n - df)),
-            "predicted_zero_share": float(np.mean(p0)), "observed_zero_share": float(np.mean(y == 0))}
+CHECK_COLUMNS = ["model", "df", "loglik", "bic", "pearson_dispersion", "predicted_zero_share", "observed_zero_share"]
 
 
 def _fit_checks(data, fits: dict[str, Any]) -> Any:
-    import numpy as np
     import pandas as pd
     import statsmodels.formula.api as smf
 
-    y = data["mdvis"].to_numpy(float)
-    rows = []
-    for label, fit in fits.items():
-        mean, var, p0 = _moments_poisson_mixture(fit, data)
-        rows.append(_check_row(label, y, mean, var, p0, float(fit.loglik), int(fit.df_model)))
+    from moestat.fit.checks import count_model_checks, predictive_checks
+
     nb = smf.negativebinomial(FORMULA, data).fit(disp=0, maxiter=200)
-    alpha = float(nb.params["alpha"])
-    mu = np.asarray(nb.predict(data))
-    rows.append(_check_row("NB2 regression (statsmodels, not a mixture)", y, *_moments_nb2(mu, alpha),
-                           float(nb.llf), len(nb.params)))
-    return pd.DataFrame(rows)
+    frames = [predictive_checks(fit).assign(model=label) for label, fit in fits.items()]
+    frames.append(count_model_checks(nb).assign(model="NB2 regression (statsmodels, not a mixture)"))
+    out = pd.concat(frames, ignore_index=True).rename(columns={"fitted_zero_share": "predicted_zero_share"})
+    return out[CHECK_COLUMNS]
 
 
 def _glm_check(fit1, data) -> Any:
-    """moestat's k = 1 Poisson fit against statsmodels' GLM with the same formula."""
-    import pandas as pd
     import statsmodels.api as sm
     import statsmodels.formula.api as smf
 
-    glm = smf.glm(FORMULA, data, family=sm.families.Poisson()).fit()
-    ours = fit1.to_frame()
-    names = [t.split(":", 1)[1].replace("const", "Intercept") for t in ours["term"]]
-    out = pd.DataFrame({"term": names, "moestat": ours["estimate"].to_numpy(),
-                        "statsmodels": glm.params[names].to_numpy(), "se_moestat": ours["std_error"].to_numpy(),
-                        "se_statsmodels": glm.bse[names].to_numpy()})
-    out["abs_diff"] = (out["moestat"] - out["statsmodels"]).abs()
-    out["se_rel_diff"] = (out["se_moestat"] / out["se_statsmodels"] - 1).abs()
-    loglik = pd.DataFrame([{"term": "loglik", "moestat": float(fit1.loglik), "statsmodels": float(glm.llf),
-                            "abs_diff": abs(float(fit1.loglik) - float(glm.llf))}])
-    return pd.concat([out, loglik], ignore_index=True)
+    from moestat.fit.checks import compare_glm
+
+    return compare_glm(fit1, smf.glm(FORMULA, data, family=sm.families.Poisson()).fit())
 
 
-def sandwich_se(fit, data, chunk: int = 2000) -> Any:
-    r"""Sandwich standard errors $\sqrt{\mathrm{diag}(H^{-1} J H^{-1})}$, $J = \sum_t s_t s_t^\top$ (White 1982,
-    *Econometrica* 50, 1-25), with the per-observation scores $s_t$ computed ``chunk`` rows at a time.
-
-    The same quantity as ``fit.bse("sandwich")`` (tested to 1e-12), whose score Jacobian over all n rows at once
-    needs memory of order $n^2$ (23 GB at the full n = 20,190); chunks of c rows need order $c^2$.
-    """
-    import numpy as np
-    import torch
-
-    from moestat.fit.formula_fit import transform_union
-
-    if fit.weighted:
-        raise ValueError("sandwich_se handles unweighted fits only (J would need the case weights); use "
-                         "fit.bse('sandwich') for a weighted fit.")
-    X = torch.as_tensor(transform_union(fit.design, data), dtype=torch.float64)
-    y = torch.as_tensor(np.asarray(fit.design.transform(data).y, dtype=float))
-    theta = torch.as_tensor(np.asarray(fit.theta), dtype=torch.float64)
-
-    def loglik_obs(t, Xc, yc):
-        return torch.logsumexp(fit.spec.log_density_components(fit.layout.unpack(t), Xc, yc), dim=-1)
-
-    meat = np.zeros((theta.numel(), theta.numel()))
-    for start in range(0, len(y), chunk):
-        scores = torch.func.jacrev(loglik_obs)(theta, X[start:start + chunk], y[start:start + chunk]).numpy()
-        meat += scores.T @ scores
-    bread = np.linalg.inv(-np.asarray(fit.hessian()))
-    return np.sqrt(np.clip(np.diag(bread @ meat @ bread), 0, None))
-
-
-def _coefficients(fit, data) -> Any:
+def _coefficients(fit) -> Any:
     import numpy as np
 
     tf = fit.to_frame("oim")
     coef = tf[["term", "block", "atom", "coef", "estimate", "std_error", "statistic", "p_value", "conf_low",
                "conf_high"]].copy()
-    coef["se_sandwich"] = sandwich_se(fit, data)
+    coef["se_sandwich"] = fit.bse("sandwich")  # White (1982); per-observation scores in row chunks
     coef["rate_ratio"] = np.where(coef["block"] == "expert", np.exp(coef["estimate"]), np.nan)
     return coef
 
@@ -433,7 +367,7 @@ def run(out, quick: bool = False, resume: bool = True, size: str | None = None) 
     gfit, warn_cmp, compare = _gaussian_compare(data, sz, s_cmp, sel_p.fits[sz["k_compare"]])
     timing["gaussian_compare_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tables = {"select_k_poisson": table_p, "select_k_gaussian": table_g, "coefficients": _coefficients(fit, data),
+    tables = {"select_k_poisson": table_p, "select_k_gaussian": table_g, "coefficients": _coefficients(fit),
               "components": _components(fit, data), "glm_check": _glm_check(sel_p.fits[1], data),
               "degeneracy_gaussian": _degeneracy_over_k(sel_g), "compare": compare,
               "degeneracy_compare": gfit.degeneracy(),

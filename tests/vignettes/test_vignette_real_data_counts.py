@@ -1,5 +1,6 @@
-"""The RAND HIE count vignette: importable without computing, its formulas checked against scipy, and a smoke run of
-its quick size: every promised file is written, the Poisson fit is not degenerate while the Gaussian one is."""
+"""The RAND HIE count vignette: importable without computing, and a smoke run of its quick size: every promised file
+is written, the Poisson fit is not degenerate while the Gaussian one is.  Its statistics (predictive checks, the GLM
+comparison, restart log-likelihoods) are library functions, tested in tests/fit/test_checks.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
 
-import moestat as ms
 import moestat._vignette_index as vindex
 
 NAME = "real-data-counts"
@@ -35,43 +34,6 @@ def test_contract_and_data(mod):
     assert len(sub) == 500 and sub.equals(mod.load_data(500))  # the subsample is fixed by the seed
     with pytest.raises(ValueError, match="size='huge'"):
         mod._size(False, "huge")
-
-
-def test_mixture_moments_match_the_pmf_summed_by_brute_force(mod):
-    data = mod.load_data(400)
-    fit = ms.fit_mle(formula=mod.FORMULA, data=data, k=2, gate_formula=mod.GATE_FORMULA, family="poisson",
-                     restarts=1, seed=0)
-    mean, var, p0 = mod._moments_poisson_mixture(fit, data)
-    pi, mu = np.asarray(fit.gate_probs(data)), np.asarray(fit.expert_means(data))
-    ys = np.arange(400)  # the fitted rates are below 60 here: the pmf beyond 400 is below 1e-100
-    assert mu.max() < 60
-    pmf = (pi[:, None, :] * stats.poisson.pmf(ys[None, :, None], mu[:, None, :])).sum(-1)  # (n, len(ys))
-    # sums of a few hundred floats: agreement to 1e-9 relative is rounding, not approximation
-    np.testing.assert_allclose(pmf.sum(1), 1.0, rtol=1e-9)
-    np.testing.assert_allclose(mean, pmf @ ys, rtol=1e-9)
-    np.testing.assert_allclose(var, pmf @ ys ** 2 - (pmf @ ys) ** 2, rtol=1e-9)
-    np.testing.assert_allclose(p0, pmf[:, 0], rtol=1e-12)
-
-
-def test_chunked_sandwich_equals_the_fits_own(mod):
-    data = mod.load_data(600)
-    fit = ms.fit_mle(formula=mod.FORMULA, data=data, k=2, gate_formula=mod.GATE_FORMULA, family="poisson",
-                     restarts=1, seed=1)
-    # the same sums in another order (chunks of 128 rows): agreement to 1e-10 relative is rounding only
-    np.testing.assert_allclose(mod.sandwich_se(fit, data, chunk=128), fit.bse("sandwich"), rtol=1e-10)
-    weighted = ms.fit_mle(formula=mod.FORMULA, data=data.assign(w=2.0), k=1, family="poisson", weights="w",
-                          restarts=1, seed=1)
-    with pytest.raises(ValueError, match="unweighted"):
-        mod.sandwich_se(weighted, data)
-
-
-def test_nb2_moments_match_scipy(mod):
-    mu, alpha = np.array([0.3, 2.0, 11.5]), 0.8
-    mean, var, p0 = mod._moments_nb2(mu, alpha)
-    nb = stats.nbinom(1 / alpha, 1 / (1 + alpha * mu))  # scipy's (n, p) form of NB2 with mean mu
-    np.testing.assert_allclose(mean, nb.mean(), rtol=1e-12)  # closed forms on both sides: rounding only
-    np.testing.assert_allclose(var, nb.var(), rtol=1e-12)
-    np.testing.assert_allclose(p0, nb.pmf(0), rtol=1e-12)
 
 
 # smoke: ~10 s, quick: ~25 s on an idle 2-core machine
@@ -98,8 +60,12 @@ def test_run_writes_everything_and_names_the_degenerate_fit(mod, tmp_path, size)
     checks = pd.read_csv(tmp_path / "fit_checks.csv")
     disp = checks.set_index("model")["pearson_dispersion"]
     assert disp.iloc[1] < disp.iloc[0]  # the mixture absorbs part of the over-dispersion of the one-expert GLM
+    assert list(checks.columns) == mod.CHECK_COLUMNS and checks["model"].str.startswith("NB2").iloc[-1]
+    # every model's predicted share of zeros is a probability, against the data's one observed share
+    assert checks["predicted_zero_share"].between(0, 1).all() and checks["observed_zero_share"].nunique() == 1
     coef = pd.read_csv(tmp_path / "coefficients.csv")
     assert coef["term"].str.contains("lncoins").any() and coef["std_error"].notna().all()
+    assert (coef["se_sandwich"] > 0).all() and np.isfinite(coef["se_sandwich"]).all()  # fit.bse("sandwich")
     prov = json.loads((tmp_path / "provenance.json").read_text())
     assert prov["config"]["size"] == size and prov["config"]["n_rows"] == mod.SIZES[size]["n"]
     stamp = (tmp_path / "results.csv").stat().st_mtime_ns
