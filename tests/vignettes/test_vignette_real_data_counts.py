@@ -5,23 +5,19 @@ comparison, restart log-likelihoods) are library functions, tested in tests/fit/
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-import moestat._vignette_index as vindex
+from .conftest import load_vignette
 
 NAME = "real-data-counts"
 
 
 @pytest.fixture(scope="module")
 def mod():
-    t0 = time.perf_counter()
-    module = vindex.load(vindex.find(NAME))
-    assert time.perf_counter() - t0 < 5  # importing fits nothing
-    return module
+    return load_vignette(NAME)
 
 
 def test_contract_and_data(mod):

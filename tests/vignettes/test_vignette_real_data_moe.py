@@ -3,24 +3,20 @@ centred log-log regression it describes."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
 
 import moestat as ms
-import moestat._vignette_index as vindex
+
+from .conftest import load_vignette
 
 NAME = "real-data-moe"
 
 
 @pytest.fixture(scope="module")
 def mod():
-    t0 = time.perf_counter()
-    module = vindex.load(vindex.find(NAME))
-    assert time.perf_counter() - t0 < 5  # importing fits nothing
-    return module
+    return load_vignette(NAME)
 
 
 def test_vignette_contract_and_data(mod):
