@@ -19,6 +19,14 @@ import torch
 CPU = torch.device("cpu")
 
 
+def fresh_seed(seed: Any) -> Any:
+    """``seed`` itself, or for ``None`` a new :class:`numpy.random.SeedSequence` from the operating system's entropy.
+
+    Estimators call it first, so that a fit with ``seed=None`` (fresh randomness, numpy's and scikit-learn's
+    default) still records in its settings the entropy it drew and can be repeated from them."""
+    return np.random.SeedSequence() if seed is None else seed
+
+
 def torch_seed(seed: Any) -> int:
     """A 63-bit torch seed derived from ``seed`` (int, None, SeedSequence or a list of them)."""
     if isinstance(seed, (list, tuple)):

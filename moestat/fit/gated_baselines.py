@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._random import fresh_seed
 from .._torch import to_numpy
 from .._validation import (
     Boolean,
@@ -72,7 +73,7 @@ def _config(method: str, act, sigma, k, X, S, seed, dev, **kw) -> dict:
 @validate_arguments(k=Integer(1), sigma=Optional(Real(0, open_low=True)), restarts=Integer(1), iters=Integer(0),
                     lr=Real(0, open_low=True), seed=Seed(), record_every=Integer(1), device=Device(), dtype=Dtype())
 def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | None = None, restarts: int = 10,
-                 iters: int = 600, lr: float = 0.02, optimizer: str = "adam", seed=0, init=None, truth=None,
+                 iters: int = 600, lr: float = 0.02, optimizer: str = "adam", seed=None, init=None, truth=None,
                  record_every: int = 10, device: str = "auto", dtype=None) -> GatedFit:
     r"""Plain least squares on the full gated model (the :math:`\ell_2` baseline of makkuva2020).
 
@@ -99,6 +100,7 @@ def fit_l2_gated(X, y, k: int, *, activation: str = "linear", sigma: float | Non
     check_choice("optimizer", optimizer, ("adam", "sgd"))
     act = get_activation(activation)
     spec = MoE(gate="softmax", expert=act.name, k=k, d=d)
+    seed = fresh_seed(seed)
     A0, W0 = resolve_starts(init, R, S, k, d, seed, dev, Xt.dtype)
     hist = History(truth_arrays(truth))
     A = A0.clone().requires_grad_(True)
@@ -139,7 +141,7 @@ def _wls(X: torch.Tensor, y: torch.Tensor, H: torch.Tensor, ridge: float) -> tor
                     record_every=Integer(1), device=Device(), dtype=Dtype())
 def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05, restarts: int = 10,
                  iters: int = 100, gate_steps: int = 5, gate_step: float = 2.0, expert_steps: int = 5,
-                 expert_step: float = 0.5, learn_sigma: bool = False, ridge: float = 1e-8, seed=0, init=None,
+                 expert_step: float = 0.5, learn_sigma: bool = False, ridge: float = 1e-8, seed=None, init=None,
                  truth=None, record_every: int = 1, device: str = "auto", dtype=None) -> GatedFit:
     r"""EM for the gated network (the EM baseline of the revised makkuva2020), experts and gate jointly.
 
@@ -177,6 +179,7 @@ def fit_em_gated(X, y, k: int, *, activation: str = "linear", sigma: float = 0.0
         raise ValueError("sigma must be > 0 (the noise sd, or its starting value with learn_sigma=True).")
     act = get_activation(activation)
     linear = act.name == "linear"
+    seed = fresh_seed(seed)
     A, W = resolve_starts(init, R, S, k, d, seed, dev, Xt.dtype)
     sig = torch.full((R, S, 1, 1), float(sigma), dtype=Xt.dtype, device=dev)
     hist = History(truth_arrays(truth))

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .._random import seeded_generators, torch_seed
+from .._random import fresh_seed, seeded_generators, torch_seed
 from .._torch import Array, cpu_threads, resolve_device, resolve_dtype, to_numpy, to_tensor
 from .._validation import (
     Boolean,
@@ -569,6 +569,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
 
     # starting values (numpy, R*S rows)
     dup_record = [int(j) for j in duplicate] if duplicate is not None else []
+    seed = fresh_seed(seed)
     if init_name == "params":
         start = from_params(spec, init, R, restarts, scale=init_scale, seed=seed)
     elif len(set(kinds)) == 1:

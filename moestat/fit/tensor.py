@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._random import fresh_seed
 from .._torch import to_numpy, to_tensor
 from .._validation import (
     Boolean,
@@ -309,7 +310,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
                batch_size: int | None = None,
                max_grad_norm: float | None = None, recover: str = "pinv", sign: str = "moment",
                gate_iters: int = 300, gate_step: float = 2.0, gate_radius: float = 5.0, sample_split: bool = False,
-               seed: int | np.random.SeedSequence | None = 0, init=None, truth=None, record_every: int = 10,
+               seed: int | np.random.SeedSequence | None = None, init=None, truth=None, record_every: int = 10,
                check_inputs: bool = True, device: str = "auto", dtype=None) -> GatedFit:
     r"""Two-stage tensor estimator of makkuva2020: L4 for the experts, then :math:`L_{\log}` for the gate.
 
@@ -400,6 +401,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
     T: OutputTransform = output_transform(act, float(sigma))
     m11 = float(hermite_moments(act, p_max=1, j_max=1)[1, 1])
     dt = Xt.dtype
+    seed = fresh_seed(seed)
     A0, W0 = resolve_starts(init, R, S, k, d, seed, dev, dt)
     truth_np = truth_arrays(truth)
     hist = History(truth_np)
@@ -496,7 +498,7 @@ def fit_tensor(X, y, k: int, *, activation: str = "linear", sigma: float = 0.05,
 
 def fit_gate(X, y, regressors, *, activation: str = "linear", sigma: float = 0.05, restarts: int = 1,
              gate_iters: int = 100, gate_step: float = 2.0, gate_radius: float = 5.0, sample_split: bool = False,
-             seed: int | np.random.SeedSequence | None = 0, truth=None, record_every: int = 10,
+             seed: int | np.random.SeedSequence | None = None, truth=None, record_every: int = 10,
              device: str = "auto", dtype=None) -> GatedFit:
     r"""Stage 2 alone: projected GD on :math:`L_{\log}(W, A)` with the regressors fixed at ``regressors``.
 
@@ -519,6 +521,7 @@ def fit_gate(X, y, regressors, *, activation: str = "linear", sigma: float = 0.0
     if not sigma > 0:
         raise ValueError("sigma must be > 0: it is the known noise sd of the likelihood L_log.")
     act = get_activation(activation)
+    seed = fresh_seed(seed)
     _, W0 = resolve_starts(None, R, S, k, d, seed, dev, Xt.dtype)
     hist = History(truth_arrays(truth))
 
