@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -191,63 +192,108 @@ def _run_study(study: ms.Study, folder: Path, resume: bool, workers: int | None)
 
 # %% [markdown]
 # ## Figures
+#
+# Drawn in the package style (``moestat.figstyle``): a title on every panel, mathtext axis labels, legends in a
+# row under the panels or under the axes (never over the data) and a caption that says what a marker, a line and
+# an error bar are, over how many runs, and at which level the intervals are. ``redraw`` redraws them from the
+# CSVs a run wrote (no training).
 
 # %%
-def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path) -> None:
+CONFIDENCE_LEVEL = 0.95
+"""Level of the $n^*$ intervals of rates.csv (the default of ``moestat.rates.sample_complexity``)."""
+
+COLORS = {"pmoe": "C0", "pmoe-joint": "C2", "cnn": "C3"}
+
+
+def model_name(model: str) -> str:
+    """Display name of a model of ``paper.MODELS`` for legends, e.g. "pMoE, separate training (k = 2, l = 2)"."""
+    spec = paper.MODELS[model]
+    if spec["fit"] == "cnn":
+        return "CNN (all n patches)"
+    return f"pMoE, {spec['training']} training ($k$ = {spec['k']}, $l$ = {spec['l']})"
+
+
+def _run_counts(frame: pd.DataFrame, keys: list[str], run: str = "run") -> list[int]:
+    """Runs behind each plotted point (one point per ``keys`` group)."""
+    return [int(v) for v in frame.groupby(keys)[run].nunique()]
+
+
+def _accuracy_figure(results: pd.DataFrame, rates: pd.DataFrame, out: Path, n_test: int | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from moestat import figstyle as fs
 
-    colors = {"pmoe": "C0", "pmoe-joint": "C2", "cnn": "C3"}
     main = results[results["n_patches"] == 16]
     variants = sorted(main["variant"].unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(variants), figsize=(5.2 * len(variants), 3.8), squeeze=False)
-    for ax, variant in zip(axes[0], variants, strict=True):
-        sub = main[main["variant"] == variant]
-        for model, g in sub.groupby("model"):
-            s = g.groupby("n_train")["accuracy"].agg(["mean", "std"])
-            ax.errorbar(s.index, s["mean"], yerr=s["std"], marker="o", ms=3, capsize=2, label=model,
-                        color=colors.get(model))
-        for target in sorted(set(rates.loc[rates["variant"] == variant, "target"].dropna())):
-            ax.axhline(target, color="grey", lw=0.6, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("training samples N")
-        ax.set_ylabel("test accuracy (mean ± 1 sd over runs)")
-        ax.set_title(f"{variant}, n = 16 patches")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_vs_n.png", dpi=120)
-    plt.close(fig)
+    with fs.style():
+        fig, axes, legend_ax = fs.subplots(1, len(variants), figsize=(fs.PAGE_WIDTH_IN, 3.6 + 0.6),
+                                           legend_height=0.6)
+        handles: dict[str, object] = {}
+        for ax, variant in zip(axes[0], variants, strict=True):
+            sub = main[main["variant"] == variant]
+            for model in [m for m in paper.MODELS if m in set(sub["model"])]:
+                s = sub[sub["model"] == model].groupby("n_train")["accuracy"].agg(["mean", "std"])
+                handles[model_name(model)] = ax.errorbar(s.index, s["mean"], yerr=s["std"].fillna(0.0), marker="o",
+                                                         ms=3, capsize=2, color=COLORS.get(model))
+            for target in sorted(set(rates.loc[rates["variant"] == variant, "target"].dropna())):
+                handles["target accuracy (defines $n^*$)"] = ax.axhline(target, color="0.5", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            fs.finish_axes(ax, title=f"{variant} data, n = 16 patches", xlabel="n_train", ylabel="accuracy")
+        fs.legend_panel(legend_ax, list(handles.values()), list(handles), ncol=2)
+        runs = _run_counts(main, ["variant", "model", "n_train"])
+        tests = f" ({n_test:,} test samples)" if n_test else ""
+        fs.caption(fig, fs.bars_text("1sd", runs, unit="runs", centre=f"mean test accuracy{tests}")
+                   + "; all models of a panel are trained on the same replicates.")
+        fs.save(fig, out / "accuracy_vs_n.png")
+
+
+def _nstar_figure(rates: pd.DataFrame, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from moestat import figstyle as fs
 
     ns = rates[(rates["kind"] == "n_star") & (rates["variant"] == "synthetic")]
-    if ns["n_patches"].nunique() >= 3:
-        target = max(ns["target"])
-        ns = ns[(ns["target"] == target) & ns["model"].isin(["pmoe", "cnn"])].copy()
-        base_l = paper.MODELS["pmoe"]["l"]
-        ns["x"] = np.where(ns["model"] == "cnn", ns["n_patches"] / base_l, ns["n_patches"] / ns["l"])
-        n_big = ns.loc[(ns["model"] == "pmoe") & (ns["l"] != base_l), "n_patches"]
-        series = {"cnn (x = n/2)": (ns["model"] == "cnn", "C3"),
-                  f"pmoe, l = {base_l}, n varies": ((ns["model"] == "pmoe") & (ns["l"] == base_l), "C0")}
-        if not n_big.empty:
-            nb = int(n_big.iloc[0])
-            series[f"pmoe, n = {nb}, l varies"] = ((ns["model"] == "pmoe") & (ns["n_patches"] == nb), "C9")
-        fig, ax = plt.subplots(figsize=(5.6, 4.0))
-        for label, (mask, color) in series.items():
+    if ns["n_patches"].nunique() < 3:
+        return
+    target = max(ns["target"])
+    ns = ns[(ns["target"] == target) & ns["model"].isin(["pmoe", "cnn"])].copy()
+    base_l = paper.MODELS["pmoe"]["l"]
+    ns["x"] = np.where(ns["model"] == "cnn", ns["n_patches"] / base_l, ns["n_patches"] / ns["l"])
+    n_big = ns.loc[(ns["model"] == "pmoe") & (ns["l"] != base_l), "n_patches"]
+    series = {f"CNN (plotted at $n/{base_l}$)": (ns["model"] == "cnn", "C3"),
+              f"pMoE, $l$ = {base_l}, n varies": ((ns["model"] == "pmoe") & (ns["l"] == base_l), "C0")}
+    if not n_big.empty:
+        nb = int(n_big.iloc[0])
+        series[f"pMoE, n = {nb}, $l$ varies"] = ((ns["model"] == "pmoe") & (ns["n_patches"] == nb), "C9")
+    with fs.style():
+        fig, axes, _ = fs.subplots(1, 1, figsize=(fs.PAGE_WIDTH_IN, 4.4))
+        ax = axes[0, 0]
+        for name, (mask, color) in series.items():
             g = ns[mask & np.isfinite(ns["n_star"])].sort_values("x")   # censored n* are not drawn
             yerr = np.vstack([g["n_star"] - g["ci_low"], g["ci_high"] - g["n_star"]])
             yerr = np.clip(np.nan_to_num(yerr, nan=0.0, posinf=0.0), 0, None)
-            ax.errorbar(g["x"], g["n_star"], yerr=yerr, marker="o", capsize=3, label=label, color=color)
+            ax.errorbar(g["x"], g["n_star"], yerr=yerr, marker="o", capsize=3, label=name, color=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.set_xlabel("n / l")
-        ax.set_ylabel(f"n* for {target:.0%} test accuracy (95% CI)")
-        ax.set_title("synthetic: sample complexity vs n/l")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "nstar_vs_n_over_l.png", dpi=120)
-        plt.close(fig)
+        fs.finish_axes(ax, title=f"synthetic data: sample complexity $n^*$ at {target:.0%} accuracy vs $n/l$",
+                       xlabel=r"$n/l$ (patches / patches kept per expert)",
+                       ylabel=rf"$n^*$ (training samples for {target:.0%})", raw=True)
+        leg = fs.legend_below(ax, ncol=3)
+        level = fs.interval_text(CONFIDENCE_LEVEL, what="$n^*$", method="bootstrap of the runs within each N")
+        fs.note(ax, f"markers: $n^*$, first crossing of the target by the mean accuracy over runs; bars: "
+                    f"{level.removeprefix('[ ]: ')}; a censored $n^*$ (target not reached) is not drawn.", below=leg)
+        fs.save(fig, out / "nstar_vs_n_over_l.png")
 
+
+def plot(results: pd.DataFrame, rates: pd.DataFrame, out: Path, *, n_test: int | None = None) -> None:
+    """accuracy_vs_n.png (mean test accuracy ± 1 SD over runs against N, n = 16 patches, one panel per data
+    variant) and nstar_vs_n_over_l.png ($n^*$ with its bootstrap CI against $n/l$, synthetic data, largest
+    target; drawn when rates.csv has >= 3 patch counts)."""
+    out = Path(out)
+    _accuracy_figure(results, rates, out, n_test)
+    _nstar_figure(rates, out)
 
 
 # %% [markdown]
@@ -270,34 +316,78 @@ def sweeps_table(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
-def plot_sweeps(sweeps: pd.DataFrame, out: Path) -> None:
+def sweep_l_star(cfg: dict[str, Any]) -> int:
+    """$l^*$ of Definition D.3 on the sweeps' test set (one plus the largest confuser count in a sample), as the
+    cell records it in sweeps.csv; draws the data only (no training)."""
+    data = sweep_study(cfg).truths[0]["data"]
+    _, test = paper.patch_data(data, reps=1)
+    return int(test.l_star())
+
+
+def plot_sweep_summary(summary: pd.DataFrame, out: Path, *, l_star: int, k_fixed: int, l_fixed: int,
+                       m: int) -> None:
+    r"""sweep_k_l.png from sweeps_summary.csv: mean test accuracy $\pm$ 1 standard error
+    ($\mathrm{sd}/\sqrt{R}$ over the R runs) against k (at $l$ = ``l_fixed``) and against l (at $k$ =
+    ``k_fixed``), one line per N, the dashed line at ``l_star``."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from moestat import figstyle as fs
 
-    summ = paper.summarise_sweeps(sweeps)
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8))
-    for ax, knob in zip(axes, ("k", "l"), strict=True):
-        sub = summ[summ["sweep"] == knob]
-        for i, (N, g) in enumerate(sub.groupby("n_train")):
-            se = (g["accuracy_sd"] / np.sqrt(g["runs"])).fillna(0)
-            ax.errorbar(g["value"], g["accuracy_mean"], yerr=se, marker="o", ms=3, capsize=2, label=f"N = {N}",
-                        color=f"C{i}")
-        if knob == "l":
-            ax.axvline(int(sweeps["l_star"].iloc[0]), color="grey", ls="--", lw=0.8, label="l* (Def. D.3)")
-            k_fixed = int(sweeps.loc[sweeps["sweep"] == "l", "k"].iloc[0])
-            ax.set_xlabel(f"patches per expert l (k = {k_fixed})")
-        else:
-            ax.set_xscale("log", base=2)
-            l_fixed = int(sweeps.loc[sweeps["sweep"] == "k", "l"].iloc[0])
-            ax.set_xlabel(f"number of experts k (l = {l_fixed}, m = 40 in total)")
-        ax.set_ylabel("test accuracy (mean ± 1 se over runs)")
-        ax.set_title(f"joint-training pMoE: accuracy vs {knob}")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "sweep_k_l.png", dpi=120)
-    plt.close(fig)
+    sizes = sorted(summary["n_train"].unique())
+    with fs.style():
+        fig, axes, legend_ax = fs.subplots(1, 2, figsize=(fs.PAGE_WIDTH_IN, 3.6 + 0.5), legend_height=0.5)
+        handles: dict[str, object] = {}
+        for ax, knob in zip(axes[0], ("k", "l"), strict=True):
+            sub = summary[summary["sweep"] == knob]
+            for i, N in enumerate(sizes):
+                g = sub[sub["n_train"] == N].sort_values("value")
+                se = (g["accuracy_sd"] / np.sqrt(g["runs"])).fillna(0.0)
+                handles[f"$N$ = {N}"] = ax.errorbar(g["value"], g["accuracy_mean"], yerr=se, marker="o", ms=3,
+                                                    capsize=2, color=f"C{i}")
+            if knob == "l":
+                handles[f"$l^*$ = {l_star} (Definition D.3)"] = ax.axvline(l_star, color="0.4", ls="--", lw=0.9)
+                fs.finish_axes(ax, title=f"accuracy vs patches per expert ($k$ = {k_fixed})",
+                               xlabel="patches per expert $l$", ylabel="accuracy")
+            else:
+                ax.set_xscale("log", base=2)
+                fs.finish_axes(ax, title=f"accuracy vs number of experts ($l$ = {l_fixed})",
+                               xlabel="number of experts $k$", ylabel="accuracy")
+        fs.legend_panel(legend_ax, list(handles.values()), list(handles), ncol=len(handles))
+        runs = [int(r) for r in summary["runs"]]
+        fs.caption(fig, fs.bars_text("1se", runs, unit="runs", centre="mean test accuracy")
+                   + f"; joint-training pMoE, $m = {m}$ neurons in total, one knob moved at a time from "
+                     f"$k$ = {k_fixed}, $l$ = {l_fixed}; every knob value sees the same training replicates.")
+        fs.save(fig, Path(out) / "sweep_k_l.png")
+
+
+def plot_sweeps(sweeps: pd.DataFrame, out: Path, *, m: int = 40) -> None:
+    """sweep_k_l.png from sweeps.csv (one row per knob value, run and N): :func:`plot_sweep_summary` of
+    ``paper.summarise_sweeps(sweeps)``, with $l^*$ and the fixed k and l read from the rows."""
+    plot_sweep_summary(paper.summarise_sweeps(sweeps), out, l_star=int(sweeps["l_star"].iloc[0]),
+                       k_fixed=int(sweeps.loc[sweeps["sweep"] == "l", "k"].iloc[0]),
+                       l_fixed=int(sweeps.loc[sweeps["sweep"] == "k", "l"].iloc[0]), m=m)
+
+
+def redraw(folder: str | Path, quick: bool = False) -> list[str]:
+    """Redraw the figures in ``folder`` from the CSVs a run wrote there (no training): accuracy_vs_n.png and
+    nstar_vs_n_over_l.png need results.csv and rates.csv; sweep_k_l.png needs sweeps.csv or, failing that,
+    sweeps_summary.csv (with $l^*$ and the fixed k, l of ``config(quick)``).  Returns the figures drawn."""
+    folder = Path(folder)
+    cfg = config(quick)
+    drawn = []
+    if (folder / "results.csv").exists() and (folder / "rates.csv").exists():
+        plot(pd.read_csv(folder / "results.csv"), pd.read_csv(folder / "rates.csv"), folder, n_test=cfg["n_test"])
+        drawn += [p for p in ("accuracy_vs_n.png", "nstar_vs_n_over_l.png") if (folder / p).exists()]
+    sw = cfg["sweeps"]
+    if (folder / "sweeps.csv").exists():
+        plot_sweeps(pd.read_csv(folder / "sweeps.csv"), folder, m=cfg["m"])
+        drawn.append("sweep_k_l.png")
+    elif (folder / "sweeps_summary.csv").exists():
+        plot_sweep_summary(pd.read_csv(folder / "sweeps_summary.csv"), folder, l_star=sweep_l_star(cfg),
+                           k_fixed=sw["base_k"], l_fixed=sw["base_l"], m=cfg["m"])
+        drawn.append("sweep_k_l.png")
+    return drawn
 
 
 # %% [markdown]
@@ -339,12 +429,12 @@ def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, .
         rates = paper.rates_table(results, cfg["targets"], n_resamples=cfg["n_resamples"], seed=cfg["seed"],
                                   base_l=paper.MODELS["pmoe"]["l"])
         rates.to_csv(out / "rates.csv", index=False)
-        plot(results, rates, out)
+        plot(results, rates, out, n_test=cfg["n_test"])
     if sweeps is not None:
         sweeps.to_csv(out / "sweeps.csv", index=False)
         paper.summarise_sweeps(sweeps).to_csv(out / "sweeps_summary.csv", index=False)
         paper.sweep_slopes(sweeps, seed=cfg["seed"]).to_csv(out / "sweep_slopes.csv", index=False)
-        plot_sweeps(sweeps, out)
+        plot_sweeps(sweeps, out, m=cfg["m"])
     write_provenance(out, {"vignette": NAME, **cfg, "models": json.loads(json.dumps(paper.MODELS)),
                            "parts": list(parts), "torch_threads_training": 1, "cell": CELL,
                            "studies": [f"study/{s}" for s in studies]})
@@ -359,10 +449,15 @@ if __name__ == "__main__":
     from moestat._vignette import vignette_cli
 
     # extra switches of this vignette: --parts sweeps runs only the Figs. 6-7 sweeps (blocks, sweeps or both);
-    # --workers N runs each study's cells in N processes
+    # --workers N runs each study's cells in N processes; --redraw FOLDER redraws the figures of FOLDER from its
+    # CSVs (no training; e.g. docs/vignettes/patch-routing)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--parts", default="blocks,sweeps")
     pre.add_argument("--workers", type=int, default=None)
+    pre.add_argument("--redraw", default=None)
     known, rest = pre.parse_known_args()
+    if known.redraw is not None:
+        print("redrawn:", ", ".join(redraw(known.redraw, quick="--quick" in rest)) or "nothing (no CSVs)")
+        sys.exit(0)
     sys.exit(vignette_cli(functools.partial(run, parts=tuple(known.parts.split(",")), workers=known.workers),
                           NAME, rest))
