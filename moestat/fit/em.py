@@ -12,8 +12,9 @@ One EM iteration (Jordan & Jacobs 1994 §4; McLachlan & Peel 2000 §5.13) is
   :math:`(b_i, a_i) = (Z^\top T_i Z)^{-1} Z^\top T_i y` with :math:`T_i = \mathrm{diag}(\tau_{\cdot i})`,
   then :math:`\sigma_i^2 = \sum_t \tau_{ti}(y_t - \mu_i(x_t))^2 / \sum_t \tau_{ti}`;
 * **GLM experts** (``MoE(response="poisson" | "binomial")``, :mod:`moestat.families`) — the expert M-step maximises
-  each expert's responsibility-weighted GLM log-likelihood by a few proximal IRLS (Newton) steps with step halving
-  (:func:`moestat.families.irls_weighted`), which never lower it (a generalised EM step); there is no variance;
+  each expert's responsibility-weighted GLM log-likelihood by a proximal IRLS (Newton) step with step halving
+  (:func:`glm_expert_step`, the step of :func:`moestat.families.irls_weighted` fused into this layout), which
+  never lowers it (a generalised EM step); there is no variance;
 * **gate M-step** — the weighted multinomial logistic regression
   :math:`\max_\beta \sum_t\sum_i \tau_{ti} \log\pi_i(x_t;\beta)`, a concave problem solved by
   damped Newton (IRLS) steps with a backtracking line search that never lowers the objective
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..families import Family, irls_weighted
+from ..families import _MAX_HALVINGS, _ROUNDING, Family, irls_weighted
 from ..gates import log_mixture_weights
 from ..model import MoE, normal_log_density
 from ._layout import BlockParams, ParamLayout
@@ -193,6 +194,71 @@ def gate_newton(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor, steps: 
     for _ in range(steps):
         th, logw = _newton_gate_step(Zt, ZZ, tau_b, th, logw)
     return th.reshape(R, S, km1, p)
+
+
+def _glm_kernel_terms(glm: Family, y: torch.Tensor, eta: torch.Tensor, tau: torch.Tensor,
+                      trials: torch.Tensor | None, mu: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Terms :math:`w_{tj} m_t [y_t\eta_{tj} - b(\eta_{tj})]` (A, k, n); Poisson reuses :math:`b(\eta) = \mu`
+    when the mean ``mu`` is given."""
+    cum = mu if glm.name == "poisson" and mu is not None else glm.cumulant(eta)
+    kern = y.unsqueeze(1) * eta - cum
+    return tau * (kern if trials is None else trials.unsqueeze(1) * kern)
+
+
+def glm_expert_step(glm: Family, Ze: torch.Tensor, ZZ: torch.Tensor | None, y: torch.Tensor, tau: torch.Tensor,
+                    beta: torch.Tensor, eta: torch.Tensor, mu: torch.Tensor, prox: float,
+                    trials: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""One proximal IRLS (Newton) step with step halving on every GLM expert, in the (A, k, n) layout.
+
+    The same step as :func:`moestat.families.irls_weighted` with ``max_iter=1`` (the EM expert M-step), fused for
+    the layout of :func:`em_fit`: it starts from the linear predictor :math:`\eta = B Z` and mean
+    :math:`\mu = g^{-1}(\eta)` the E-step already computed, forms the gradient
+    :math:`g_j = \sum_t \tau_{tj} m_t (y_t - \mu_{tj}) z_t` and negative Hessian
+    :math:`H_j = \sum_t \tau_{tj} m_t V(\mu_{tj}) z_t z_t^\top + \rho I` (McCullagh & Nelder 1989, §2.5) from the
+    per-observation products :math:`z_t z_t^\top` (``ZZ``, when p is small), and tries
+    :math:`\beta + t\delta`, :math:`t = 1, 1/2, \ldots, 2^{-29}`, :math:`\delta = H^{-1}g`, keeping the longest step
+    that does not lower :math:`Q_j(\beta) - \tfrac\rho2\lVert\beta - \beta^{old}\rVert^2`; the full step is
+    taken unchecked when the predicted increase :math:`g^\top\delta` is below 64 ulps of
+    :math:`\sum_t|\tau_{tj}\,\mathrm{kernel}_{tj}|`.  A lane whose solve fails stays put.  Since the objective
+    never decreases, this is a generalised M-step (Dempster, Laird & Rubin 1977, JRSS-B, §3).
+
+    Shapes: ``Ze`` (A, p, n), ``ZZ`` (A, n, p*p) or None, ``y`` (A, n), ``tau`` (A, k, n), ``beta`` (A, k, p),
+    ``eta`` / ``mu`` (A, k, n) at ``beta``, ``trials`` (A, n).  Returns the new ``beta`` and its linear predictor.
+    """
+    terms = _glm_kernel_terms(glm, y, eta, tau, trials, mu)
+    q, scale = terms.sum(-1), terms.abs().sum(-1)
+    wm = tau if trials is None else tau * trials.unsqueeze(1)
+    grad = torch.bmm(wm * (y.unsqueeze(1) - mu), Ze.transpose(1, 2))  # (A, k, p)
+    v = mu if glm.name == "poisson" else glm.variance(mu)
+    H = _weighted_gram(wm * v, Ze, ZZ)
+    if prox:
+        H = H + prox * torch.eye(Ze.shape[1], dtype=Ze.dtype, device=Ze.device)
+    delta, info = torch.linalg.solve_ex(H, grad.unsqueeze(-1))
+    delta = delta.squeeze(-1)
+    ok = (info == 0) & torch.isfinite(delta).all(-1)
+    delta = torch.where(ok.unsqueeze(-1), delta, torch.zeros_like(delta))
+    unmeasurable = (grad * delta).sum(-1) <= _ROUNDING * torch.finfo(q.dtype).eps * scale
+    todo = ok & torch.isfinite(q)
+    beta0 = beta
+    t = 1.0
+    for _ in range(_MAX_HALVINGS):
+        if not bool(todo.any()):
+            break
+        cand = beta + t * delta
+        eta_c = torch.bmm(cand, Ze)
+        qc = _glm_kernel_terms(glm, y, eta_c, tau, trials).sum(-1)
+        if prox:
+            qc = qc - 0.5 * prox * ((cand - beta0) ** 2).sum(-1)
+        acc = todo & torch.isfinite(qc) & ((qc >= q) | unmeasurable)
+        if t == 1.0 and bool(acc.all()):  # the usual case: every full Newton step is accepted
+            return cand, eta_c
+        beta = torch.where(acc.unsqueeze(-1), cand, beta)
+        eta = torch.where(acc.unsqueeze(-1), eta_c, eta)
+        q = torch.where(acc, qc, q)
+        unmeasurable = torch.zeros_like(unmeasurable)  # only the full step is taken unmeasured
+        todo = todo & ~acc
+        t *= 0.5
+    return beta, eta
 
 
 def gate_cvxpy(Z: torch.Tensor, tau: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -505,10 +571,23 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         eta = torch.bmm(beta_a, Zea)
         return eta if gm_a is None else eta + torch.bmm(gm_a.unsqueeze(1), Zsa)
 
+    # GLM experts without shared slopes: the fused IRLS step (glm_expert_step) reuses the E-step's linear predictor
+    # and mean, and hands back the linear predictor at the new coefficients for the next E-step
+    fused = glm is not None and gm_a is None
+    eta_a: torch.Tensor | None = None  # linear predictor (A, k, n) at beta_a, when the last M-step computed it
+    lg_a = torch.lgamma(ya + 1.0) if fused and glm is not None and glm.name == "poisson" else None
     for it in range(max_iter + 1):
+        mu_a = None
         if glm is None:
             resid = ya.unsqueeze(1) - linear_predictor()
             logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
+        elif fused:
+            eta_a = linear_predictor() if eta_a is None else eta_a
+            mu_a = glm.inverse_link(eta_a)
+            if lg_a is not None:  # Poisson: y eta - e^eta - log y!, with log y! computed once
+                logc = logw + (ya.unsqueeze(1) * eta_a - mu_a - lg_a.unsqueeze(1))
+            else:
+                logc = logw + glm.log_density(ya.unsqueeze(1), eta_a, trials=None if ma is None else ma.unsqueeze(1))
         else:  # GLM experts: the family's log-density at the linear predictor
             logc = logw + glm.log_density(ya.unsqueeze(1), linear_predictor(),
                                           trials=None if ma is None else ma.unsqueeze(1))
@@ -539,6 +618,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             ZZga = None if ZZga is None else ZZga[keep]
             ZZea = (ZZga if same_cols else (None if ZZea is None else ZZea[keep])) if dependent else None
             tg_a, beta_a, var_a = tg_a[keep], beta_a[keep], var_a[keep]
+            eta_a = None if eta_a is None else eta_a[keep]
+            mu_a = None if mu_a is None else mu_a[keep]
+            lg_a = None if lg_a is None else lg_a[keep]
         n_iter[idx] += 1
         tau = torch.exp(logc - lse.unsqueeze(1))  # (A, k, n) responsibilities
         if wa is not None:
@@ -551,9 +633,11 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
                 resid = ya.unsqueeze(1) - linear_predictor()
                 ssq = (tau * resid * resid).sum(-1)
                 var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
-        elif glm is not None:
+        elif glm is not None and eta_a is not None and mu_a is not None and _GLM_NEWTON_STEPS == 1:
             # GLM experts: a proximal IRLS (Newton) step on each expert's weighted log-likelihood, which never
-            # lower it (step halving): a generalised M-step
+            # lowers it (step halving): a generalised M-step; fused with the E-step's linear predictor
+            beta_a, eta_a = glm_expert_step(glm, Zea, ZZea, ya, tau, beta_a, eta_a, mu_a, eps, trials=ma)
+        elif glm is not None:
             beta_a = irls_weighted(Zea.transpose(1, 2), ya, tau.transpose(1, 2).unsqueeze(1), beta_a.unsqueeze(1),
                                    glm, max_iter=_GLM_NEWTON_STEPS, prox=eps, trials=ma).squeeze(1)
         else:
