@@ -17,9 +17,11 @@ a constant means memory linear in n R; the inputs take 8 (d + 1) = 40 bytes per 
 
 ``pieces``: the torch peak of one call of each least-squares piece for A = 8 problems of the flagship size
 (k = 9, d = 32) as n grows: the objective + gradient (``MeanKernel.value_grad``, chunked to the L2 cache), the
-exact Hessian (``LSProblem.gauss_newton(exact=True)``, chunked to 8 MiB of pair products), the objective alone
+exact Hessian (``LSProblem.gauss_newton(exact=True)``, under the preset's sigmoid gate and under softmax; chunked
+to 8 MiB counting every temporary since issue 21, before to 8 MiB of pair products), the objective alone
 (``MeanKernel.value``: the trial points of Newton and LM) and the mean (``MeanKernel.mean``: the kink bound of
-relu fits), both chunked like ``value_grad`` since issue 21.  A piece that chunks has a peak that stops growing
+relu fits), both chunked like ``value_grad`` since issue 21, and ``LSProblem.kink_tolerance`` (the mean, its
+residuals and max |x|).  A piece that chunks has a peak that stops growing
 with n, apart from its output (``mean`` returns A n values); one that does not grows like A n k.
 
 ``blocks``: ``fit_mle``'s memory budget (issue 21) on the issue's workload, R = 20 replicates x 5 random starts of
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import os
 import re
@@ -163,13 +166,19 @@ def piece_rows(ns: list[int], A: int = 8) -> list[dict]:
         prob = LSProblem(kernel, X, y, 1, _free_mask(spec, torch.device("cpu")))
         theta = 0.2 * torch.randn(A, prob.P, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         th4 = theta.reshape(A, 1, *prob.shape)
+        soft = dataclasses.replace(spec, gate="softmax")
+        prob_soft = LSProblem(MeanKernel.from_spec(soft), X, y, 1, _free_mask(soft, torch.device("cpu")))
         calls = {"value_grad (chunked, L2)": partial(kernel.value_grad, th4, prob.X, prob.y),
                  "gauss_newton exact (chunked, 8 MiB)": partial(prob.gauss_newton, theta, exact=True),
+                 "gauss_newton exact, softmax gate (chunked, 8 MiB)": partial(prob_soft.gauss_newton, theta,
+                                                                              exact=True),
+                 "kink_tolerance": partial(prob.kink_tolerance, theta),
                  "value (trial points; chunked, L2)": partial(kernel.value, th4, prob.X, prob.y),
                  "mean (kink bound; chunked, L2)": partial(kernel.mean, th4, prob.X)}
         data_mib = (prob.X.numel() + prob.y.numel()) * 8 / MiB
         for name, fn in calls.items():
             kernel._ws.clear()  # a cold workspace, as after an active-set change
+            prob_soft.kernel._ws.clear()
             peak = peak_torch(fn)
             rows.append({"piece": name, "A": A, "n": n, "data MiB": data_mib, "torch peak MiB": peak / MiB,
                          "bytes per obs x problem": peak / (n * A)})

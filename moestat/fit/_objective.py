@@ -283,6 +283,27 @@ class MeanKernel:
         return r, U
 
 
+    def hessian_row_elems(self, exact: bool) -> int:
+        r"""Array elements per observation and problem that one chunk of :meth:`LSProblem.gauss_newton` holds at
+        its peak: :meth:`exact_curvature_rows` (``exact``) or :meth:`residual_jacobian`, with the pair rows.
+
+        With :math:`m = 2k(2k+1)/2` pair rows and :math:`T = k(k+1)/2` gate pairs: two workspaces of
+        :math:`8k + 2` (the chunk's and the last, shorter chunk's, both cached), the :math:`m` pair rows, the
+        squared residuals (1) and, for ``exact``, the non-zero blocks of W while they are formed: under a sigmoid
+        gate at most 4k live at once (3k blocks and one product), under softmax and top-K the k(k+1)/2 gate-gate
+        block and its three gathered operands plus the :math:`k^2` gate-expert block and the k expert-expert
+        block (:math:`4T + k^2 + 2k`); the second derivative of the experts adds up to 5k (its own
+        temporaries).  Without ``exact``: the copied u (2k) and the residuals (1).  Upper bounds: one chunk's
+        allocations replayed from ``torch.profiler`` came to 0.57-0.78 of the count (sigmoid, softmax, top-K;
+        gelu, tanh, relu, linear experts; 1.0 without the second workspace for Gauss-Newton).
+        """
+        k = self.k
+        elems = 2 * (8 * k + 2) + k * (2 * k + 1) + 1
+        if not exact:
+            return elems + 2 * k + 1
+        w = 4 * k if self.gate == "sigmoid" else 2 * k * (k + 1) + k * k + 2 * k
+        return elems + w + (5 * k if self.act2 is not None else 0)
+
     def _pair_positions(self, device: torch.device) -> torch.Tensor:
         """(2k, 2k) table: the position of the pair (i, j) among the unordered pairs of the 2k derivative rows,
         in the order of :func:`_pair_products` (cached per device)."""
@@ -328,27 +349,31 @@ class MeanKernel:
         slope = 1.0 if dh is None else dh  # linear experts: h' = 1
         if self.gate == "sigmoid":
             d1 = pi * (1.0 - pi)
-            blocks = [d1 * (1.0 - 2.0 * pi) * h / tau**2, d1 * slope / tau]
+            blocks = [(d1 * (1.0 - 2.0 * pi)).mul_(h).div_(tau**2), d1.mul_(slope).div_(tau)]
             where = [pos[eye, eye], pos[eye, k + eye]]
+            del d1
         else:
             hf = h - f.unsqueeze(2)
             gi, gj = torch.triu_indices(k, k, device=X.device)
-            pp = pi[:, :, gi] * pi[:, :, gj]
-            gg = pp.mul_(hf[:, :, gi] + hf[:, :, gj]).neg_()
+            gg = pi[:, :, gi] * pi[:, :, gj]
+            gg.mul_(hf[:, :, gi] + hf[:, :, gj]).neg_()
             gg[:, :, gi == gj] += pi * hf
+            del hf
             dhj = slope if dh is None else dh.unsqueeze(2)
             ge = (pi.unsqueeze(3) * pi.unsqueeze(2)).mul_(dhj).neg_()  # (G, s, k, k, n): -pi_i pi_j h'_j
             ge[:, :, eye, eye] += pi * slope
-            blocks = [gg / tau**2, ge.view(G, s, k * k, n) / tau]
+            blocks = [gg.div_(tau**2), ge.view(G, s, k * k, n).div_(tau)]
             ei, ej = torch.meshgrid(eye, eye, indexing="ij")
             where = [pos[gi, gj], pos[ei.reshape(-1), k + ej.reshape(-1)]]
+            del gg, ge
         if self.act2 is not None:
             blocks.append(pi * self.act2(ze))
             where.append(pos[k + eye, k + eye])
         U = self._dfdz(pi, h, dh, f, None, ws["U"])  # overwrites pi under softmax: W is formed above
         C = _pair_products(U.view(G * s, 2 * k, n))
-        W = torch.cat(blocks, 2).view(G * s, -1, n).mul_(r.view(G * s, 1, n))
-        C.index_add_(1, torch.cat(where), W)
+        rr = r.view(G * s, 1, n)
+        while blocks:  # the positions of the blocks are disjoint: each C entry gets one addition, as with one W
+            C.index_add_(1, where.pop(0), blocks.pop(0).view(G * s, -1, n).mul_(rr))
         return r, U, C.view(G, s, -1, n)
 
 
@@ -543,9 +568,13 @@ class LSProblem:
         the :math:`(d+1)(d+2)/2` products :math:`\tilde x_{tl}\tilde x_{tl'}` (:math:`l \le l'`): about
         :math:`nP^2/2` flops instead of the :math:`2nP^2` of :math:`J^\top J` with J formed explicitly
         (3.7x fewer at k = 9, d = 32), and J is never stored.  Observations are processed in chunks whose
-        pair products take at most ``max_bytes``: by default 8 MiB on a CPU (the products are written and read
-        back from cache; 128 MiB chunks measured 1.4x slower at n = 100,000) and :data:`CUDA_WORKSPACE_BYTES`
-        on a GPU, where each chunk costs a dozen kernel launches and small ones leave the device idle.
+        arrays — the kernel's workspace, the curvature-row temporaries, the pair products of u and of
+        :math:`\tilde x` (:meth:`_hessian_chunk`) — take at most ``max_bytes``: by default 8 MiB on a CPU (the
+        products are written and read back from cache; 128 MiB chunks measured 1.4x slower at n = 100,000) and
+        :data:`CUDA_WORKSPACE_BYTES` on a GPU, where each chunk costs a dozen kernel launches and small ones leave
+        the device idle.  H is then gathered from the packed sums straight into its (A, F, F) output
+        (:meth:`_assemble`), so beyond the outputs and the (A, 2k(2k+1)/2, (d+1)(d+2)/2) accumulator a call
+        allocates about ``max_bytes`` whatever n (before issue 21, which counted the pair products only: up to 7x).
         """
         self.n_evals += 1
         if isinstance(self.kernel, ReferenceKernel):
@@ -553,15 +582,13 @@ class LSProblem:
         th = self._theta4(theta)
         G, s, two_k, p = th.shape
         A, n = G * s, self.n
-        u_pair, x_pair = self._pair_tables(theta.device)
         mu, mx = two_k * (two_k + 1) // 2, p * (p + 1) // 2
         M = torch.zeros(G, s * mu, mx, dtype=theta.dtype, device=theta.device)
         b = torch.zeros(G, s * two_k, p, dtype=theta.dtype, device=theta.device)
         loss = torch.zeros(A, dtype=theta.dtype, device=theta.device)
-        per_row = (A * (mu + two_k) + G * mx) * theta.element_size()
         if max_bytes is None:
             max_bytes = CUDA_WORKSPACE_BYTES if theta.device.type == "cuda" else 2**23
-        chunk = max(1, min(n, max_bytes // max(1, per_row)))
+        chunk = self._hessian_chunk(G, s, max_bytes, exact, theta.element_size())
         for lo in range(0, n, chunk):
             Xc, yc = self._Xg[:, lo : lo + chunk], self._yg[:, lo : lo + chunk]
             c = Xc.shape[1]
@@ -573,15 +600,44 @@ class LSProblem:
                 uu = _pair_products(u.view(A, two_k, c)).view(G, s * mu, c)
             xx = _pair_products(Xc.transpose(1, 2).contiguous())  # (G, mx, c)
             M.baddbmm_(uu, xx.transpose(1, 2))
+            del uu, xx
             b.baddbmm_(u.mul_(r.unsqueeze(2)).view(G, s * two_k, c), Xc)
             loss.add_((r * r).sum(2).reshape(A))
-        M = M.view(A, mu, mx)
-        H = M[:, u_pair.reshape(-1)][:, :, x_pair.reshape(-1)]  # (A, 2k*2k, p*p)
-        H = H.view(A, two_k, two_k, p, p).permute(0, 1, 3, 2, 4).reshape(A, self.P, self.P)
-        if self.free_idx.numel() < self.P:
-            H = H[:, self.free_idx][:, :, self.free_idx]
+        H = self._assemble(M.view(A, mu, mx).div_(n), max_bytes)
         b = b.reshape(A, self.P)[:, self.free_idx]
-        return loss / n, H.div_(n), b / n
+        return loss / n, H, b / n
+
+    def _hessian_chunk(self, G: int, s: int, max_bytes: int, exact: bool, itemsize: int) -> int:
+        """Observations per chunk of :meth:`gauss_newton`: every array a chunk allocates (the kernel's
+        :meth:`MeanKernel.hessian_row_elems` per problem, the transposed inputs and their (d+1)(d+2)/2 pair products
+        per group) fits in ``max_bytes``."""
+        p, kernel = self.p, self.kernel
+        assert isinstance(kernel, MeanKernel)  # gauss_newton sends a ReferenceKernel to _gauss_newton_reference
+        per_row = (G * s * kernel.hessian_row_elems(exact) + G * (p + p * (p + 1) // 2)) * itemsize
+        return max(1, min(self.n, max_bytes // max(1, per_row)))
+
+    def _assemble(self, M: torch.Tensor, max_bytes: int) -> torch.Tensor:
+        r"""H (A, F, F) over the free coordinates from the packed pair sums M (A, m_u, m_x):
+        :math:`H_{a,(i,l),(j,l')} = M_{a,\,\mathrm{pos}_u(i,j),\,\mathrm{pos}_x(l,l')}` (coordinate f = i(d+1) + l).
+
+        One gather straight into the output, a block of rows at a time, with flat indices of at most
+        ``max_bytes`` (two int64 tables per block): no (A, P, P) temporaries besides H itself.
+        """
+        A, mu, mx = M.shape
+        u_pair, x_pair = self._pair_tables(M.device)
+        i, l = self.free_idx // self.p, self.free_idx % self.p
+        F = i.numel()
+        flat = M.view(A, mu * mx)
+        rows = max(1, min(F, max_bytes // (2 * 8 * F)))
+        if rows == F:  # one block: the gather's (A, F F) output is H
+            return torch.index_select(flat, 1, u_pair[i][:, i].mul_(mx).add_(x_pair[l][:, l]).view(-1)).view(A, F, F)
+        H = M.new_empty(A, F, F)
+        for lo in range(0, F, rows):
+            ii, ll = i[lo : lo + rows], l[lo : lo + rows]
+            idx = u_pair[ii][:, i].mul_(mx).add_(x_pair[ll][:, l]).view(-1)
+            for a in range(A):
+                torch.index_select(flat[a], 0, idx, out=H[a, lo : lo + rows].view(-1))
+        return H
 
     def _gauss_newton_reference(self, theta: torch.Tensor, exact: bool
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -611,9 +667,10 @@ class LSProblem:
         subgradient that vanishes.  Returns that bound for each active problem, shape (A,).
         """
         th = self._theta4(theta)
-        f = self.kernel.mean(th, self._Xg)                          # (G, s, n)
-        r = (f - self._yg.unsqueeze(1)).abs().amax(-1).reshape(-1)  # (A,)
-        xmax = self._Xg.abs().amax((1, 2)).repeat_interleave(self._s)
+        f = self.kernel.mean(th, self._Xg)  # (G, s, n), a fresh tensor: the residuals overwrite it
+        r = f.sub_(self._yg.unsqueeze(1)).abs_().amax(-1).reshape(-1)  # (A,)
+        X = self._Xg  # max |x| as max(max x, -min x): no (G, n, d+1) copy of the inputs
+        xmax = torch.maximum(X.amax((1, 2)), X.amin((1, 2)).neg()).repeat_interleave(self._s)
         k = self.kernel.k
         return k * (self.p) * 2.0 / self.n * r * xmax
 
