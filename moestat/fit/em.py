@@ -19,10 +19,15 @@ One EM iteration (Jordan & Jacobs 1994 §4; McLachlan & Peel 2000 §5.13) is
   :math:`\max_\beta \sum_t\sum_i \tau_{ti} \log\pi_i(x_t;\beta)`, a concave problem solved by
   damped Newton (IRLS) steps with a backtracking line search that never lowers the objective
   (a generalised EM step), or exactly by cvxpy (``gate_solver="cvxpy"``, small problems and tests).
-  Gates whose scores are not affine in x (Laplace, cosine, perturbed cosine, quadratic, Gaussian;
-  :mod:`moestat.gates`) maximise the same :math:`\sum_t\sum_i\tau_{ti}\log\pi_i(x_t)` over their own
+  Every other gate (Laplace, cosine, perturbed cosine, quadratic, Gaussian, whose scores are not affine in x, and
+  the sigmoid, normalised-sigmoid and top-K gates, whose normalised weights are not a multinomial logit;
+  :mod:`moestat.gates`) maximises the same :math:`\sum_t\sum_i\tau_{ti}\log\tilde\pi_i(x_t)` over its own
   parameters (the terms of :class:`moestat.fit._layout.ParamLayout`) by damped saddle-free Newton steps with the
   derivatives from autograd through the model's gate (:func:`gradient_gate_step`), again never lowering it.
+  Top-K (and normalised sigmoid with ``top_k``): the derivatives hold each observation's selected set at the
+  current parameters (the set is piecewise constant, so these are the derivatives wherever it does not change, as
+  in the gradient path of :func:`moestat.fit_mle`), while the line search evaluates the objective with the sets
+  selected at each candidate, so the ascent guarantee is on the true objective.
 
 Safeguards, each keeping the EM ascent property :math:`\ell(\theta^{(t+1)}) \ge \ell(\theta^{(t)})`:
 
@@ -397,8 +402,28 @@ def gate_log_weights(spec: MoE, layout: ParamLayout, theta_g: torch.Tensor, X: t
                                n_shared=spec.n_shared)
 
 
+def expected_gate_loglik(tau: torch.Tensor, logw: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sum_t\sum_i \tau_{ti}\log\tilde\pi_i(x_t)` over the last two axes, with :math:`0\log 0 = 0`.
+
+    Sparse gates (top-K, normalised sigmoid with ``top_k``) give an expert outside an observation's selected set
+    :math:`\log\tilde\pi_i = -\infty`, and its responsibility is then exactly 0; the term is 0 (the complete-data
+    log-likelihood of Dempster, Laird & Rubin 1977 never counts an allocation of probability 0).  A selected set
+    that drops an expert with :math:`\tau_{ti} > 0` gives :math:`-\infty`.  Elsewhere equal to
+    ``(tau * logw).sum((-1, -2))``.
+    """
+    return torch.where(tau > 0, tau * logw, torch.zeros_like(logw)).sum((-1, -2))
+
+
+def _observed_loglik(logw: torch.Tensor, log_expert: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    r""":math:`\ell = \sum_t c_t\log\sum_i\tilde\pi_i(x_t)\,f_i(y_t\mid x_t)` (A,) from log gate weights and log
+    expert densities (A, k, n); case weights ``weights`` (A, n) or None (all one)."""
+    lse = torch.logsumexp(logw + log_expert, dim=1)
+    return lse.sum(-1) if weights is None else (lse * weights).sum(-1)
+
+
 def gradient_gate_step(spec: MoE, layout: ParamLayout, X: torch.Tensor, tau: torch.Tensor, theta_g: torch.Tensor,
-                       logw: torch.Tensor, steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                       logw: torch.Tensor, steps: int = 1, log_expert: torch.Tensor | None = None,
+                       weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Generalised-EM gate step for any differentiable gate: damped Newton steps on
     :math:`Q(\theta_g) = \sum_t\sum_i \tau_{ti}\log\tilde\pi_i(x_t;\theta_g)` that never lower it.
 
@@ -408,21 +433,34 @@ def gradient_gate_step(spec: MoE, layout: ParamLayout, X: torch.Tensor, tau: tor
     :math:`\delta = V\,\mathrm{diag}(1/\max(|\lambda_j|, \epsilon))\,V^\top g` (:math:`H = V\Lambda V^\top`,
     :math:`\epsilon = 10^{-8}\max_j|\lambda_j| + 10^{-12}`; Dauphin et al. 2014, NeurIPS), an ascent direction;
     each step tries :math:`t = 1, 1/2, \ldots, 2^{-29}` and keeps the first that does not lower :math:`Q`, else
-    the pair stays put.  Since the expert M-step does not lower the expected complete-data log-likelihood either,
-    every EM iteration raises the log-likelihood or keeps it (Dempster, Laird & Rubin 1977, JRSS-B, §3: a
-    generalised EM algorithm).
+    the pair stays put.  :math:`Q` uses :math:`0\log 0 = 0` (:func:`expected_gate_loglik`).  Since the expert
+    M-step does not lower the expected complete-data log-likelihood either, every EM iteration raises the
+    log-likelihood or keeps it (Dempster, Laird & Rubin 1977, JRSS-B, §3: a generalised EM algorithm).
+
+    Top-K gates (and the normalised sigmoid with ``top_k``): :func:`torch.topk`'s indices carry no derivative, so
+    :math:`g` and :math:`H` are those of :math:`Q` with each observation's selected set frozen at the current
+    parameters (as the gradient path of :func:`moestat.fit_mle` differentiates the likelihood); the line search
+    evaluates :math:`Q` at each candidate with the sets selected there, so an accepted step never lowers the true
+    :math:`Q`.  A step that moves an expert with positive responsibility out of a set gives :math:`Q = -\infty`,
+    so on :math:`Q` alone no selected set could ever change; with ``log_expert`` (the log expert densities
+    :math:`\log f_i(y_t\mid x_t)` (A, k, n) at the experts of this iteration's M-step) a candidate is also accepted
+    when it does not lower the observed log-likelihood
+    :math:`\ell = \sum_t c_t\log\sum_i\tilde\pi_i(x_t)f_i(y_t\mid x_t)` (case weights ``weights`` (A, n)) at
+    those experts.  Either test keeps the EM ascent property: the expert M-step already raised :math:`\ell` with
+    the gate held, and a gate step then raises :math:`Q` (DLR 1977) or :math:`\ell` itself.  With
+    ``top_k = 1`` the gate's derivatives vanish almost everywhere and the gate stays put.
 
     Shapes (A pairs): ``X`` (A, n, d), ``tau`` (A, k, n) (responsibilities times case weights), ``theta_g``
     (A, n_gate), ``logw`` (A, k, n) the log weights at ``theta_g``.  Returns the new gate terms and log weights.
     """
     def q_one(th: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return (t * gate_log_weights(spec, layout, th, x)).sum()
+        return expected_gate_loglik(t, gate_log_weights(spec, layout, th, x))
 
     grad_one = torch.func.grad(q_one)
     grad_fn = torch.func.vmap(grad_one)
     hess_fn = torch.func.vmap(torch.func.jacrev(grad_one))  # reverse over reverse: fastest for a few gate terms
     for _ in range(steps):
-        q0 = (tau * logw).sum((1, 2))
+        q0 = expected_gate_loglik(tau, logw)
         g = grad_fn(theta_g, X, tau)
         H = hess_fn(theta_g, X, tau)
         # a pair whose derivatives are not finite (a kink, e.g. a cosine/norm at w = 0) takes a gradient step
@@ -436,12 +474,17 @@ def gradient_gate_step(spec: MoE, layout: ParamLayout, X: torch.Tensor, tau: tor
                  ).squeeze(-1)
         delta = torch.where(torch.isfinite(delta), delta, torch.zeros_like(delta))
         todo = torch.ones_like(q0, dtype=torch.bool)
+        ll0 = None if log_expert is None else _observed_loglik(logw, log_expert, weights)
         t = 1.0
         for _ in range(_LINE_SEARCH + 18):
             cand = theta_g + t * delta
             lw = gate_log_weights(spec, layout, cand, X)
-            qc = (tau * lw).sum((1, 2))
-            acc = todo & torch.isfinite(qc) & (qc >= q0)
+            qc = expected_gate_loglik(tau, lw)
+            up = torch.isfinite(qc) & (qc >= q0)
+            if ll0 is not None and log_expert is not None:  # sparse gates: or the observed likelihood does not fall
+                llc = _observed_loglik(lw, log_expert, weights)
+                up |= torch.isfinite(llc) & (llc >= ll0)
+            acc = todo & up
             theta_g = torch.where(acc[:, None], cand, theta_g)
             logw = torch.where(acc[:, None, None], lw, logw)
             todo &= ~acc
@@ -472,8 +515,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     M-step then solves for every expert's own coefficients and :math:`\gamma` jointly (:func:`shared_newton_step`).
     ``trials`` (R, n) are binomial trials :math:`m_t` (binomial experts; ``y`` is then the proportion of successes).
     ``callback(iteration, keep)``, if given, is called after every E-step with the mask of the active pairs that
-    iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.  ``layout`` (gates not affine in
-    x): the :class:`moestat.fit._layout.ParamLayout` whose gate terms the gradient gate step moves
+    iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.  ``layout`` (every gate but
+    softmax): the :class:`moestat.fit._layout.ParamLayout` whose gate terms the gradient gate step moves
     (:func:`gradient_gate_step`); default the layout of ``spec`` and the columns given.
 
     Every per-observation array is laid out (pairs, k, n), observations last, so the reductions over
@@ -482,10 +525,10 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     one product of the responsibilities with the per-observation outer products :math:`z_t z_t^\top`
     when :math:`(d+1)^2` is small; the gate Hessian reuses the same products.
     """
-    generic = not spec.gating.input_affine  # gradient gate step (gradient_gate_step) instead of IRLS
-    if not (spec.gate == "softmax" or generic) or spec.expert not in ("linear", "constant"):
-        raise ValueError("method='em' supports gate='softmax' or a gate not affine in x (laplace, cosine, "
-                         "perturbed_cosine, quadratic, gaussian) with expert='linear' or 'constant'; "
+    generic = spec.gate != "softmax"  # gradient gate step (gradient_gate_step) instead of IRLS
+    sparse = spec.gate == "topk" or (spec.gate == "normalized_sigmoid" and spec.top_k is not None)
+    if spec.expert not in ("linear", "constant"):
+        raise ValueError("method='em' supports expert='linear' or 'constant' (with any gate); "
                          f"got gate={spec.gate!r}, expert={spec.expert!r}. Use method='gradient'.")
     if generic and layout is None:
         layout = ParamLayout(spec, gate_columns=gate_columns, expert_columns=expert_columns,
@@ -571,6 +614,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         eta = torch.bmm(beta_a, Zea)
         return eta if gm_a is None else eta + torch.bmm(gm_a.unsqueeze(1), Zsa)
 
+    def expert_log_density() -> torch.Tensor:
+        """Log expert densities (A, k, n) at the current expert parameters (as in the E-step)."""
+        eta = linear_predictor()
+        if glm is None:
+            return normal_log_density(ya.unsqueeze(1) - eta, var=var_a.unsqueeze(-1))
+        return glm.log_density(ya.unsqueeze(1), eta, trials=None if ma is None else ma.unsqueeze(1))
+
     # GLM experts without shared slopes: the fused IRLS step (glm_expert_step) reuses the E-step's linear predictor
     # and mean, and hands back the linear predictor at the new coefficients for the next E-step
     fused = glm is not None and gm_a is None
@@ -650,7 +700,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
         if k > 1:
             if Xa is not None and layout is not None:
-                tg_a, logw = gradient_gate_step(spec, layout, Xa, tau, tg_a, logw, gate_steps)
+                # sparse gates (selected sets): the line search may also accept on the observed likelihood
+                le = expert_log_density() if sparse else None
+                tg_a, logw = gradient_gate_step(spec, layout, Xa, tau, tg_a, logw, gate_steps, le, wa)
             elif gate_solver == "cvxpy":
                 tg_a = gate_cvxpy(Zga.transpose(1, 2), tau.transpose(1, 2).unsqueeze(1), tg_a.unsqueeze(1)).squeeze(1)
                 logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)

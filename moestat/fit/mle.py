@@ -13,8 +13,11 @@ Two estimators, both batched over replicates x restarts in one tensor program:
 
 * ``method="em"`` — EM with closed-form expert/variance updates and an IRLS gate step
   (:mod:`moestat.fit.em`) for the softmax gate, or a damped Newton gate step with autograd derivatives (a
-  generalised EM step, :func:`moestat.fit.em.gradient_gate_step`) for the gates not affine in x (``laplace``,
-  ``cosine``, ``perturbed_cosine``, ``quadratic``, ``gaussian``); linear or constant experts;
+  generalised EM step, :func:`moestat.fit.em.gradient_gate_step`) for every other gate: those not affine in x
+  (``laplace``, ``cosine``, ``perturbed_cosine``, ``quadratic``, ``gaussian``) and ``sigmoid``,
+  ``normalized_sigmoid`` and ``topk`` (top-K: each observation's selected set held at the current parameters in
+  the step's derivatives, as in the gradient path below; the line search compares true objectives); linear or
+  constant experts;
 * ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd) for
   every gate of :data:`moestat.gates.GATES` and every expert family; every (replicate, restart) pair has its own
   L-BFGS memory and backtracking line search (:func:`moestat.fit._optim.lbfgs`, shared with the least-squares
@@ -72,9 +75,10 @@ from .formula_fit import formula_inputs
 from .results import MLEFit, log_joint
 
 METHODS = ("em", "gradient")
-#: Gates ``method="em"`` fits: the softmax gate with its IRLS gate step, the gates not affine in x with a gradient
+#: Gates ``method="em"`` fits: the softmax gate with its IRLS gate step, every other gate with a gradient
 #: (damped Newton) gate step (:func:`moestat.fit.em.gradient_gate_step`).
-EM_GATES = ("softmax", "laplace", "cosine", "perturbed_cosine", "quadratic", "gaussian")
+EM_GATES = ("softmax", "laplace", "cosine", "perturbed_cosine", "quadratic", "gaussian", "sigmoid",
+            "normalized_sigmoid", "topk")
 #: Gates whose scores use every input column (a zero slope does not drop a column from a distance or a norm).
 _ALL_COLUMN_GATES = ("laplace", "cosine", "perturbed_cosine")
 
@@ -785,7 +789,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         log-pmf, :math:`\log\binom{m_t}{m_ty_t}` included (so it is not the Bernoulli log-likelihood of the rows
         expanded into trials, which lacks that constant).
     method : {"em", "gradient"}
-        EM (softmax gate, or a gate not affine in x with a gradient gate step; linear or constant experts) or L-BFGS
+        EM (softmax gate with IRLS, any other gate with a gradient gate step; linear or constant experts) or L-BFGS
         on the log-likelihood (any gate/expert).  The cosine gate needs ``d >= 2`` (its slopes are directions);
         ``gate_columns`` / ``gate_formula`` are refused for the ``laplace``, ``cosine`` and ``perturbed_cosine``
         gates, whose distances and norms use every column.
@@ -806,7 +810,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         EM gate M-step: batched damped Newton/IRLS (default) or the exact cvxpy solve (slow; small problems).
     gate_steps : int
         Newton steps per EM iteration (a generalised EM step; the objective never decreases), IRLS for the softmax
-        gate, saddle-free Newton with autograd derivatives for the gates not affine in x.
+        gate, saddle-free Newton with autograd derivatives for the other gates.
     gtol : float
         L-BFGS gradient tolerance on the per-observation log-likelihood scale.
     device, dtype

@@ -274,7 +274,7 @@ def test_more_experts_than_observations_and_other_argument_errors():
     with pytest.raises(ValueError, match="exceed the n=3"):
         ms.fit_mle(SPEC2.with_k(4), X, y)
     with pytest.raises(ValueError, match="method='em' supports"):
-        ms.fit_mle(ms.MoE(gate="sigmoid", k=2, d=1), X, y)
+        ms.fit_mle(ms.MoE(gate="sigmoid", k=2, d=1, expert="relu"), X, y)
     with pytest.raises(ValueError, match="columns"):
         ms.fit_mle(SPEC2, np.c_[X, X], y)
     with pytest.raises(ValueError, match="underdetermined"):

@@ -28,7 +28,11 @@ SPECS = {
 TOPK_SPEC = ms.MoE(gate="topk", k=3, d=2, top_k=2)
 TOPK_TRUTH = ms.Params([0.5, 0.0, -0.5], [[1.5, -1.0], [-1.0, 1.0], [0.0, 0.0]], [[2.0, 0.0], [-2.0, 1.0], [0.0, -1.0]],
                        [1.0, -1.0, 0.0], noise_sd=[0.3, 0.3, 0.3])
-EM_GATES = ["softmax", "laplace", "cosine", "perturbed_cosine", "quadratic", "gaussian"]
+EM_GATES = ["softmax", "laplace", "cosine", "perturbed_cosine", "quadratic", "gaussian", "sigmoid",
+            "normalized_sigmoid", "topk"]
+# top-K's likelihood jumps wherever a selected set changes, so its agreement test needs a maximum inside one set
+# region (test_topk_em_and_gradient_reach_the_same_interior_maximum)
+SMOOTH_EM_GATES = [g for g in EM_GATES if g != "topk"]
 ALL = [*SPECS, "topk"]
 
 
@@ -149,7 +153,7 @@ def test_recovery_from_a_near_truth_start(gate):
     assert np.abs(z).max() < 4.5, dict(zip(fit.param_names, np.round(z, 2), strict=True))
 
 
-@pytest.mark.parametrize("gate", EM_GATES)
+@pytest.mark.parametrize("gate", SMOOTH_EM_GATES)
 def test_em_and_gradient_reach_the_same_maximum(gate):
     """From the same start (random-subset starts, seed 4), EM with its gate step and L-BFGS end at one maximum: the
     log-likelihoods agree to 1e-6 (both stop on tolerances of 1e-12 relative / 1e-9 in the per-observation
@@ -177,6 +181,64 @@ def test_generalised_em_never_lowers_the_loglik_on_any_iteration(gate):
     # ascent up to the rounding of a sum of 300 float64 terms
     assert (np.diff(hist, axis=0) >= -1e-9 * (1 + np.abs(hist[1:]))).all()
     assert (hist[-1] > hist[0] + 1.0).all()  # and it moves
+
+
+def test_topk_em_and_gradient_reach_the_same_interior_maximum():
+    """Top-2 of 3 with the third expert's gate score 8 below the others on every input: every selected set is
+    {0, 1}, so near the maximum the likelihood is that of a softmax gate over experts 0 and 1 (smooth), and EM with
+    its frozen-set gate step and L-BFGS must both reach it; the third expert's terms get zero derivative and stay
+    at the start in both.  Independent check: the maximum is the log-likelihood of a k = 2 softmax MoE fitted by EM
+    with the IRLS gate step (a different gate step).  (Where sets change near the maximum the likelihood jumps,
+    and each method stops at its own jump edge: on the default top-K data above they end 0.5 apart.)"""
+    truth = ms.Params([0.5, 0.0, -8.0], [[1.5, -1.0], [-1.0, 1.0], [0.0, 0.0]], [[2.0, 0.0], [-2.0, 1.0], [0.0, -1.0]],
+                      [1.0, -1.0, 0.0], noise_sd=[0.3, 0.3, 0.3])
+    data = ms.simulate(TOPK_SPEC, truth, n=1500, seed=5, model="mixture")
+    X, y = data.X[0], data.y[0]
+    em = _fit(TOPK_SPEC, X, y, truth, method="em", switch_after=None, max_iter=3000)
+    gr = _fit(TOPK_SPEC, X, y, truth, method="gradient", max_iter=2000)
+    assert em.converged and gr.converged
+    for fit in (em, gr):  # the maximum is interior: the third score stays far below the other two on every input
+        scores = X @ np.asarray(fit.params.gate_weight).T + np.asarray(fit.params.gate_bias)
+        assert (scores[:, :2].min(1) - scores[:, 2]).min() > 1.0
+    # both stop on tolerances of 1e-12 relative / 1e-9 in the per-observation gradient: l within ~1e-8 of the max
+    assert abs(em.loglik - gr.loglik) < 1e-6
+    soft = _fit(ms.MoE(gate="softmax", k=2, d=2), X, y,
+                ms.Params([0.5, 0.0], [[1.5, -1.0], [-1.0, 1.0]], [[2.0, 0.0], [-2.0, 1.0]], [1.0, -1.0],
+                          noise_sd=[0.3, 0.3]), method="em", switch_after=None, max_iter=3000)
+    assert abs(em.loglik - soft.loglik) < 1e-6
+    # a loglik gap of 1e-6 at a strict maximum allows parameter gaps of ~1e-4 (as in the test above)
+    np.testing.assert_allclose(TOPK_SPEC.gate_weights(em.params, X), TOPK_SPEC.gate_weights(gr.params, X), atol=2e-4)
+    np.testing.assert_allclose(TOPK_SPEC.gate_weights(em.params, X)[:, :2], ms.MoE(gate="softmax", k=2, d=2)
+                               .gate_weights(soft.params, X), atol=2e-4)
+    expert = slice(em.layout.n_gate, em.layout.size)
+    np.testing.assert_allclose(em.theta[expert], gr.theta[expert], atol=2e-4)
+
+
+def test_sparse_gate_em_changes_selected_sets_and_never_lowers_the_loglik():
+    """Top-K and normalised sigmoid with top_k: a gate step that moves an expert with positive responsibility out
+    of a selected set makes the expected complete-data log-likelihood -inf, so on it alone EM could never change a
+    set; the line search also accepts a step that does not lower the observed log-likelihood.  Every iteration of
+    every start must still not lower l, and the sets must change (checked against the start's sets)."""
+    for spec in (TOPK_SPEC, ms.MoE(gate="normalized_sigmoid", k=3, d=2, top_k=2)):
+        data = ms.simulate(TOPK_SPEC, TOPK_TRUTH, n=600, seed=6, model="mixture")
+        X, y = data.X[0], data.y[0]
+        Xt, yt = torch.as_tensor(X)[None], torch.as_tensor(y)[None]
+        init = random_starts(spec, Xt, yt, 8, np.random.SeedSequence(7).spawn(1))
+        # random-subset starts have a zero gate (every score tied, so every set is {0, 1}); random gate rows instead
+        rng = np.random.default_rng(8)
+        init.gate_bias = torch.as_tensor(rng.normal(size=init.gate_bias.shape))
+        init.gate_weight = torch.as_tensor(rng.normal(size=init.gate_weight.shape))
+        floor = 1e-3 * yt.std(1)
+        st = em_fit(spec, Xt, yt, init, var_floor=floor**2, tol=1e-12, max_iter=200, gate_steps=2)
+        hist = st.history.numpy()[:, 0]
+        # ascent up to the rounding of a sum of 600 float64 terms
+        assert (np.diff(hist, axis=0) >= -1e-9 * (1 + np.abs(hist[1:]))).all()
+        changed = 0
+        for s in range(8):
+            start = init.map(lambda a, s=s: a[0, s]).to_params().numpy()
+            end = st.params.map(lambda a, s=s: a[0, s]).to_params().numpy()
+            changed += int(((spec.gate_weights(start, X) > 0) != (spec.gate_weights(end, X) > 0)).any())
+        assert changed > 0
 
 
 def test_tidy_names_the_gate_parameters_and_se_are_the_observed_information():
@@ -238,4 +300,4 @@ def test_bad_specs_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="gate_solver='newton'"):
         ms.fit_mle(ms.MoE(gate="gaussian", k=2, d=2), X, y, gate_solver="cvxpy")
     with pytest.raises(ValueError, match="method='gradient'"):
-        ms.fit_mle(ms.MoE(gate="sigmoid", k=2, d=2), X, y, method="em")
+        ms.fit_mle(ms.MoE(gate="sigmoid", k=2, d=2, expert="relu"), X, y, method="em")
