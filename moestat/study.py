@@ -800,8 +800,9 @@ class Study:
         try:
             # largest cells first (longest-processing-time order): the pool's last cells are short ones,
             # so no worker idles behind one long cell at the end; the frame's row order does not change
-            for c in sorted(todo, key=lambda c: -c["n"]):
-                futures[executor.submit(run_cell, self._payload(c, device, cache))] = c["id"]
+            with _sigint_blocked(owned):  # the pool's workers start (spawn) during the submissions
+                for c in sorted(todo, key=lambda c: -c["n"]):
+                    futures[executor.submit(run_cell, self._payload(c, device, cache))] = c["id"]
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()
         except KeyboardInterrupt:
@@ -1092,11 +1093,34 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="moestat-parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _sigint_blocked(block: bool = True) -> Iterator[None]:
+    """Hold SIGINT blocked in this thread while the pool starts its workers.
+
+    A Ctrl-C at a terminal reaches the whole process group.  A spawned worker inherits the signal mask, so it
+    starts with SIGINT blocked and a Ctrl-C that arrives while it still imports (seconds, before
+    :func:`_init_worker` runs) stays pending instead of printing a KeyboardInterrupt traceback; the initializer
+    then ignores SIGINT, which discards the pending one, and unblocks it.  In this process a Ctrl-C during the
+    submissions stays pending too and is raised as soon as they end.
+    """
+    if not block or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _init_worker(workers: int, parent_pid: int) -> None:
     """Process-pool initializer: share the cores (:func:`_share_cores`), die with the parent, and ignore SIGINT: a
     Ctrl-C at a terminal reaches the whole process group, and it is the main process that ends the workers (a
-    worker would otherwise print a KeyboardInterrupt traceback)."""
+    worker would otherwise print a KeyboardInterrupt traceback).  The worker started with SIGINT blocked
+    (:func:`_sigint_blocked`); ignoring it discards a Ctrl-C that came during the start, then it is unblocked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent_pid)
     _share_cores(workers)
 

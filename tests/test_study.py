@@ -176,10 +176,12 @@ def _kill_study_toml(path: Path) -> Path:
     return Path(s.to_toml(path) and path)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path, workers):
-    """Kill a real study process with SIGKILL several times, resume each time: same frame, no lost/duplicate rows.
-    With --workers 2 only the main process is killed; its workers end with it and the next run resumes."""
+@pytest.mark.parametrize(("workers", "target"), [(1, "main"), (2, "main"), (2, "group")])
+def test_sigkill_at_any_moment_then_damage_then_resume_equals_uninterrupted(tmp_path, workers, target):
+    """Fault injection: kill a real study with SIGKILL at random moments, resuming each time — the main process only
+    (with --workers 2 its workers end with it) or the whole process group (main and workers at once, as an OOM
+    killer or a closed session does) — then truncate one stored cell and swap two others before the last resume.
+    The final frame equals an uninterrupted run's: no row lost, repeated or changed."""
     toml = _kill_study_toml(tmp_path / "study.toml")
     study = Study.from_toml(toml)
     reference = study.run(tmp_path / "reference", progress=False)
@@ -189,25 +191,36 @@ def test_sigkill_at_any_moment_then_resume_equals_uninterrupted(tmp_path, worker
     kills = 0
     for _ in range(4):
         proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(toml), str(out), str(workers)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        target = len(list((out / "cells").glob("*.parquet"))) + int(rng.integers(1, 5)) if out.exists() else 1
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        target_cells = len(list((out / "cells").glob("*.parquet"))) + int(rng.integers(1, 5)) if out.exists() else 1
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
-            if out.exists() and len(list((out / "cells").glob("*.parquet"))) >= target:
+            if out.exists() and len(list((out / "cells").glob("*.parquet"))) >= target_cells:
                 time.sleep(float(rng.uniform(0, 0.02)))  # land anywhere, including inside the next write
                 break
             time.sleep(0.002)
         if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
+            if target == "group":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                os.kill(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait()
         proc.stderr.close()
         if (out / "results.parquet").exists():
             break
     assert kills >= 2, "the study finished before it could be killed twice; make it larger"
-    n_done = len(list((out / "cells").glob("*.parquet")))
-    assert 0 < n_done < len(study.cells) or (out / "results.parquet").exists()
-    resumed = study.run(out, resume=True, progress=False)
+    stored = sorted((out / "cells").glob("*.parquet"))
+    assert 3 <= len(stored) < len(study.cells) or (out / "results.parquet").exists()
+    torn, first, second = stored[0], stored[1], stored[2]
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+    first_bytes = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(first_bytes)
+    with pytest.warns(ms.CheckpointWarning) as caught:
+        resumed = study.run(out, resume=True, progress=False)
+    named = " ".join(str(w.message) for w in caught)
+    assert all(p.name in named for p in (torn, first, second)), named
     _same(reference, resumed)
     assert not resumed.duplicated(["cell", "rep"]).any()
     assert len(resumed) == len(study.cells) * study.reps

@@ -324,3 +324,62 @@ def test_serial_interrupt_records_finished_cells_and_resume_equals_an_uninterrup
     if sys.version_info >= (3, 11):
         assert "2 of 4 cells finished" in str(info.value.__notes__) and "resume=True" in str(info.value.__notes__)
     _same(study.run(tmp_path, progress=False), reference)
+
+
+_SLOW_STARTING_MAIN = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    if __name__ == "__mp_main__":  # a pool worker re-imports the main script before its initializer runs
+        # deaf to SIGTERM, so the run's ending of its workers cannot kill one before a traceback would be printed
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        Path(os.environ["MARKS"], f"worker-{os.getpid()}").touch()
+        time.sleep(120.0)
+
+    if __name__ == "__main__":
+        from moestat.study import Study
+        study = Study.from_toml(sys.argv[1])
+        try:
+            study.run(sys.argv[2], executor="processes", workers=2, progress=False)
+        except KeyboardInterrupt:
+            sys.exit(130)
+""")
+
+
+def test_ctrl_c_while_workers_still_start_prints_no_worker_traceback(tmp_path, monkeypatch):
+    """Ctrl-C at a terminal reaches the whole process group, the workers too, and a worker that is still starting
+    (importing the main script, before the pool's initializer has made it ignore SIGINT) would print a
+    KeyboardInterrupt traceback.  Here the workers take 120 s to start and ignore SIGTERM meanwhile (the run then
+    SIGKILLs them after its grace period, which leaves a traceback time to appear); the group gets SIGINT while they
+    start, and the run must end quietly with its workers gone."""
+    monkeypatch.delenv(NAP_ENV, raising=False)
+    toml = _study_toml(tmp_path / "study.toml")
+    script, marks, logs = tmp_path / "slow_start.py", tmp_path / "marks", tmp_path / "logs"
+    script.write_text(_SLOW_STARTING_MAIN)
+    marks.mkdir()
+    logs.mkdir()
+
+    def terminal_like() -> None:  # its own process group with SIGINT at its default, as a shell job at a terminal
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, str(script), str(toml), str(tmp_path / "out")],
+                            env={**_env(""), "MARKS": str(marks)}, stdout=open(logs / "stdout", "wb"),
+                            stderr=open(logs / "stderr", "wb"), preexec_fn=terminal_like)
+    deadline = time.monotonic() + 300  # spawning two interpreters on a loaded 2-core machine
+    while time.monotonic() < deadline and proc.poll() is None and len(list(marks.iterdir())) < 2:
+        time.sleep(0.1)
+    if proc.poll() is not None or len(list(marks.iterdir())) < 2:
+        _stop(proc)
+        pytest.fail(f"the workers did not start (exit {proc.returncode}): {(logs / 'stderr').read_text()}")
+    workers = [int(p.name.split("-")[1]) for p in marks.iterdir()]
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=EXIT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        pytest.fail(f"the run was still going {EXIT_BOUND_S:.0f} s after Ctrl-C")
+    err = (logs / "stderr").read_text()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not [w for w in workers if _running(w)]
