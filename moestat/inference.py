@@ -553,7 +553,12 @@ def _warn_degenerate_refits(batch: MLEFit, what: str) -> None:
 
 def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, restarts: int, seed,
               opts: dict, step: Callable[[], None] = lambda: None) -> tuple[MLEFit, MLEFit]:
-    """The k0 fit, then the k1 fit started from it split (:func:`split_start`); ``step`` is called after each."""
+    """The k0 fit, then the k1 fit started from it split (:func:`split_start`); ``step`` is called after each.
+
+    The k1 fit also starts at the exact embedding of the k0 fit (``shift=0``: the same density, so the same
+    log-likelihood), a point of the k1 model that EM and L-BFGS keep.  The k1 fit's log-likelihood is then never
+    below the k0 fit's, as the k1 maximum is not: the statistic cannot come out negative because a split start
+    stopped short of the k0 value on a flat likelihood (an over-fitted k1 on k0 data)."""
     s0, s1 = seed.spawn(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MLEConvergenceWarning)
@@ -561,7 +566,8 @@ def _fit_pair(spec0: MoE, spec1: MoE, X: np.ndarray, y: np.ndarray, *, init0, re
         f0 = fit_mle(spec0, X, y, init=init0, restarts=restarts, seed=s0, **{"progress": False, **opts})
         step()
         start1 = split_start(spec0, f0.params.batched(), X, spec1.k)
-        f1 = fit_mle(spec1, X, y, init=start1, restarts=restarts, seed=s1, **{"progress": False, **opts})
+        embedded = split_start(spec0, f0.params.batched(), X, spec1.k, shift=0.0)
+        f1 = fit_mle(spec1, X, y, init=[start1, embedded], restarts=restarts, seed=s1, **{"progress": False, **opts})
         step()
     return f0, f1
 

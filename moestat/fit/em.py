@@ -500,7 +500,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
            expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None,
            shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
            callback: Callable[[int, torch.Tensor], None] | None = None,
-           layout: ParamLayout | None = None) -> EMState:
+           layout: ParamLayout | None = None, accelerate: bool = True) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
@@ -518,6 +518,17 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.  ``layout`` (every gate but
     softmax): the :class:`moestat.fit._layout.ParamLayout` whose gate terms the gradient gate step moves
     (:func:`gradient_gate_step`); default the layout of ``spec`` and the columns given.
+
+    ``accelerate`` (softmax gates): SQUAREM, the squared iterative extrapolation of Varadhan & Roland (2008,
+    *Scand. J. Statist.* 35:335), scheme S3, on the EM map :math:`M`.  A cycle takes two EM steps
+    :math:`\theta_1 = M(\theta_0)`, :math:`\theta_2 = M(\theta_1)`, sets :math:`r = \theta_1 - \theta_0`,
+    :math:`v = \theta_2 - 2\theta_1 + \theta_0`, :math:`\alpha = \min(-\lVert r\rVert/\lVert v\rVert, -1)` and
+    jumps to :math:`\theta' = \theta_0 - 2\alpha r + \alpha^2 v`, whose EM step :math:`M(\theta')` starts the next
+    cycle; the jump is kept only where :math:`\ell(\theta') \ge \ell(\theta_1)` and is replaced by
+    :math:`\theta_2` elsewhere, so the recorded log-likelihoods still never decrease.  :math:`\theta` holds the gate
+    terms, the expert coefficients (and shared slopes) and the log variances (Gaussian experts; a jump is floored
+    at ``var_floor``).  Each iteration is still one E-step and one M-step (plus an E-step at :math:`\theta_2` in an
+    iteration where a jump is refused); EM's slow linear convergence then takes a fraction of the iterations.
 
     Every per-observation array is laid out (pairs, k, n), observations last, so the reductions over
     experts run along a strided axis instead of a length-k inner axis (several times faster on CPU).
@@ -626,27 +637,71 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     fused = glm is not None and gm_a is None
     eta_a: torch.Tensor | None = None  # linear predictor (A, k, n) at beta_a, when the last M-step computed it
     lg_a = torch.lgamma(ya + 1.0) if fused and glm is not None and glm.name == "poisson" else None
-    for it in range(max_iter + 1):
-        mu_a = None
+    def e_step() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(log joint (A, k, n), linear predictor, mean) at the current parameters; GLM experts reuse ``eta_a``."""
         if glm is None:
             resid = ya.unsqueeze(1) - linear_predictor()
-            logc = logw + normal_log_density(resid, var=var_a.unsqueeze(-1))
-        elif fused:
-            eta_a = linear_predictor() if eta_a is None else eta_a
-            mu_a = glm.inverse_link(eta_a)
+            return logw + normal_log_density(resid, var=var_a.unsqueeze(-1)), None, None
+        if fused:
+            eta = linear_predictor() if eta_a is None else eta_a
+            mu = glm.inverse_link(eta)
             if lg_a is not None:  # Poisson: y eta - e^eta - log y!, with log y! computed once
-                logc = logw + (ya.unsqueeze(1) * eta_a - mu_a - lg_a.unsqueeze(1))
-            else:
-                logc = logw + glm.log_density(ya.unsqueeze(1), eta_a, trials=None if ma is None else ma.unsqueeze(1))
-        else:  # GLM experts: the family's log-density at the linear predictor
-            logc = logw + glm.log_density(ya.unsqueeze(1), linear_predictor(),
-                                          trials=None if ma is None else ma.unsqueeze(1))
+                return logw + (ya.unsqueeze(1) * eta - mu - lg_a.unsqueeze(1)), eta, mu
+            return logw + glm.log_density(ya.unsqueeze(1), eta, trials=None if ma is None else ma.unsqueeze(1)), eta, mu
+        # GLM experts with shared slopes: the family's log-density at the linear predictor
+        return logw + glm.log_density(ya.unsqueeze(1), linear_predictor(),
+                                      trials=None if ma is None else ma.unsqueeze(1)), None, None
+
+    accel = accelerate and not generic and k > 1
+    shapes = [tuple(tg_a.shape[1:]), tuple(beta_a.shape[1:]), tuple(var_a.shape[1:]) if glm is None else None,
+              None if gm_a is None else tuple(gm_a.shape[1:])]
+
+    def pack() -> torch.Tensor:
+        """The active pairs' EM parameters as rows (A, P): gate terms, expert coefficients, log variances, shared."""
+        parts = [tg_a.flatten(1), beta_a.flatten(1)]
+        if glm is None:
+            parts.append(var_a.log().flatten(1))
+        if gm_a is not None:
+            parts.append(gm_a.flatten(1))
+        return torch.cat(parts, dim=1)
+
+    def unpack(theta: torch.Tensor) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = []
+        at = 0
+        for shape in shapes:
+            if shape is None:
+                out.append(None)
+                continue
+            size = int(np.prod(shape))
+            out.append(theta[:, at:at + size].reshape(-1, *shape))
+            at += size
+        return out
+
+    phase, sq0, sq1, sq2, ll_mid = 0, None, None, None, None  # SQUAREM: cycle phase, theta_0..2, l(theta_1)
+    for it in range(max_iter + 1):
+        logc, eta_a, mu_a = e_step()
         lse = torch.logsumexp(logc, dim=1)
         ll = lse.sum(-1) if wa is None else (lse * wa).sum(-1)
+        if accel and phase == 2 and sq2 is not None and ll_mid is not None:
+            refused = ~(torch.isfinite(ll) & (ll >= ll_mid))
+            if bool(refused.any()):  # back to theta_2 where the jump lowered the likelihood
+                jump = pack()
+                tg_j, beta_j, lv_j, gm_j = unpack(torch.where(refused[:, None], sq2, jump))
+                assert tg_j is not None and beta_j is not None
+                tg_a, beta_a = tg_j.contiguous(), beta_j.contiguous()
+                var_a = var_a if lv_j is None else torch.maximum(lv_j.exp(), fl.unsqueeze(-1))
+                gm_a = gm_a if gm_j is None else gm_j.contiguous()
+                logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)
+                eta_a = None
+                logc, eta_a, mu_a = e_step()
+                lse = torch.logsumexp(logc, dim=1)
+                ll = lse.sum(-1) if wa is None else (lse * wa).sum(-1)
         ll_all[idx] = ll
         history.append(ll_all.clone())
         keep = torch.isfinite(ll)
-        if ll_prev is not None:
+        # the change over a SQUAREM jump is not an EM step's: a jump that lands level with theta_1 says nothing
+        # about convergence, so only EM steps are tested
+        if ll_prev is not None and not (accel and phase == 2):
             done = keep & ((ll - ll_prev).abs() <= tol * (1.0 + ll.abs()))
             converged[idx[done]] = True
             keep &= ~done
@@ -671,7 +726,14 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             eta_a = None if eta_a is None else eta_a[keep]
             mu_a = None if mu_a is None else mu_a[keep]
             lg_a = None if lg_a is None else lg_a[keep]
+            sq0, sq1, ll_mid = (None if a is None else a[keep] for a in (sq0, sq1, ll_mid))
+            sq2 = None if sq2 is None else sq2[keep]
         n_iter[idx] += 1
+        if accel:
+            if phase == 0:
+                sq0 = pack()
+            elif phase == 1:
+                sq1, ll_mid = pack(), ll
         tau = torch.exp(logc - lse.unsqueeze(1))  # (A, k, n) responsibilities
         if wa is not None:
             tau = tau * wa.unsqueeze(1)
@@ -709,6 +771,23 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             else:
                 for _ in range(gate_steps):
                     tg_a, logw = _newton_gate_step(Zga, ZZga, tau, tg_a, logw, wa)
+        if accel and phase == 1 and sq0 is not None and sq1 is not None:
+            sq2 = pack()
+            r, v = sq1 - sq0, sq2 - 2.0 * sq1 + sq0
+            rn, vn = r.norm(dim=1), v.norm(dim=1)
+            alpha = torch.where(vn > 0, -rn / vn.clamp_min(torch.finfo(r.dtype).tiny), -torch.ones_like(rn))
+            alpha = alpha.clamp_max(-1.0).unsqueeze(1)
+            jump = sq0 - 2.0 * alpha * r + alpha * alpha * v
+            jump = torch.where(torch.isfinite(jump).all(1, keepdim=True), jump, sq2)
+            tg_j, beta_j, lv_j, gm_j = unpack(jump)
+            assert tg_j is not None and beta_j is not None
+            tg_a, beta_a = tg_j.contiguous(), beta_j.contiguous()
+            var_a = var_a if lv_j is None else torch.maximum(lv_j.exp(), fl.unsqueeze(-1))
+            gm_a = gm_a if gm_j is None else gm_j.contiguous()
+            logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)
+            eta_a = None
+        if accel:
+            phase = (phase + 1) % 3
         ll_prev = ll
     theta_g[idx], beta[idx], var[idx] = tg_a, beta_a, var_a
     if gamma is not None:
