@@ -24,7 +24,11 @@ The scores of each gate (its normalisation in brackets):
 * ``perturbed_cosine`` :math:`b_i + w_i^\top x/((\lVert w_i\rVert+\varepsilon)(\lVert x\rVert+\varepsilon))`
   (softmax);
 * ``quadratic`` :math:`b_i + x^\top \mathrm{diag}(w_i)\, x` (softmax);
-* ``gaussian`` :math:`b_i - \tfrac12\lVert x - w_i\rVert^2` (softmax).
+* ``gaussian`` :math:`b_i - \tfrac12\lVert x - w_i\rVert^2` (softmax);
+* ``activation`` :math:`\tanh(w_i^\top x + b_i)` (softmax).
+
+A fitted (learned) temperature is identified only for the gates whose scores are not homogeneous of degree one
+in the gate parameters (:attr:`Gate.temperature_identified`).
 
 Every function is a pure torch function, numerically stable at inputs and scores of any magnitude, and
 differentiable in the gate parameters.  ``GATES`` maps each name to its :class:`Gate`; it can be used
@@ -151,6 +155,21 @@ def gaussian_scores(X: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -
     return gate_logits(X, weight, bias - 0.5 * (weight * weight).sum(-1))
 
 
+def activation_scores(X: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    r"""Activation gate scores :math:`s_i(x) = \varphi(w_i^\top x + b_i)`, :math:`\varphi = \tanh`, shape (..., n, k).
+
+    The activation dense-to-sparse gate of Nguyen, Akbarian & Ho (ICML 2024), "Is temperature sample efficient for
+    softmax Gaussian mixture of experts?" (arXiv:2401.13875): the output of the linear layer goes through an
+    activation before the softmax with temperature, :math:`\pi_i \propto \exp(\varphi(w_i^\top x + b_i)/\tau)`.
+    The paper asks the activation and its derivatives to be linearly independent (the exact conditions were not
+    read); moestat uses :math:`\tanh`.  Because :math:`\tanh` is bounded and not linear, the scores are not
+    homogeneous in :math:`(w, b)`: the temperature is identified (:attr:`Gate.temperature_identified`), unlike an
+    affine gate's, where :math:`(cw, cb, c\tau)` gives the same weights.  No parameter shift leaves the weights
+    unchanged (not translation invariant; every gate row is free).  Stable at any input: :math:`\tanh` saturates.
+    """
+    return torch.tanh(gate_logits(X, weight, bias))
+
+
 # ----------------------------------------------------------------------------- invariances
 def _shift_slopes(weight: torch.Tensor, bias: torch.Tensor, t: torch.Tensor, **_: Any
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,6 +241,16 @@ class Gate:
         Whether :attr:`row_shift` is defined for every ``t`` (then any gate row can be moved to zero, and the
         likelihood layout holds the last row at zero); ``False`` for the perturbed cosine gate, whose shift stays in
         the unit ball (a local invariance), so a likelihood fit holds only its last intercept fixed.
+    temperature_identified : bool
+        Whether a temperature fitted jointly with the gate parameters is identified (``learn_temperature=True`` of
+        :func:`moestat.fit_mle` and :func:`moestat.fit_lse`).  ``False`` when a rescaling of the gate parameters by
+        :math:`c > 0` rescales the scores by :math:`c` up to the gate's invariances: then :math:`(c\,\text{params},
+        c\tau)` gives the weights of :math:`(\text{params}, \tau)` for a range of :math:`c`.  That holds for the
+        affine gates (softmax, top-K, sigmoid, normalised sigmoid), the quadratic gate (linear in its parameters),
+        the Gaussian gate (the softmax gate with intercepts :math:`b_i - \tfrac12\lVert w_i\rVert^2`) and, locally,
+        the perturbed cosine gate (:math:`g(w_i) \mapsto c\,g(w_i)` stays in the unit ball); the Laplace, cosine
+        and activation gates identify it (the test-suite checks the rank of the Jacobian in the gate parameters and
+        :math:`\log\tau`).
     """
 
     name: str
@@ -236,6 +265,7 @@ class Gate:
     scale_invariant: bool = False
     score_options: tuple[str, ...] = ()
     row_shift_global: bool = True
+    temperature_identified: bool = False
 
     @property
     def gauge(self) -> str:
@@ -265,6 +295,8 @@ _QUAD = ("Akbarian, Nguyen, Han & Ho (2024), 'Quadratic gating mixture of expert
 _GAU = ("Xu, Jordan & Hinton (NeurIPS 1995), 'An alternative model for mixtures of experts'; Nguyen, Nguyen, Nguyen "
         "& Ho (AISTATS 2024), 'Towards convergence rates for parameter estimation in Gaussian-gated mixture of "
         "experts'; unit covariance")
+_TEMP = ("Nguyen, Akbarian & Ho (ICML 2024), 'Is temperature sample efficient for softmax Gaussian mixture of "
+         "experts?' (arXiv:2401.13875): activation dense-to-sparse gate, with tanh")
 
 GATES: dict[str, Gate] = {g.name: g for g in (
     Gate("softmax", gate_logits, "softmax", True, True, True, ("temperature",), _J_J, _shift_slopes),
@@ -272,12 +304,15 @@ GATES: dict[str, Gate] = {g.name: g for g in (
     Gate("topk", gate_logits, "topk", True, True, True, ("temperature", "top_k"), _TOPK, _shift_slopes),
     Gate("normalized_sigmoid", gate_logits, "normalized_sigmoid", True, False, True,
          ("temperature", "top_k", "n_shared"), _NSIG),
-    Gate("laplace", laplace_scores, "softmax", True, True, False, ("temperature",), _LAP),
-    Gate("cosine", cosine_scores, "softmax", True, True, False, ("temperature",), _COS, scale_invariant=True),
+    Gate("laplace", laplace_scores, "softmax", True, True, False, ("temperature",), _LAP, temperature_identified=True),
+    Gate("cosine", cosine_scores, "softmax", True, True, False, ("temperature",), _COS, scale_invariant=True,
+         temperature_identified=True),
     Gate("perturbed_cosine", perturbed_cosine_scores, "softmax", True, True, False, ("temperature", "eps"), _COS,
          _shift_perturbed_cosine, score_options=("eps",), row_shift_global=False),
     Gate("quadratic", quadratic_scores, "softmax", True, True, False, ("temperature",), _QUAD, _shift_slopes),
     Gate("gaussian", gaussian_scores, "softmax", True, True, False, ("temperature",), _GAU, _shift_gaussian),
+    Gate("activation", activation_scores, "softmax", True, False, False, ("temperature",), _TEMP,
+         temperature_identified=True),
 )}
 """The registered gates, keyed by name."""
 

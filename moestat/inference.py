@@ -371,6 +371,8 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
                 "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
                 "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns,
                 "shared_columns": fit.layout.shared_columns or None}
+        if fit.settings.get("learn_temperature"):
+            opts["learn_temperature"] = True
         opts.update(fit_kwargs)
         failed_data = np.zeros(B, dtype=bool)
         if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed

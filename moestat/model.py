@@ -31,6 +31,17 @@ from .gates import GATES, Gate, gate_logits, gate_scores, gate_weights, get_gate
 from .params import Params
 
 
+def tempered(scores: torch.Tensor, temperature: torch.Tensor | None, spec_temperature: float) -> torch.Tensor:
+    r"""``scores`` (..., n, k) times :math:`\tau_{\mathrm{spec}}/\tau` for a fitted temperature ``temperature`` (its
+    leading axes match those of ``scores`` before (n, k), or it is a scalar); ``scores`` unchanged for ``None``.
+
+    The gate normalisations divide by the spec's temperature :math:`\tau_{\mathrm{spec}}`, so the weights of the
+    result are those of ``scores`` divided by ``temperature``."""
+    if temperature is None:
+        return scores
+    return scores * (spec_temperature / temperature).unsqueeze(-1).unsqueeze(-1)
+
+
 def _prepare(params: Params, X: Array, *extra: Array) -> tuple[Params, torch.Tensor, list[torch.Tensor], bool]:
     """Convert inputs to torch on a common device; report whether the caller passed torch."""
     torch_in = is_torch(X)
@@ -69,7 +80,8 @@ class MoE:
         Number of active experts for ``gate="topk"`` (required) or routed experts for
         ``gate="normalized_sigmoid"`` (optional; all routed experts when None).
     temperature : float
-        Gate temperature (the scores of every gate are divided by it).
+        Gate temperature (the scores of every gate are divided by it); a fitted temperature in the parameters
+        (``Params.temperature``, ``learn_temperature=True`` of the fitters) takes its place.
     n_shared : int
         ``gate="normalized_sigmoid"`` only: the first ``n_shared`` experts are shared (always active).
     gate_eps : float, optional
@@ -222,7 +234,15 @@ class MoE:
         return gate_scores(self.gate, X, weight, bias, eps=self.gate_eps)
 
     def _logits(self, p: Params, X: torch.Tensor) -> torch.Tensor:
-        return self.gate_scores(X, p.gate_weight, p.gate_bias)
+        r"""The gate scores of ``p`` at ``X``, ready for the gate normalisation (which divides by ``temperature``).
+
+        Where ``p`` carries a fitted temperature :math:`\hat\tau` (``Params.temperature``, shape () or (R,)), the
+        scores are multiplied by :math:`\tau_{\mathrm{spec}}/\hat\tau`, so that the normalisation divides them by
+        :math:`\hat\tau`: every method reading the scores from here (:meth:`mean`, :meth:`gate_weights`,
+        :meth:`loglik`, simulation) then uses the fitted temperature.  Without one they are the scores unchanged.
+        """
+        scores = self.gate_scores(X, p.gate_weight, p.gate_bias)
+        return tempered(scores, getattr(p, "temperature", None), self.temperature)
 
     def _gates(self, p: Params, X: torch.Tensor) -> torch.Tensor:
         return gate_weights(self.gate, self._logits(p, X), top_k=self.top_k,

@@ -12,6 +12,11 @@ likelihood.  Every array may carry a leading replicate axis ``R``:
 ``gate_bias (R, k)``, ``gate_weight (R, k, d)``, ...  Arrays are numpy arrays or
 torch tensors (all of one kind); see :meth:`Params.to_torch` and
 :meth:`Params.numpy`.
+
+An optional gate ``temperature`` (shape () or (R,), one per replicate) is a parameter of the measure where it was
+fitted (``learn_temperature=True`` of :func:`moestat.fit_mle` / :func:`moestat.fit_lse`; Nguyen, Akbarian & Ho, ICML
+2024): :class:`moestat.MoE` then divides the gate scores by it instead of by the spec's fixed ``temperature``.  It is
+not an atom block (:data:`BLOCKS`): it is common to all experts, and :meth:`Params.permute` leaves it alone.
 """
 
 from __future__ import annotations
@@ -58,11 +63,15 @@ class Params:
         Expert intercepts :math:`b`.
     noise_sd : array, shape (k,) or (R, k), optional
         Per-expert noise standard deviations (Gaussian MoE likelihood).
+    temperature : array, shape () or (R,), optional
+        A fitted gate temperature :math:`\tau > 0`, common to all experts; when set, :class:`moestat.MoE`
+        divides the gate scores by it instead of by its own ``temperature``.
 
     Raises
     ------
     ValueError
-        If the shapes are inconsistent, an entry is NaN/inf, or ``noise_sd`` is negative.
+        If the shapes are inconsistent, an entry is NaN/inf, ``noise_sd`` is negative or ``temperature`` is not
+        positive.
     """
 
     gate_bias: Array
@@ -70,6 +79,7 @@ class Params:
     expert_weight: Array
     expert_bias: Array
     noise_sd: Array | None = None
+    temperature: Array | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -77,6 +87,8 @@ class Params:
             if value is not None:
                 object.__setattr__(self, f.name, _as_array(f.name, value))
         kinds = {is_torch(a) for _, a in self.blocks()}
+        if self.temperature is not None:
+            kinds.add(is_torch(self.temperature))
         if len(kinds) > 1:
             raise TypeError("Params blocks mix numpy arrays and torch tensors; convert them to one kind.")
         gb = self.gate_bias
@@ -106,6 +118,19 @@ class Params:
             check_finite(f"Params.{name}", arr)
         if self.noise_sd is not None and bool((self.noise_sd < 0).any()):
             raise ValueError("Params.noise_sd must be non-negative; got a negative standard deviation.")
+        if self.temperature is not None:
+            self._check_temperature(batch)
+
+    def _check_temperature(self, batch: tuple[int, ...]) -> None:
+        t: Any = self.temperature
+        if tuple(t.shape) != batch:
+            raise ValueError(f"Params.temperature has shape {tuple(t.shape)} but gate_bias "
+                             f"{tuple(self.gate_bias.shape)} implies {batch}: one temperature per replicate (a "
+                             "scalar for unbatched Params).")
+        check_finite("Params.temperature", t)
+        if not bool((t > 0).all()):
+            raise ValueError(f"Params.temperature must be > 0, got {to_numpy(t).tolist()}; pass a positive "
+                             "temperature, or None for the spec's.")
 
     # ------------------------------------------------------------------ shape
     @property
@@ -140,7 +165,9 @@ class Params:
                 yield name, value
 
     def _map(self, fn: Callable[[str, Array], Array]) -> Params:
-        return replace(self, **{name: fn(name, a) for name, a in self.blocks()})
+        """Apply ``fn(name, array)`` to every block and to the temperature (if set)."""
+        extra = {} if self.temperature is None else {"temperature": fn("temperature", self.temperature)}
+        return replace(self, **{name: fn(name, a) for name, a in self.blocks()}, **extra)
 
     # ------------------------------------------------------------ conversion
     def to_torch(self, device: torch.device | str | None = None,
@@ -199,6 +226,11 @@ class Params:
                     raise ValueError(f"stack: block {name} is set in some Params and not in others.")
                 continue
             out[name] = torch.cat(vals, 0) if is_torch(vals[0]) else np.concatenate(vals, 0)
+        temps: list[Any] = [p.temperature for p in batched]
+        if any(t is not None for t in temps):
+            if not all(t is not None for t in temps):
+                raise ValueError("stack: temperature is set in some Params and not in others.")
+            out["temperature"] = torch.cat(temps, 0) if is_torch(temps[0]) else np.concatenate(temps, 0)
         return Params(**out)
 
     # -------------------------------------------------------------- symmetry
@@ -218,7 +250,9 @@ class Params:
         if p.ndim == 2 and p.shape[0] != self.n_reps:
             raise ValueError(f"perm has {p.shape[0]} rows but Params has R={self.n_reps} replicates.")
 
-        def apply(_: str, a: Array) -> Array:
+        def apply(name: str, a: Array) -> Array:
+            if name == "temperature":  # common to all experts: a relabelling leaves it alone
+                return a
             axis = 1 if self.is_batched else 0
             if p.ndim == 1:
                 idx = torch.as_tensor(p, device=a.device) if is_torch(a) else p
@@ -268,7 +302,8 @@ class Params:
         """Tidy long frame: one row per (rep, atom, block, coord) with the ``value``.
 
         Scalar blocks (``gate_bias``, ``expert_bias``, ``noise_sd``) have ``coord`` 0.
-        Unbatched Params report ``rep`` 0.
+        Unbatched Params report ``rep`` 0.  A ``temperature`` has one row per replicate, block ``"temperature"``,
+        atom -1 (no one expert).
         """
         p = self.numpy().batched()
         R, k, d = int(p.gate_bias.shape[0]), p.k, p.d
@@ -288,6 +323,9 @@ class Params:
                 "rep": rep.ravel(), "atom": atom.ravel(), "block": name,
                 "coord": coord.ravel(), "value": np.asarray(vals).ravel(),
             }))
+        if p.temperature is not None:  # common to all experts: atom -1
+            parts.append(pd.DataFrame({"rep": np.arange(R), "atom": -1, "block": "temperature", "coord": 0,
+                                       "value": np.asarray(p.temperature, dtype=float)}))
         return pd.concat(parts, ignore_index=True)
 
     @classmethod
@@ -312,18 +350,26 @@ class Params:
             else:
                 arr[sub["rep"], sub["atom"]] = sub["value"]
             out[name] = arr
+        temp = frame[frame["block"] == "temperature"]
+        if not temp.empty:
+            arr = np.full(R, np.nan)
+            arr[temp["rep"]] = temp["value"]
+            out["temperature"] = arr
         return cls(**out)
 
     def __repr__(self) -> str:
         kind = "torch" if self.is_torch else "numpy"
         reps = f"R={self.n_reps}, " if self.is_batched else ""
         noise = ", noise_sd" if self.noise_sd is not None else ""
-        return f"Params({reps}k={self.k}, d={self.d}, {kind}{noise})"
+        temp = ", temperature" if self.temperature is not None else ""
+        return f"Params({reps}k={self.k}, d={self.d}, {kind}{noise}{temp})"
 
     def allclose(self, other: Params, *, rtol: float = 1e-7, atol: float = 1e-10) -> bool:
-        """Blockwise ``numpy.allclose`` against ``other`` (same labelling)."""
+        """Blockwise ``numpy.allclose`` against ``other`` (same labelling; the temperatures, where set, too)."""
         a, b = self.numpy(), other.numpy()
         names_a = [n for n, _ in a.blocks()]
-        if names_a != [n for n, _ in b.blocks()]:
+        if names_a != [n for n, _ in b.blocks()] or (a.temperature is None) != (b.temperature is None):
             return False
+        if a.temperature is not None:
+            names_a.append("temperature")
         return all(np.allclose(getattr(a, n), getattr(b, n), rtol=rtol, atol=atol) for n in names_a)

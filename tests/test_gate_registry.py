@@ -43,7 +43,7 @@ def _np_softmax(s: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ the registry
 def test_registry_is_a_name_keyed_collection_of_gates():
-    assert ALL == ["softmax", "sigmoid", "topk", *NEW]
+    assert ALL == ["softmax", "sigmoid", "topk", *NEW, "activation"]
     for name, gate in gates.GATES.items():
         assert isinstance(gate, gates.Gate) and gate.name == name
         assert "temperature" in gate.options and gate.reference

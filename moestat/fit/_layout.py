@@ -34,6 +34,13 @@ Inference (observed information, sandwich, Wald tests, bootstrap) works on one f
    formed on the log scale, where the likelihood is closer to quadratic); absent for Poisson and binomial
    experts, whose dispersion is fixed at 1.
 
+With ``learn_temperature=True`` the gate terms end with ``gate:log_temperature``, :math:`\log\tau` of a temperature
+fitted jointly with the other parameters (positivity by the log; Nguyen, Akbarian & Ho, ICML 2024): it counts in
+``n_gate`` (it is the last gate term), has atom -1 in :meth:`ParamLayout.term_info` (common to all experts) and is
+unpacked into ``BlockParams.temperature``.  Only gates whose temperature is identified take it
+(:attr:`moestat.gates.Gate.temperature_identified`): under an affine gate :math:`(c\beta_0, c\beta_1, c\tau)`
+gives the same weights for every :math:`c > 0`.  A parameter set without a temperature is packed with the spec's.
+
 A gate or experts restricted to some input columns (``gate_columns`` / ``expert_columns``) have coefficients on
 those columns only; the other slopes are fixed at zero and are not in :math:`\theta`.
 
@@ -58,6 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..gates import GATES
 from ..model import MoE
 from ..params import Params
 
@@ -71,24 +79,27 @@ class BlockParams:
     expert_weight: torch.Tensor
     expert_bias: torch.Tensor
     noise_sd: torch.Tensor
+    temperature: torch.Tensor | None = None  # a fitted gate temperature (leading axes only), or None: the spec's
 
     def to_params(self) -> Params:
         return Params(self.gate_bias.detach(), self.gate_weight.detach(), self.expert_weight.detach(),
-                      self.expert_bias.detach(), self.noise_sd.detach())
+                      self.expert_bias.detach(), self.noise_sd.detach(),
+                      None if self.temperature is None else self.temperature.detach())
 
     @staticmethod
     def from_params(p: Params) -> BlockParams:
         if p.noise_sd is None:
             raise ValueError("the Gaussian MoE likelihood needs params.noise_sd (one sd per expert).")
-        return BlockParams(p.gate_bias, p.gate_weight, p.expert_weight, p.expert_bias, p.noise_sd)
+        return BlockParams(p.gate_bias, p.gate_weight, p.expert_weight, p.expert_bias, p.noise_sd, p.temperature)
 
     def map(self, fn) -> BlockParams:
-        return BlockParams(*(fn(getattr(self, n)) for n in
-                             ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")))
+        """Apply ``fn`` to every block and to the temperature (if set)."""
+        return BlockParams(fn(self.gate_bias), fn(self.gate_weight), fn(self.expert_weight), fn(self.expert_bias),
+                           fn(self.noise_sd), None if self.temperature is None else fn(self.temperature))
 
 
 class ParamLayout:
-    """Layout of the identified parameter vector for a spec (see module docstring).
+    r"""Layout of the identified parameter vector for a spec (see module docstring).
 
     Parameters
     ----------
@@ -104,11 +115,15 @@ class ParamLayout:
     shared_columns : sequence of int, optional
         Input columns whose expert coefficient is common to all experts (module docstring); disjoint from
         ``expert_columns``.  Needs input-dependent experts.
+    learn_temperature : bool
+        Add :math:`\log\tau` as the last gate term (module docstring); ValueError for a gate whose temperature
+        is not identified.
     """
 
     def __init__(self, spec: MoE, feature_names: Sequence[str] | None = None, *,
                  gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
-                 shared_columns: Sequence[int] | None = None) -> None:
+                 shared_columns: Sequence[int] | None = None, learn_temperature: bool = False) -> None:
+        self.learn_temperature = check_learn_temperature(spec, learn_temperature)
         self.spec = spec
         self.k, self.d = spec.k, spec.d
         if feature_names is None:
@@ -141,10 +156,11 @@ class ParamLayout:
         self.pg = (self.d - 1 if self.angles else len(self.gate_columns)) + 1
         self.pe = len(self.expert_columns) + 1 if self.expert_slopes else 1
         self.gate_free = self._gate_mask()
-        self.n_gate = int(self.gate_free.sum())
+        self.n_gate_table = int(self.gate_free.sum())  # the gate table's free entries, before log(tau)
+        self.n_gate = self.n_gate_table + int(self.learn_temperature)
         # gather map: entry (i, c) of the (k, pg) gate table is theta_gate[index - 1], or 0 where index is 0 (fixed)
         index = torch.zeros(self.k * self.pg, dtype=torch.long)
-        index[self.gate_free.flatten()] = torch.arange(1, self.n_gate + 1)
+        index[self.gate_free.flatten()] = torch.arange(1, self.n_gate_table + 1)
         self._gate_index = index.reshape(self.k, self.pg)
         self.n_expert = self.k * self.pe
         self.n_shared = len(self.shared_columns)
@@ -181,14 +197,17 @@ class ParamLayout:
 
     @property
     def names(self) -> list[str]:
-        """Term names, e.g. ``gate[0]:const``, ``expert[1]:x1``, ``shared:z``, ``expert[1]:log_sigma``."""
-        return [f"shared:{c}" if block == "shared" else f"{block}[{i}]:{c}" for block, i, c in self.term_info()]
+        """Term names, e.g. ``gate[0]:const``, ``gate:log_temperature``, ``expert[1]:x1``, ``shared:z``,
+        ``expert[1]:log_sigma``."""
+        return [f"{block}:{c}" if i < 0 else f"{block}[{i}]:{c}" for block, i, c in self.term_info()]
 
     def term_info(self) -> list[tuple[str, int, str]]:
-        """(block, atom, coefficient) for each term, matching :attr:`names`; shared terms have atom -1 (no one
-        expert)."""
+        """(block, atom, coefficient) for each term, matching :attr:`names`; shared terms and the learned
+        temperature have atom -1 (no one expert)."""
         cols = self._gate_cols()
         info = [("gate", i, c) for i in range(self.k) for j, c in enumerate(cols) if bool(self.gate_free[i, j])]
+        if self.learn_temperature:
+            info.append(("gate", -1, "log_temperature"))
         info += [("expert", i, c) for i in range(self.k) for c in self._expert_cols()]
         info += [("shared", -1, self.feature_names[j]) for j in self.shared_columns]
         if self.dispersion:
@@ -218,6 +237,7 @@ class ParamLayout:
         else:
             ew, eb = torch.zeros(*lead, k, d, dtype=theta.dtype, device=theta.device), e[..., 0]
         start = self.n_gate + self.n_expert
+        tau = self.unpack_temperature(theta[..., : self.n_gate])
         if self.n_shared:  # the equality constraint: one gamma written into every expert's shared columns
             gamma = theta[..., start : start + self.n_shared].unsqueeze(-2).expand(*lead, k, self.n_shared)
             cols = torch.as_tensor(self.shared_columns, dtype=torch.long, device=theta.device)
@@ -227,23 +247,37 @@ class ParamLayout:
             sd = torch.exp(theta[..., start:])
         else:  # GLM experts: dispersion fixed at 1, carried as a constant block
             sd = torch.ones(*lead, k, dtype=theta.dtype, device=theta.device)
-        return BlockParams(gb, gw, ew, eb, sd)
+        return BlockParams(gb, gw, ew, eb, sd, tau)
+
+    def unpack_temperature(self, theta_gate: torch.Tensor) -> torch.Tensor | None:
+        r"""The learned temperature :math:`\tau = e^{\theta}` (...,) of the last gate term, or None without one."""
+        return torch.exp(theta_gate[..., self.n_gate_table]) if self.learn_temperature else None
 
     def unpack_gate(self, theta_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(gate_bias (..., k), gate_weight (..., k, d))`` from the gate terms ``theta_gate`` (..., n_gate)
-        (differentiable; a gather, so it also runs under ``torch.func.vmap``)."""
+        r"""``(gate_bias (..., k), gate_weight (..., k, d))`` from the gate terms ``theta_gate`` (..., n_gate)
+        (differentiable; a gather, so it also runs under ``torch.func.vmap``); a learned :math:`\log\tau` is not
+        read here (:meth:`unpack_temperature`)."""
         zero = torch.zeros(*theta_gate.shape[:-1], 1, dtype=theta_gate.dtype, device=theta_gate.device)
         g = torch.cat([zero, theta_gate], dim=-1)[..., self._gate_index.to(theta_gate.device)]  # (..., k, pg)
         slopes = _sphere(g[..., 1:]) if self.angles else self._scatter(g[..., 1:], self.gate_columns)
         return g[..., 0], slopes
 
-    def pack_gate(self, gate_bias: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
-        """The gate terms (..., n_gate) of any gate parameters, moved to the layout's reference first (module
-        docstring); the inverse of :meth:`unpack_gate` up to the gate's invariance."""
+    def pack_gate(self, gate_bias: torch.Tensor, gate_weight: torch.Tensor,
+                  temperature: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The gate terms (..., n_gate) of any gate parameters, moved to the layout's reference first (module
+        docstring); the inverse of :meth:`unpack_gate` up to the gate's invariance.  With a learned temperature the
+        last term is :math:`\log` ``temperature`` (the spec's temperature where it is None)."""
         gb, gw = self._to_reference(gate_bias, gate_weight)
         gw = _angles(gw) if self.angles else self._gather(gw, self.gate_columns)
         g = torch.cat([gb.unsqueeze(-1), gw], dim=-1)
-        return g[..., self.gate_free.to(g.device)]
+        terms = g[..., self.gate_free.to(g.device)]
+        if not self.learn_temperature:
+            return terms
+        if temperature is None:
+            temperature = torch.full(terms.shape[:-1], float(self.spec.temperature), dtype=terms.dtype,
+                                     device=terms.device)
+        log_tau = torch.log(torch.as_tensor(temperature, dtype=terms.dtype, device=terms.device))
+        return torch.cat([terms, log_tau.expand(terms.shape[:-1]).unsqueeze(-1)], dim=-1)
 
     def _to_reference(self, gb: torch.Tensor, gw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Equivalent gate parameters (same weights at every x) with the last expert's fixed entries at zero."""
@@ -258,7 +292,7 @@ class ParamLayout:
     def pack(self, p: BlockParams | Params) -> torch.Tensor:
         """``theta`` (..., P) from blocks; the gate is first moved to the last-expert reference (:meth:`pack_gate`).
         Slopes on columns outside a block's columns are dropped (they are zero in a fit of this layout)."""
-        g = self.pack_gate(p.gate_bias, p.gate_weight)
+        g = self.pack_gate(p.gate_bias, p.gate_weight, getattr(p, "temperature", None))
         if self.expert_slopes:
             ew = self._gather(p.expert_weight, self.expert_columns)
             e = torch.cat([p.expert_bias.unsqueeze(-1), ew], dim=-1).flatten(-2)
@@ -270,6 +304,22 @@ class ParamLayout:
         if self.dispersion:
             parts.append(torch.log(p.noise_sd))
         return torch.cat(parts, dim=-1)
+
+
+def check_learn_temperature(spec: MoE, learn_temperature: bool) -> bool:
+    """``learn_temperature`` as a bool; TypeError for a non-bool, ValueError where ``spec``'s gate does not identify
+    a temperature (:attr:`moestat.gates.Gate.temperature_identified`), naming the fix."""
+    if not isinstance(learn_temperature, bool):
+        raise TypeError(f"learn_temperature must be True or False, got {learn_temperature!r}.")
+    if learn_temperature and not spec.gating.temperature_identified:
+        ok = [name for name, gate in GATES.items() if gate.temperature_identified]
+        raise ValueError(
+            f"learn_temperature=True: the temperature of gate={spec.gate!r} is not identified, since scaling the gate "
+            f"parameters and the temperature by the same c > 0 leaves the gate weights unchanged (for an affine "
+            f"gate (c beta_0, c beta_1, c tau) gives the weights of (beta_0, beta_1, tau)). Fix the temperature "
+            f"(learn_temperature=False, MoE(temperature=...)): the gate parameters then absorb its scale. Or use a "
+            f"gate that identifies it: {ok}.")
+    return learn_temperature
 
 
 def _columns(name: str, columns: Sequence[int] | None, d: int) -> tuple[int, ...]:

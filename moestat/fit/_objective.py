@@ -34,7 +34,7 @@ import torch
 from ..exceptions import warn_user
 from ..experts import ExpertFamily
 from ..gates import gate_logits
-from ..model import MoE
+from ..model import MoE, tempered
 from . import _native
 
 
@@ -100,17 +100,18 @@ class MeanKernel:
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool | str = False, chunk_bytes: int = 2**21,
-                  chunk_min_elems: int = 2**17) -> MeanKernel | ReferenceKernel:
+                  chunk_min_elems: int = 2**17, learn_temperature: bool = False) -> MeanKernel | ReferenceKernel:
         """Kernel for ``spec``.
 
         ``compile`` (see :func:`kernel_mode`): ``False`` — the eager kernel; ``"native"`` or ``True`` — the
         fused C++ kernel (:mod:`moestat.fit._native`) for CPU tensors where it applies (sigmoid or softmax
         gate, k <= 32, built-in expert), the eager kernel for everything else (CUDA tensors included).
         Gates the fused kernels do not know (every gate but softmax, sigmoid and top-K) get the autograd
-        :class:`ReferenceKernel` whatever ``compile`` says."""
+        :class:`ReferenceKernel` whatever ``compile`` says, and so does a fitted temperature
+        (``learn_temperature``)."""
         mode = kernel_mode(compile)
-        if spec.gate not in FUSED_GATES:
-            return ReferenceKernel(spec)
+        if spec.gate not in FUSED_GATES or learn_temperature:
+            return ReferenceKernel(spec, learn_temperature=learn_temperature)
         if mode in ("auto", "native") and not _native.compiler_available():
             warn_user(f"compile={compile!r}: no C++ compiler (c++, g++ or clang++) on PATH, which the native "
                           "kernel needs; using the eager kernel.", UserWarning)
@@ -386,28 +387,41 @@ class ReferenceKernel:
     it is the model's own formula; gradients come from autograd, and the Gauss-Newton matrix and exact Hessian
     of :meth:`LSProblem.gauss_newton` from ``torch.func`` (``jacrev``, ``hessian``) per problem instead of the
     Kronecker pair products.  Same tensor layout and methods as :class:`MeanKernel`; slower, exact.
+
+    With ``learn_temperature`` a problem's table has one more row, :math:`2k`, whose first entry is
+    :math:`\rho = \log\tau` of a fitted gate temperature (its other entries are held fixed by the caller): the
+    scores are divided by :math:`e^\rho` instead of ``spec.temperature``.  ``rows`` is the table's number of rows.
     """
 
     kronecker = False  # the residual Jacobian has no u (x) x~ structure: LSProblem asks for it directly
 
-    def __init__(self, spec: MoE) -> None:
+    def __init__(self, spec: MoE, *, learn_temperature: bool = False) -> None:
         self.spec, self.gate, self.k = spec, spec.gate, spec.k
-        self.note = (f"gate={spec.gate!r} is not one of the fused kernels' gates {list(FUSED_GATES)}: the objective, "
-                     "its gradient and Hessian ran on the autograd reference path (compile= has no effect)")
+        self.learn_temperature = bool(learn_temperature)
+        self.rows = 2 * spec.k + int(self.learn_temperature)
+        if spec.gate in FUSED_GATES:
+            self.note = ("a learned temperature (learn_temperature=True): the objective, its gradient and Hessian ran "
+                         "on the autograd reference path (compile= has no effect)")
+        else:
+            self.note = (f"gate={spec.gate!r} is not one of the fused kernels' gates {list(FUSED_GATES)}: the "
+                         "objective, its gradient and Hessian ran on the autograd reference path (compile= has no "
+                         "effect)")
 
     def kind(self, device: torch.device) -> str:
         """``"autograd"`` on every device."""
         return "autograd"
 
     def _f(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """Differentiable mean (G, s, n) from ``theta`` (G, s, 2k, d+1) and augmented inputs ``X`` (G, n, d+1)."""
+        """Differentiable mean (G, s, n) from ``theta`` (G, s, rows, d+1) and augmented inputs ``X`` (G, n, d+1)."""
         k, spec = self.k, self.spec
         Xr = X[..., 1:].unsqueeze(1)
         scores = spec.gate_scores(Xr, theta[..., :k, 1:], theta[..., :k, 0])
+        if self.learn_temperature:  # row 2k holds log(tau): divide the scores by tau, not by spec.temperature
+            scores = tempered(scores, torch.exp(theta[..., 2 * k, 0]), spec.temperature)
         if spec.family.input_dependent:
-            pre = gate_logits(Xr, theta[..., k:, 1:], theta[..., k:, 0])
+            pre = gate_logits(Xr, theta[..., k:2 * k, 1:], theta[..., k:2 * k, 0])
         else:
-            pre = theta[..., k:, 0].unsqueeze(-2)
+            pre = theta[..., k:2 * k, 0].unsqueeze(-2)
         return spec.mean_from_linear(scores, pre)
 
     def mean(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -468,7 +482,8 @@ class LSProblem:
     """A batch of B = R*S least-squares problems sharing the data of their replicate.
 
     Problem ``b`` fits replicate ``b // S``.  ``theta`` tensors handed in and out are flat,
-    shape (A, P) with P = 2k(d+1), for the A currently *active* problems (:meth:`set_active`).
+    shape (A, P) with P = 2k(d+1) (one more row, P = (2k+1)(d+1), with a kernel that learns the temperature), for
+    the A currently *active* problems (:meth:`set_active`).
     While every problem is active the data are used in place (grouped per replicate); after some
     converge, the data of the remaining ones are gathered once and cached.
 
@@ -479,7 +494,7 @@ class LSProblem:
     y : Tensor, shape (R, n)
     S : int
         Restarts per replicate.
-    free : Tensor of bool, shape (2k, d+1)
+    free : Tensor of bool, shape (rows, d+1)
         Coordinates that are optimised (False: held at their initial value).
     lower, upper : Tensor, shape (2k, d+1), optional
         Box constraints (projection).
@@ -491,8 +506,9 @@ class LSProblem:
         self.kernel, self.R, self.S, self.n, self.p = kernel, R, S, n, d + 1
         self.X = torch.cat([torch.ones(R, n, 1, dtype=X.dtype, device=X.device), X], -1)
         self.y = y
-        self.shape = (2 * kernel.k, d + 1)
-        self.P = 2 * kernel.k * (d + 1)
+        rows = getattr(kernel, "rows", 2 * kernel.k)  # 2k, and one more for a learned temperature
+        self.shape = (rows, d + 1)
+        self.P = rows * (d + 1)
         self.free = free.reshape(-1)
         self.free_idx = torch.nonzero(self.free).squeeze(1)
         self.lower = None if lower is None else lower.reshape(-1)

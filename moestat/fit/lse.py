@@ -14,6 +14,10 @@ which replicates end on its boundary.
 R replicates x S restarts are one ``(R*S, 2k, d+1)`` parameter tensor; the objective and its
 gradient come from a fused hand-derived kernel (:mod:`moestat.fit._objective`) and the optimisers
 (:mod:`moestat.fit._optim`) keep per-problem state and convergence masks.
+
+``learn_temperature=True`` adds the gate temperature as one more parameter, :math:`\log\tau` in row :math:`2k` of a
+problem's table (the autograd reference kernel, :class:`moestat.fit._objective.ReferenceKernel`), for gates whose
+temperature is identified (Nguyen, Akbarian & Ho, ICML 2024); the estimate is ``fit.params.temperature``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from ..exceptions import ConvergenceWarning, UnderdeterminedWarning, warn_user
 from ..model import MoE
 from ..params import Params
 from . import _optim
+from ._layout import check_learn_temperature
 from ._objective import LSProblem, MeanKernel, kernel_mode
 from .base import FitResult, check_reps
 from .init import from_params, kmeans_init, near_truth, random_init
@@ -242,7 +247,8 @@ def _scale_weights(p: Params, s: np.ndarray | None, *, inverse: bool = False) ->
         return p
     q = p.numpy()
     f = 1.0 / s if inverse else s
-    return Params(q.gate_bias, q.gate_weight * f, q.expert_weight * f, q.expert_bias, noise_sd=q.noise_sd)
+    return Params(q.gate_bias, q.gate_weight * f, q.expert_weight * f, q.expert_bias, noise_sd=q.noise_sd,
+                  temperature=q.temperature)
 
 
 def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
@@ -300,18 +306,51 @@ def _free_mask(spec: MoE, device: torch.device) -> torch.Tensor:
     return free
 
 
-def _params_to_theta(p: Params, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _params_to_theta(p: Params, dtype: torch.dtype, device: torch.device,
+                     temperature: np.ndarray | None = None) -> torch.Tensor:
+    """Flat tables (B, 2k(d+1)) of batched Params; with ``temperature`` (B,) one more row ``[log tau, 0, ..., 0]``."""
     gb, gw = to_tensor(p.gate_bias, device=device, dtype=dtype), to_tensor(p.gate_weight, device=device, dtype=dtype)
     ew, eb = (to_tensor(p.expert_weight, device=device, dtype=dtype),
               to_tensor(p.expert_bias, device=device, dtype=dtype))
     gate = torch.cat([gb.unsqueeze(-1), gw], -1)
     expert = torch.cat([eb.unsqueeze(-1), ew], -1)
-    return torch.cat([gate, expert], -2).reshape(gb.shape[0], -1)
+    rows = [gate, expert]
+    if temperature is not None:
+        tau_row = torch.zeros(gb.shape[0], 1, gw.shape[-1] + 1, dtype=dtype, device=device)
+        tau_row[:, 0, 0] = torch.log(to_tensor(np.asarray(temperature, dtype=float), device=device, dtype=dtype))
+        rows.append(tau_row)
+    return torch.cat(rows, -2).reshape(gb.shape[0], -1)
 
 
-def _theta_to_params(theta: torch.Tensor, k: int, d: int) -> Params:
-    t = to_numpy(theta).reshape(-1, 2 * k, d + 1)
-    return Params(t[:, :k, 0], t[:, :k, 1:], t[:, k:, 1:], t[:, k:, 0])
+def _theta_to_params(theta: torch.Tensor, k: int, d: int, learn_temperature: bool = False) -> Params:
+    t = to_numpy(theta).reshape(-1, 2 * k + int(learn_temperature), d + 1)
+    temperature = np.exp(t[:, 2 * k, 0]) if learn_temperature else None
+    return Params(t[:, :k, 0], t[:, :k, 1:], t[:, k:2 * k, 1:], t[:, k:2 * k, 0], temperature=temperature)
+
+
+def _start_temperature(spec: MoE, init: Any, truth: Params | None, kinds: list[str] | None, R: int, S: int
+                       ) -> np.ndarray:
+    """Starting temperatures (R*S,) of a fit that learns it, rows r*S + s: an ``init`` Params' temperature, else the
+    truth's for ``near_truth`` starts, else ``spec.temperature``."""
+    out = np.full((R, S), float(spec.temperature))
+
+    def per_rep(p: Params) -> np.ndarray | None:
+        if p.temperature is None:
+            return None
+        t = np.asarray(p.numpy().temperature, dtype=float)
+        return np.broadcast_to(t.reshape(-1, 1) if t.ndim else t, (R, 1))
+
+    if isinstance(init, Params):
+        t = per_rep(init)
+        if t is not None:
+            out[:] = t
+    elif kinds is not None and truth is not None:
+        t = per_rep(truth)
+        if t is not None:
+            for s, kind in enumerate(kinds):
+                if kind == "near_truth":
+                    out[:, s] = t[:, 0]
+    return out.reshape(-1)
 
 
 def _check_real(name: str, value: Any, *, positive: bool = False) -> float:
@@ -389,7 +428,7 @@ def _mixed_starts(kinds: list[str], spec: MoE, truth: Params | None, X: np.ndarr
                     lr=Optional(Real(0, open_low=True)), batch_size=Integer(1),
                     init_scale=Optional(Real(0, open_low=True)), device=Device(), dtype=Dtype(), seed=Seed(),
                     progress=Boolean(), history=Boolean(), condition=Boolean(), threads=Optional(Integer(1)),
-                    underdetermined=Choice("raise", "warn"))
+                    underdetermined=Choice("raise", "warn"), learn_temperature=Boolean())
 def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params = "auto", truth: Params | None = None,
             duplicate: Sequence[int] | None = None, init_scale: float | None = None, restarts: int = 1,
             optimizer: str = "auto", max_iter: int | None = None, tol: float = 1e-12, gtol: float = 1e-10,
@@ -397,7 +436,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
             compile: bool | str = False, block_bytes: int | str | None = "auto", threads: int | None = 1,
-            underdetermined: str = "raise") -> LSEFit:
+            underdetermined: str = "raise", learn_temperature: bool = False) -> LSEFit:
     r"""Least-squares estimator of a MoE regression for R replicates at once.
 
     Parameters
@@ -481,6 +520,14 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         What to do when n is smaller than the number of mean parameters: raise ``ValueError`` (default) or
         emit :class:`moestat.UnderdeterminedWarning` and fit anyway — the same policy as
         :func:`moestat.fit_mle`.
+    learn_temperature : bool
+        Fit the gate temperature :math:`\tau` jointly (as :math:`\log\tau`, so :math:`\tau > 0`), starting at an
+        ``init`` Params' ``temperature``, at the truth's for ``near_truth`` starts, else at ``spec.temperature``;
+        the estimate is ``fit.params.temperature`` (also in ``restart_params``).  Only for gates whose temperature
+        is identified (``laplace``, ``cosine``, ``activation``: :attr:`moestat.gates.Gate.temperature_identified`;
+        an affine gate's :math:`(c\beta_0, c\beta_1, c\tau)` is the same model, docs/temperature.md); ``box``
+        does not bound it.  It runs on the autograd reference kernel.  ``False`` (default): the temperature is
+        ``spec.temperature``, fixed, as before.
 
     Returns
     -------
@@ -504,6 +551,11 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     """
     if not isinstance(spec, MoE):
         raise TypeError(f"spec must be a moestat.MoE, got {type(spec).__name__}.")
+    check_learn_temperature(spec, learn_temperature)
+    if not learn_temperature and isinstance(init, Params) and init.temperature is not None:
+        raise ValueError("init carries a fitted temperature (Params.temperature) but learn_temperature=False fixes "
+                         f"the temperature at spec.temperature={spec.temperature}; pass learn_temperature=True, or "
+                         "drop the init's temperature (dataclasses.replace(init, temperature=None)).")
     check_choice("optimizer", optimizer, OPTIMIZERS)
     optimizer_requested = optimizer
     if optimizer == "auto":
@@ -545,7 +597,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     dt = resolve_dtype(dtype)
     Xn, yn = to_numpy(X).astype(np.float64), to_numpy(y).astype(np.float64)
     R, n, d = Xn.shape
-    P = spec.n_params()
+    P = spec.n_params() + int(learn_temperature)
     if n < P and underdetermined == "warn":
         warn_user(f"n={n} observations are fewer than the {P} mean parameters: the least-squares estimator is "
                       "not identified (the fit is one minimiser among many).", UnderdeterminedWarning)
@@ -578,10 +630,20 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         start = _mixed_starts(kinds, spec, truth, Xn, yn, R, duplicate, scales, seed)
 
     Xt, yt = to_tensor(Xn, device=dev, dtype=dt), to_tensor(yn, device=dev, dtype=dt)
-    kernel = MeanKernel.from_spec(spec, compile=compile)
+    kernel = MeanKernel.from_spec(spec, compile=compile, learn_temperature=learn_temperature)
     free = _free_mask(spec, dev)
+    tau0 = None
+    if learn_temperature:  # one more row: [log tau, held zeros]
+        free = torch.cat([free, torch.zeros(1, d + 1, dtype=torch.bool, device=dev)])
+        free[-1, 0] = True
+        if lower is not None and upper is not None:
+            lower = torch.cat([lower, torch.full((1, d + 1), -float("inf"), dtype=dt, device=dev)])
+            upper = torch.cat([upper, torch.full((1, d + 1), float("inf"), dtype=dt, device=dev)])
+        tau0 = _start_temperature(spec, init, truth, kinds, R, restarts)
+        start = Params(start.gate_bias, start.gate_weight, start.expert_weight, start.expert_bias,
+                       noise_sd=start.noise_sd, temperature=tau0)
     problem = LSProblem(kernel, Xt, yt, restarts, free, lower, upper)
-    theta0 = _params_to_theta(start, dt, dev)
+    theta0 = _params_to_theta(start, dt, dev, tau0)
     if optimizer == "sgd" and batch_size > n:
         raise ValueError(f"batch_size={batch_size} exceeds n={n}; choose batch_size <= n.")
     generators = _problem_generators(seed, R * restarts) if optimizer == "sgd" else []
@@ -639,7 +701,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     converged_all = res.converged
     status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
 
-    all_params = _scale_weights(_theta_to_params(res.theta, spec.k, d), in_scale, inverse=True)
+    all_params = _scale_weights(_theta_to_params(res.theta, spec.k, d, learn_temperature), in_scale, inverse=True)
     best_np = to_numpy(best)
     rep_idx, rs_idx = np.repeat(np.arange(R), S), np.tile(np.arange(S), R)
     restarts_frame = pd.DataFrame({
@@ -696,6 +758,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         "replicates_per_block": group, "n_evals": res.n_evals,
         "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
     }
+    if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
+        settings["learn_temperature"] = True
     fit = LSEFit(
         params=all_params.select(best_np), objective=to_numpy(res.loss[best]).astype(float),
         converged=to_numpy(converged_all[best]), status=status_all[best_np],

@@ -14,7 +14,7 @@ Two estimators, both batched over replicates x restarts in one tensor program:
 * ``method="em"`` — EM with closed-form expert/variance updates and an IRLS gate step
   (:mod:`moestat.fit.em`) for the softmax gate, or a damped Newton gate step with autograd derivatives (a
   generalised EM step, :func:`moestat.fit.em.gradient_gate_step`) for every other gate: those not affine in x
-  (``laplace``, ``cosine``, ``perturbed_cosine``, ``quadratic``, ``gaussian``) and ``sigmoid``,
+  (``laplace``, ``cosine``, ``perturbed_cosine``, ``quadratic``, ``gaussian``, ``activation``) and ``sigmoid``,
   ``normalized_sigmoid`` and ``topk`` (top-K: each observation's selected set held at the current parameters in
   the step's derivatives, as in the gradient path below; the line search compares true objectives); linear or
   constant experts;
@@ -29,6 +29,11 @@ Two estimators, both batched over replicates x restarts in one tensor program:
 
 The free terms of each gate (what its invariance holds fixed on the last expert; the cosine gate's directions as
 angles) are those of :class:`moestat.fit._layout.ParamLayout`; docs/gates.md tabulates them.
+
+``learn_temperature=True`` fits the gate temperature :math:`\tau` jointly with the other parameters, as
+:math:`\log\tau` (the last gate term of the layout, ``gate:log_temperature``; Nguyen, Akbarian & Ho, ICML 2024),
+on the gradient path only; it is refused for gates whose temperature is not identified (every affine gate:
+:math:`(c\beta_0, c\beta_1, c\tau)` gives the same weights).  The estimate is ``fit.params.temperature``.
 
 The noise standard deviations are kept above the floor
 :math:`\sigma_{\min} = \texttt{sd\_floor}\cdot\mathrm{sd}(y)` (default ``1e-3``), which keeps the
@@ -66,9 +71,9 @@ from .._validation import (
 )
 from ..exceptions import MoestatWarning, UnderdeterminedWarning, warn_user
 from ..families import initial_beta, irls_weighted
-from ..model import MoE
+from ..model import MoE, tempered
 from ..params import Params
-from ._layout import BlockParams, ParamLayout
+from ._layout import BlockParams, ParamLayout, check_learn_temperature
 from ._optim import ClosureProblem, lbfgs
 from .em import design, em_fit, weighted_ls
 from .formula_fit import formula_inputs
@@ -78,7 +83,7 @@ METHODS = ("em", "gradient")
 #: Gates ``method="em"`` fits: the softmax gate with its IRLS gate step, every other gate with a gradient
 #: (damped Newton) gate step (:func:`moestat.fit.em.gradient_gate_step`).
 EM_GATES = ("softmax", "laplace", "cosine", "perturbed_cosine", "quadratic", "gaussian", "sigmoid",
-            "normalized_sigmoid", "topk")
+            "normalized_sigmoid", "topk", "activation")
 #: Gates whose scores use every input column (a zero slope does not drop a column from a distance or a norm).
 _ALL_COLUMN_GATES = ("laplace", "cosine", "perturbed_cosine")
 
@@ -177,8 +182,9 @@ def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
 
     Each expert is the least-squares fit through its ``m`` observations (weight 1, every other observation weight
     :math:`0.01\,m/n`), with :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate
-    (all gate coefficients 0); GLM experts take a few ridge IRLS steps instead (a subset of ``p + 1`` points may
-    separate).  Arguments as :func:`random_starts`.
+    (all gate coefficients 0; the activation gate's intercepts all 0.5, :data:`_EQUAL_WEIGHT_INTERCEPT`); GLM
+    experts take a few ridge IRLS steps instead (a subset of ``p + 1`` points may separate).  Arguments as
+    :func:`random_starts`.
     """
     R, n, d = X.shape
     S, k, m = idx.shape[1:]
@@ -196,12 +202,18 @@ def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
         beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6, trials=trials), spec.glm,
                              max_iter=10, ridge=1e-6, trials=trials)
         var = torch.ones(R, S, k, dtype=X.dtype, device=X.device)
-    zeros_k = torch.zeros(R, S, k, dtype=X.dtype, device=X.device)
+    gb = torch.full((R, S, k), _EQUAL_WEIGHT_INTERCEPT.get(spec.gate, 0.0), dtype=X.dtype, device=X.device)
     ew = torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
     if spec.family.input_dependent:
         ew[..., cols] = beta[..., 1:]
-    return BlockParams(zeros_k, torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device), ew, beta[..., 0],
-                       var.sqrt())
+    return BlockParams(gb, torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device), ew, beta[..., 0], var.sqrt())
+
+
+#: The common gate intercept of a random start's equal-weight gate, where 0 will not do.  The activation gate's
+#: scores are odd, tanh(-z) = -tanh(z): with k = 2 the rows (b_0, w_0), (b_1, w_1) and (-b_1, -w_1), (-b_0, -w_0)
+#: give the same weights, and the set (b_1, w_1) = -(b_0, w_0) of that symmetry, where the information is singular,
+#: is never left by a gradient path started on it, as an all-zero gate is; equal intercepts 0.5 lie off it.
+_EQUAL_WEIGHT_INTERCEPT = {"activation": 0.5}
 
 
 def random_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, S: int,
@@ -248,6 +260,7 @@ def _linear_parts(spec: MoE, p: BlockParams, Zt: torch.Tensor) -> tuple[torch.Te
         logits = torch.bmm(torch.cat([p.gate_bias.unsqueeze(-1), p.gate_weight], dim=-1), Zt)
     else:  # the gate's own scores (distances, cosines, ...), from the model
         logits = spec.gate_scores(Zt[:, 1:].transpose(1, 2), p.gate_weight, p.gate_bias).transpose(1, 2)
+    logits = tempered(logits, p.temperature, spec.temperature)  # a learned temperature (A,), else unchanged
     if spec.family.input_dependent:
         pre = torch.bmm(torch.cat([p.expert_bias.unsqueeze(-1), p.expert_weight], dim=-1), Zt)
     else:
@@ -561,19 +574,29 @@ class _Problems:
             idx = self.subsets[r[rand], s[rand] - U][:, None]
             parts.append((rand, subset_starts(spec, X[sel], y[sel], idx, layout.expert_design_columns,
                                               None if trials is None else trials[sel])))
+        if layout.learn_temperature:  # starts without a temperature start at the spec's
+            for _, b in parts:
+                if b.temperature is None:
+                    b.temperature = torch.full(b.gate_bias.shape[:2], float(spec.temperature), dtype=X.dtype,
+                                               device=X.device)
         if len(parts) == 1:
             out = parts[0][1]
         else:
             out = parts[0][1].map(lambda a: a.new_empty((q.size, *a.shape[1:])))
             for rows, b in parts:
                 at = torch.as_tensor(rows, device=X.device)
-                for f in _FIELDS:
+                for f in _fields(b):
                     getattr(out, f)[at] = getattr(b, f)
         out.noise_sd = out.noise_sd.clamp_min(self.floor[torch.as_tensor(r, device=X.device)][:, None, None])
         return out
 
 
 _FIELDS = ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd")
+
+
+def _fields(p: BlockParams) -> tuple[str, ...]:
+    """The blocks of ``p`` that are set: :data:`_FIELDS` and, for a learned temperature, ``temperature``."""
+    return _FIELDS if p.temperature is None else (*_FIELDS, "temperature")
 
 
 @dataclasses.dataclass
@@ -587,17 +610,18 @@ class _Flat:
     history: torch.Tensor | None = None
 
     @staticmethod
-    def empty(spec: MoE, Q: int, X: torch.Tensor) -> _Flat:
+    def empty(spec: MoE, Q: int, X: torch.Tensor, learn_temperature: bool = False) -> _Flat:
         k, d, dt, dev = spec.k, spec.d, X.dtype, X.device
         return _Flat(BlockParams(torch.zeros(Q, k, dtype=dt, device=dev), torch.zeros(Q, k, d, dtype=dt, device=dev),
                                  torch.zeros(Q, k, d, dtype=dt, device=dev), torch.zeros(Q, k, dtype=dt, device=dev),
-                                 torch.zeros(Q, k, dtype=dt, device=dev)),
+                                 torch.zeros(Q, k, dtype=dt, device=dev),
+                                 torch.ones(Q, dtype=dt, device=dev) if learn_temperature else None),
                      torch.full((Q,), -torch.inf, dtype=dt, device=dev), torch.zeros(Q, dtype=torch.bool, device=dev),
                      torch.zeros(Q, dtype=torch.long, device=dev))
 
     def put(self, q: torch.Tensor, p: BlockParams, ll: torch.Tensor, conv: torch.Tensor, n_iter: torch.Tensor) -> None:
         """Store the (A, 1, ...) results of problems ``q``."""
-        for f in _FIELDS:
+        for f in _fields(self.params):
             getattr(self.params, f)[q] = getattr(p, f)[:, 0]
         self.loglik[q], self.converged[q], self.n_iter[q] = ll[:, 0], conv[:, 0], n_iter[:, 0]
 
@@ -607,6 +631,16 @@ class _Flat:
         return (self.params.map(lambda a: a.reshape(R, S, *a.shape[1:])), self.loglik.reshape(R, S),
                 self.converged.reshape(R, S), self.n_iter.reshape(R, S),
                 None if self.history is None else self.history.reshape(-1, R, S))
+
+
+def _cat_temperatures(temps: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The user starts' temperatures (R, U) side by side, or None where no start has one (a start without one gets
+    the spec's later, :meth:`_Problems.starts`)."""
+    if all(t is None for t in temps):
+        return None
+    if any(t is None for t in temps):
+        raise ValueError("init lists Params with and without a temperature; give every start a temperature, or none.")
+    return torch.cat(temps, dim=1)  # type: ignore[arg-type]
 
 
 def _ranges(q: np.ndarray, size: int) -> list[np.ndarray]:
@@ -655,12 +689,12 @@ def _lbfgs_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list
                   out: _Flat | None, done: int, *, max_iter: int, gtol: float, ftol: float) -> _Flat:
     """L-BFGS on each block: from the starts (``out=None``), or continuing ``out``'s problems, of which each keeps the
     L-BFGS end point only if its log-likelihood is at least the one it started from."""
-    res = _Flat.empty(spec, probs.R * probs.S, probs.X) if out is None else out
+    res = _Flat.empty(spec, probs.R * probs.S, probs.X, layout.learn_temperature) if out is None else out
     for b, q in enumerate(blocks):
         Xb, yb, fl, wb, mb = probs.data(q)
         at = torch.as_tensor(q, device=probs.X.device)
         init = (probs.starts(spec, layout, q, Xb, yb, mb) if out is None
-                else BlockParams(*(getattr(res.params, f)[at][:, None] for f in _FIELDS)))
+                else res.params.map(lambda a, at=at: a[at][:, None]))
         phase = f"L-BFGS, block {b + 1}/{len(blocks)}"
 
         def report(active: int, size: int = q.size, phase: str = phase, before: int = done) -> None:
@@ -672,7 +706,7 @@ def _lbfgs_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list
             res.put(at, p2, ll2, conv2, it2)
         else:
             better = torch.isfinite(ll2[:, 0]) & (ll2[:, 0] >= res.loglik[at])
-            for f in _FIELDS:
+            for f in _fields(res.params):
                 new, old = getattr(p2, f)[:, 0], getattr(res.params, f)[at]
                 getattr(res.params, f)[at] = torch.where(better.reshape(-1, *([1] * (new.dim() - 1))), new, old)
             res.loglik[at] = torch.where(better, ll2[:, 0], res.loglik[at])
@@ -721,12 +755,13 @@ def _solve(spec: MoE, probs: _Problems, layout: ParamLayout, model: MemoryModel,
 @validate_arguments(restarts=Integer(0), tol=Real(0), max_iter=Optional(Integer(1)), sd_floor=Real(0),
                     gate_steps=Integer(1), gtol=Real(0), device=Device(), dtype=Dtype(), seed=Seed(),
                     underdetermined=Choice("raise", "warn"), switch_after=Optional(Integer(0)),
-                    screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)), progress=Optional(Boolean()))
+                    screen=Optional(Real(0, open_low=True)), threads=Optional(Integer(1)), progress=Optional(Boolean()),
+                    learn_temperature=Boolean())
 def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = None, data=None, k: int | None = None,
             gate_formula: str | None = None, weights=None, missing: str = "raise",
             gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
             family: str | None = None, method: str = "em", shared: str | None = None,
-            shared_columns: Sequence[int] | None = None, trials=None,
+            shared_columns: Sequence[int] | None = None, trials=None, learn_temperature: bool = False,
             restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
@@ -788,6 +823,14 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         (statsmodels' ``GLM(y, X, Binomial(), var_weights=m)`` convention).  The log-likelihood is the full binomial
         log-pmf, :math:`\log\binom{m_t}{m_ty_t}` included (so it is not the Bernoulli log-likelihood of the rows
         expanded into trials, which lacks that constant).
+    learn_temperature : bool
+        Fit the gate temperature :math:`\tau` jointly with the other parameters, as the term
+        ``gate:log_temperature`` (:math:`\log\tau`, so :math:`\tau > 0`; starting at ``spec.temperature`` or at an
+        ``init`` Params' ``temperature``); the estimate is ``fit.params.temperature``.  Needs ``method="gradient"``
+        and a gate whose temperature is identified (``laplace``, ``cosine``, ``activation``:
+        :attr:`moestat.gates.Gate.temperature_identified`); for affine gates :math:`(c\beta_0, c\beta_1, c\tau)`
+        gives the same model, so it is refused there (Nguyen, Akbarian & Ho, ICML 2024; docs/temperature.md).
+        ``False`` (default): the temperature is fixed at ``spec.temperature``, as before.
     method : {"em", "gradient"}
         EM (softmax gate with IRLS, any other gate with a gradient gate step; linear or constant experts) or L-BFGS
         on the log-likelihood (any gate/expert).  The cosine gate needs ``d >= 2`` (its slopes are directions);
@@ -901,17 +944,22 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     gate_steps = check_int("gate_steps", gate_steps)
     if not (tol > 0 and gtol > 0 and sd_floor > 0):
         raise ValueError(f"tol, gtol and sd_floor must be > 0, got tol={tol}, gtol={gtol}, sd_floor={sd_floor}.")
-    _check_method(spec, method, gate_solver, columns[1])
+    _check_method(spec, method, gate_solver, columns[1], learn_temperature)
     max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
     check_choice("underdetermined", underdetermined, ("raise", "warn"))
     layout = ParamLayout(spec, feature_names, gate_columns=columns[1], expert_columns=columns[2],
-                         shared_columns=columns[3])
+                         shared_columns=columns[3], learn_temperature=learn_temperature)
     m_n = _check_trials(trials, spec, X)
     Xn, yn, single = _check_data(spec, X, y, underdetermined, layout, m_n)
     R = Xn.shape[0]
     w_n = _check_weights(weights, yn)
     m_n = None if m_n is None else np.array(np.broadcast_to(m_n, yn.shape), dtype=np.float64, copy=True)
     user = _as_init_list(init, spec, R)
+    if not learn_temperature and any(p.temperature is not None for p in user):
+        raise ValueError("init carries a fitted temperature (Params.temperature) but learn_temperature=False fixes "
+                         f"the temperature at spec.temperature={spec.temperature}; pass learn_temperature=True (e.g. "
+                         "bootstrap(fit, learn_temperature=True) for a fit that learned it), or drop the init's "
+                         "temperature (dataclasses.replace(init, temperature=None)).")
     if restarts + len(user) == 0:
         raise ValueError("restarts=0 needs at least one start in init.")
     dev = resolve_device(device)
@@ -936,7 +984,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
             if s_t is not None:
                 b.gate_weight, b.expert_weight = b.gate_weight * s_t, b.expert_weight * s_t
             parts.append(b)
-        user_b = BlockParams(*(torch.cat([getattr(b, f) for b in parts], dim=1) for f in _FIELDS))
+        gb, gw, ew, eb, sd = (torch.cat([getattr(b, f) for b in parts], dim=1) for f in _FIELDS)
+        user_b = BlockParams(gb, gw, ew, eb, sd, _cat_temperatures([b.temperature for b in parts]))
     S = len(user) + restarts
     subsets = None if not restarts else start_subsets(
         seeds, restarts, spec.k, subset_size(spec, layout.expert_design_columns, spec.d, Xn.shape[1]), Xn.shape[1])
@@ -970,6 +1019,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
                 "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
                 "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None, "memory_budget": budget}
+    if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
+        settings["learn_temperature"] = True
     fit = MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
@@ -979,8 +1030,13 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     return fit
 
 
-def _check_method(spec: MoE, method: str, gate_solver: str, gate_columns: Sequence[int] | None) -> None:
+def _check_method(spec: MoE, method: str, gate_solver: str, gate_columns: Sequence[int] | None,
+                  learn_temperature: bool = False) -> None:
     """Refuse the method/spec pairs fit_mle cannot fit (ValueError naming the fix)."""
+    check_learn_temperature(spec, learn_temperature)
+    if learn_temperature and method == "em":
+        raise ValueError("learn_temperature=True fits log(temperature) by L-BFGS on the log-likelihood; the EM gate "
+                         "step does not update a temperature. Pass method='gradient'.")
     if method == "em" and (spec.gate not in EM_GATES or spec.expert not in ("linear", "constant")):
         raise ValueError(f"method='em' supports gate={' / '.join(repr(g) for g in EM_GATES)} with expert='linear' "
                          f"or 'constant', not gate={spec.gate!r}, expert={spec.expert!r}; use method='gradient'.")

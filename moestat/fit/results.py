@@ -343,7 +343,7 @@ class MLEFit(FitResult):
         """Estimates as :class:`moestat.Params` (softmax gates in the last-expert reference)."""
         p = self._blocks.to_params().numpy()
         if not self.spec.has_noise_sd:  # GLM experts have no noise sd
-            p = Params(p.gate_bias, p.gate_weight, p.expert_weight, p.expert_bias)
+            p = Params(p.gate_bias, p.gate_weight, p.expert_weight, p.expert_bias, temperature=p.temperature)
         return p.select(0) if self.single else p
 
     @property
@@ -805,8 +805,8 @@ class MLEFit(FitResult):
 
     def _weights_np(self, Xt: torch.Tensor) -> np.ndarray:
         """Normalised mixture weights at the (R, m, d) inputs ``Xt``: (R, m, k)."""
-        b = self._blocks
-        logits = Xt @ b.gate_weight.transpose(-1, -2) + b.gate_bias.unsqueeze(-2)
+        # the gate's own scores (distances, cosines, quadratic forms, ...) and a learned temperature, as the model
+        logits = self.spec._logits(self._blocks, Xt)
         lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature,
                                  n_shared=self.spec.n_shared)
         return to_numpy(lw.exp())
@@ -1161,6 +1161,9 @@ class MLEFit(FitResult):
                                            ("collapsed", c["collapsed"])) if on]
             title = f"Expert {i}: {', '.join(facts)}" + (f" [{', '.join(flags)}]" if flags else "")
             blocks.append((title, coef[(tf["block"] == "expert") & (tf["atom"] == i)]))
+        if self.layout.learn_temperature:
+            blocks.append(("Gate temperature: log(tau), common to every expert",
+                           coef[(tf["block"] == "gate") & (tf["atom"] == -1)]))
         if self.layout.n_shared:
             blocks.append(("Shared: coefficients common to every expert", coef[tf["block"] == "shared"]))
         return blocks
