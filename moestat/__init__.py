@@ -7,7 +7,8 @@ intervals.  See https://moestat docs (``docs/``) for the guide.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import deep, experts, gates, hermite, metrics, papers, rates
+from . import contaminated, deep, experts, gates, hermite, metrics, papers, rates
+from .contaminated import ContaminatedFit, ContaminatedMoE, ContaminatedParams, FrozenExpert, fit_contaminated
 from .diagnostics import design_check, lowest_objective, optimizer_invariance
 from .exceptions import (
     CheckpointWarning,
@@ -100,11 +101,15 @@ __all__ = [
     "GATES",
     "CheckpointWarning",
     "ClusterData",
+    "ContaminatedFit",
+    "ContaminatedMoE",
+    "ContaminatedParams",
     "ConvergenceWarning",
     "Dataset",
     "DegenerateFitWarning",
     "ExpertFamily",
     "Family",
+    "FrozenExpert",
     "GBarResult",
     "GatedFit",
     "GatedNNData",
@@ -140,10 +145,12 @@ __all__ = [
     "check_identifiability",
     "compare_models",
     "compare_rates",
+    "contaminated",
     "deep",
     "design_check",
     "estimate_gbar",
     "experts",
+    "fit_contaminated",
     "fit_em_gated",
     "fit_l2_gated",
     "fit_lse",

@@ -9,6 +9,8 @@ module                    paper
 ``chen2022``              mixtures of CNN experts on clustered patches
 ``chowdhury2023``         patch-level routing (pMoE) sample complexity
 ``nguyen2023``            softmax-gated Gaussian MoE: MLE rates by Voronoi cell size
+``nguyen2024_temperature`` temperature in softmax Gaussian MoE; the activation gate
+``yan2025_contaminated``   contaminated MoE with a frozen expert (constant / softmax gate)
 ========================  ==================================================================================
 
 :data:`PRESETS` maps every preset name to its constructor (:class:`moestat.Study` truths name them as
@@ -22,14 +24,26 @@ from __future__ import annotations
 from typing import Any
 
 from ..rates.theory import THEORY_COLUMNS, register_theory
-from . import chen2022, chowdhury2023, makkuva2020, nguyen2023, nguyen2024, nguyen2025_cosine, presets
+from . import (
+    chen2022,
+    chowdhury2023,
+    makkuva2020,
+    nguyen2023,
+    nguyen2024,
+    nguyen2024_temperature,
+    nguyen2025_cosine,
+    presets,
+    yan2025_contaminated,
+)
 from .presets import PRESETS
 
 __all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2023",
-           "nguyen2024", "presets", "theory_rows"]
+           "nguyen2024", "nguyen2024_temperature", "nguyen2025_cosine", "presets", "theory_rows",
+           "yan2025_contaminated"]
 
 PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen2022,
-          "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023, "nguyen2025_cosine": nguyen2025_cosine}
+          "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023, "nguyen2025_cosine": nguyen2025_cosine,
+          "nguyen2024_temperature": nguyen2024_temperature, "yan2025_contaminated": yan2025_contaminated}
 """The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
 
 
