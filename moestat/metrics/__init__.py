@@ -14,6 +14,7 @@ from .representations import (
     split_family,
 )
 from .theory_loss import theory_loss, theory_loss_kind
+from .topk_voronoi import topk_voronoi_frame, topk_voronoi_loss
 from .voronoi import KINDS, VoronoiCells, center_softmax, voronoi_cells, voronoi_loss, voronoi_losses
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "sup_expert_error",
     "theory_loss",
     "theory_loss_kind",
+    "topk_voronoi_frame",
+    "topk_voronoi_loss",
     "voronoi_cells",
     "voronoi_loss",
     "voronoi_losses",

@@ -8,10 +8,10 @@ truth entry ``{"preset": name, ...}`` and ``ms.presets.<name>`` find the same fu
 from __future__ import annotations
 
 from ..simulators.truth import PRESETS, Truth, register_preset
-from . import nguyen2024
+from . import nguyen2024, nguyen2024_topk
 from .nguyen2024 import draw_truth, gate_comparison, sigmoid_vs_softmax
 
 __all__ = ["PRESETS", "Truth", "draw_truth", "gate_comparison", "sigmoid_vs_softmax"]
 
-for _name, _fn in nguyen2024.PRESETS.items():
+for _name, _fn in {**nguyen2024.PRESETS, **nguyen2024_topk.PRESETS}.items():
     register_preset(_name, _fn)
