@@ -179,7 +179,8 @@ def _sigma_study(cfg: dict):
 def _nonlinear_study(cfg: dict):
     c, f, s = cfg["nonlinear"], cfg["fits"], cfg["seed"]
     truths = [{"label": f"{act}-{gate}", "data": {"activation": act, "gate": gate, "truth_seed": 7,
-                                                  "seed": s + 500 + 10 * i, "start_seed": s, "ns": list(c["ns"])}}
+                                                  "seed": s + 500 + 10 * i, "start_seed": s, "ns": list(c["ns"]),
+                                                  "offset_starts": False}}
               for i, act in enumerate(c["activations"]) for gate in ("orthogonal", "random")]
     fit = {"label": "tensor", "options": {"method": "tensor", "restarts": 1,
                                           **{**f["tensor"], "gate_iters": c["gate_iters"]}}}
@@ -229,85 +230,263 @@ def make_studies(size: str = "full") -> dict:
 
 # %% [markdown]
 # ## Figures
+#
+# Every figure is drawn through ``moestat.figstyle``: a title per panel, axis labels in the paper's notation
+# (:math:`\mathcal{E}_{\mathrm{reg}}`, :math:`\max_i\|\hat w_i - w_i^*\|_2`, :math:`\sigma`, :math:`n`), legends
+# outside the data (fitted and reference lines included) and a caption saying what the thin and thick lines,
+# markers, bars and intervals are, over how many starts or replicates and at which level.
 
 # %%
+COLORS = {"tensor": "C0", "em": "C1", "l2": "C3", "gate|A=A*": "k", "gate|A=l2": "C3"}
+METHOD_NAMES = {"tensor": r"tensor ($L_4$, then $L_{\log}$)", "em": "EM", "l2": r"least squares ($\ell_2$)",
+                "gate|A=A*": r"oracle gate ($L_{\log}$ with $A = A^*$)",
+                "gate|A=l2": r"gate with $A = \hat A_{\ell_2}$"}
+YLABELS = {"E_reg": r"$\mathcal{E}_{\mathrm{reg}} = 1 - \min_i |\langle \hat a_{\pi(i)}, a_i^* \rangle|$",
+           "gate_l2": r"$\max_i \|\hat w_{\pi(i)} - w_i^*\|_2$",
+           "reg_angle": r"$\max_i \angle(\hat a_{\pi(i)}, a_i^*)$ (rad)"}
+MATCHING = (r"$\pi$: the permutation matching $\hat A$ to $A^*$; gates re-referenced to the last expert "
+            r"($w_k = 0$)")
+ACTIVATIONS = {"linear": "identity", "relu": "ReLU", "tanh": "tanh"}
+FLOOR = 1e-6
+"""Errors below this are drawn at it on log axes (EM's regressor error reaches about 2e-6)."""
+
+
+def _names(keys) -> list[str]:
+    return [METHOD_NAMES.get(k, k) for k in keys]
+
+
+def _one_panel(height: float):
+    """A one-panel figure of the page's width (``moestat.figstyle.subplots``): ``(fig, ax)``."""
+    from moestat import figstyle as fs
+
+    fig, axes, _ = fs.subplots(1, 1, figsize=(fs.PAGE_WIDTH_IN, height))
+    return fig, axes[0, 0]
+
+
+def _count(values) -> str:
+    """``"20"`` or ``"2-4"``: the counts behind a centre, as a range if they differ."""
+    lo, hi = int(min(values)), int(max(values))
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _fig_compare(path: Path, hist: pd.DataFrame, em_gate_steps: int) -> None:
+    """Errors along the iterations: every start (thin) and the median over the starts (thick), per method."""
+    from matplotlib.lines import Line2D
+
+    from moestat import figstyle as fs
+
+    methods = [m for m in ("tensor", "em", "l2") if m in set(hist["method"])]
+    fig, axes, legend_ax = fs.subplots(1, 2, figsize=(fs.PAGE_WIDTH_IN, 4.4), legend_height=0.75)
+    switch = hist.loc[(hist["method"] == "tensor") & (hist["stage"] == "gate"), "iter"]
+    clipped = False
+    for ax, metric in zip(axes.flat, ("E_reg", "gate_l2"), strict=True):
+        for method in methods:
+            h = hist[(hist["method"] == method) & (hist["metric"] == metric)]
+            clipped |= bool((h["value"] < FLOOR).any())
+            for _, g in h.groupby("restart"):
+                ax.plot(g["iter"], g["value"].clip(lower=FLOOR), color=COLORS[method], alpha=0.2, lw=0.7)
+            med = h.groupby("iter")["value"].median()
+            ax.plot(med.index, med.clip(lower=FLOOR), color=COLORS[method], lw=2.2)
+        ax.axhline(paper.SUCCESS[metric], color="0.35", ls="--", lw=1)
+        if len(switch):
+            ax.axvline(switch.min(), color="C0", ls=":", lw=1)
+        ax.set_yscale("log")
+        title = "regressor error" if metric == "E_reg" else "gate error"
+        fs.finish_axes(ax, title=f"{title} along the iterations", xlabel=r"iteration $t$ (full passes)",
+                       ylabel=YLABELS[metric], raw=True)
+    handles = [Line2D([], [], color=COLORS[m], lw=2.2) for m in methods]
+    labels = [f"{name}: median" for name in _names(methods)]
+    handles += [Line2D([], [], color="0.4", lw=0.7, alpha=0.6), Line2D([], [], color="0.35", ls="--", lw=1)]
+    labels += ["one random start (thin, method's colour)", "success threshold"]
+    if len(switch):
+        handles.append(Line2D([], [], color="C0", ls=":", lw=1))
+        labels.append(r"tensor: switch from $L_4$ to $L_{\log}$")
+    fs.legend_panel(legend_ax, handles, labels, ncol=2)
+    starts = hist.groupby("method")["restart"].nunique()
+    text = (f"One data set (n = {int(hist['n'].iloc[0]):,}, d = 10, k = 2, identity experts, "
+            f"$\\sigma$ = 0.05); the same {_count(starts[methods])} random starts for every method. Thin lines: "
+            "each start; thick lines: the median over the starts at each recorded iteration. Dashed: the success "
+            f"thresholds $\\mathcal{{E}}_{{\\mathrm{{reg}}}} \\leq$ {paper.SUCCESS['E_reg']} and gate error "
+            f"$\\leq$ {paper.SUCCESS['gate_l2']}. An EM iteration is one exact weighted least-squares step for the "
+            f"experts plus {em_gate_steps} gate gradient steps. {MATCHING}.")
+    if clipped:
+        text += f" Errors below {FLOOR:g} are drawn at {FLOOR:g}."
+    fs.caption(fig, text)
+    fs.save(fig, path)
+
+
+def _rate_panel(ax, res, title: str, metric: str) -> None:
+    """``RateResult.plot`` on ``ax`` with the reference slope n^-1/2 (drawn first: it joins the legend)."""
+    from moestat import figstyle as fs
+
+    ns = np.array(sorted(res.data["n"].unique()), dtype=float)
+    ref = np.exp(res.data["error"].map(np.log).mean()) * (ns / np.exp(np.log(ns).mean())) ** -paper.RATE_H0
+    ax.plot(ns, ref, ":", color="0.45", lw=1.4, label=r"reference slope $n^{-1/2}$")
+    res.plot(ax=ax, colors=[COLORS.get(m, "C2") for m in sorted(res.data["method"].unique())], title=title,
+             note=False)
+    fs.finish_axes(ax, ylabel=YLABELS[metric], raw=True)
+    legend = ax.get_legend()
+    for text in legend.get_texts():
+        for key in sorted(METHOD_NAMES, key=len, reverse=True):
+            if text.get_text().startswith(key + ":"):
+                text.set_text(METHOD_NAMES[key] + text.get_text()[len(key):])
+                break
+
+
+def _fig_vs_n(path: Path, rate_results: dict) -> None:
+    """Errors against n with the fitted power lines of ``paper.rate_table`` (one panel per metric)."""
+    from moestat import figstyle as fs
+
+    panels = [(m, t) for m, t in (("reg_angle", "largest regressor angle against sample size"),
+                                  ("gate_l2", "gate error against sample size")) if m in rate_results]
+    if not panels:
+        return
+    fig, axes, _ = fs.subplots(len(panels), 1, figsize=(fs.PAGE_WIDTH_IN, 4.6 * len(panels)))
+    for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+        _rate_panel(ax, rate_results[metric], title, metric)
+    res = rate_results[panels[-1][0]]
+    counts = res.data.groupby(["method", "n"]).size()
+    cfg = res.config
+    text = ("Each n has its own independent data sets (d = 10, k = 2, $\\sigma$ = 0.05), one random start each; "
+            + fs.bars_text("2sd_log", [int(c) for c in counts], centre="geometric mean over the replicates")
+            + "; faint dots: the replicates; lines through the markers join the geometric means. "
+            "Dash-dotted lines: fitted $C n^{-\\alpha}$ (OLS of $\\log$ error on $\\log n$ over the replicates), "
+            "labelled $n^{-\\alpha}$ [interval]; "
+            + fs.interval_text(cfg["ci"], what="exponent $\\alpha$", method=cfg.get("method"))
+            + f", {cfg['n_resamples']} resamples of the replicates within each n. Dotted: slope $n^{{-1/2}}$ "
+            "through the geometric mean of all points (Theorem 4's rate for the gate, the parametric rate for the "
+            "angle; a reference, not a fit). " + MATCHING + ".")
+    fs.caption(fig, text)
+    fs.save(fig, path)
+
+
+def _median_range(ax, frame: pd.DataFrame, x: str, y: str, color: str, fmt: str, label: str) -> None:
+    """Median of ``y`` per ``x`` (markers joined by a line) with min-to-max bars over the replicates."""
+    g = frame.groupby(x)[y]
+    med = g.median()
+    ax.errorbar(med.index, med, yerr=[med - g.min(), g.max() - med], fmt=fmt, color=color, ms=5, capsize=3,
+                lw=1.5, label=label)
+
+
+def _fig_sigma(path: Path, sig: pd.DataFrame, n: int) -> None:
+    """Two-stage vs oracle gate error, and the L4 regressor angle, against sigma."""
+    from moestat import figstyle as fs
+
+    fig, axes, legend_ax = fs.subplots(1, 2, figsize=(fs.PAGE_WIDTH_IN, 4.0), legend_height=0.55)
+    ax_gate, ax_reg = axes.flat
+    methods = sorted(set(sig["method"]), key=lambda m: (m != "tensor", m))
+    for method in methods:
+        g = sig[sig["method"] == method]
+        _median_range(ax_gate, g, "sigma", "gate_l2", COLORS.get(method, "C2"), "-o", METHOD_NAMES.get(method, method))
+    tensor = sig[sig["method"] == "tensor"]
+    _median_range(ax_reg, tensor, "sigma", "reg_angle", COLORS["tensor"], "-o", METHOD_NAMES["tensor"])
+    sigmas = sorted(sig["sigma"].unique())
+    for ax, metric, title in ((ax_gate, "gate_l2", "gate error: two-stage vs oracle"),
+                              (ax_reg, "reg_angle", r"regressor angle of $L_4$")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(sigmas, [f"{s:g}" for s in sigmas])
+        ax.set_xticks([], minor=True)
+        fs.finish_axes(ax, title=title, xlabel="sigma")
+        fs.finish_axes(ax, ylabel=YLABELS[metric], raw=True)
+    handles, labels = ax_gate.get_legend_handles_labels()
+    fs.legend_panel(legend_ax, handles, labels, ncol=len(handles))
+    reps = sig.groupby(["method", "sigma"]).size()
+    fs.caption(fig, f"n = {n:,} per data set, d = 10, k = 2; one "
+                    "random start per replicate. Markers: median over "
+                    f"{_count(reps)} independent replicates per $\\sigma$; bars: min to max over them. The gap "
+                    "between the two-stage and the oracle gate error is the floor "
+                    "$\\kappa\\varepsilon_{\\mathrm{reg}}/(1-\\rho_\\sigma)$ of Theorems 3-4. " + MATCHING + ".")
+    fs.save(fig, path)
+
+
+def _fig_nonlinear(path: Path, nonlin: pd.DataFrame) -> None:
+    """Median regressor angle of the tensor method per activation, gate (orthogonal/random) and n."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from moestat import figstyle as fs
+
+    fig, ax = _one_panel(4.0)
+    acts = list(dict.fromkeys(nonlin["activation"]))
+    combos = [(gate, n) for gate in ("orthogonal", "random") for n in sorted(nonlin["n"].unique())]
+    combos = [c for c in combos if ((nonlin["gate"] == c[0]) & (nonlin["n"] == c[1])).any()]
+    width = 0.8 / len(combos)
+    ns = sorted(nonlin["n"].unique())
+    shades = {n: 0.45 + 0.55 * i / max(1, len(ns) - 1) for i, n in enumerate(ns)}
+    for j, (gate, n) in enumerate(combos):
+        color = COLORS["tensor"] if gate == "orthogonal" else COLORS["em"]
+        sub = nonlin[(nonlin["gate"] == gate) & (nonlin["n"] == n)]
+        for i, act in enumerate(acts):
+            vals = sub.loc[sub["activation"] == act, "reg_angle"].to_numpy(float)
+            if not len(vals):
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            ax.bar(x, np.median(vals), width * 0.92, color=color, alpha=shades[n], edgecolor=color)
+            ax.plot(np.full(len(vals), x), vals, "o", color="k", ms=3.5, mfc="white", mew=1)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=0.5 * nonlin["reg_angle"].min())
+    ax.set_xticks(range(len(acts)), [f"$g$ = {ACTIVATIONS.get(a, a)}" for a in acts])
+    fs.finish_axes(ax, title="tensor method, non-linear experts: orthogonal vs random gate")
+    fs.finish_axes(ax, ylabel=YLABELS["reg_angle"], raw=True)
+    handles = [Patch(color=COLORS["tensor"] if g == "orthogonal" else COLORS["em"], alpha=shades[n])
+               for g, n in combos]
+    labels = [f"{g} gate, n = {n:,}" for g, n in combos]
+    handles.append(Line2D([], [], ls="", marker="o", color="k", mfc="white", ms=3.5))
+    labels.append("one replicate")
+    leg = fs.legend_below(ax, ncol=3, handles=handles, labels=labels)
+    reps = nonlin.groupby(["activation", "gate", "n"]).size()
+    fs.note(ax, f"Bars: median over {_count(reps)} independent replicates (one random start each); dots: each "
+                "replicate. d = 10, k = 2, $\\sigma$ = 0.05. Orthogonal gate: a unit vector orthogonal to the "
+                "experts (the theory's assumption); random: uniform on the sphere.", below=leg)
+    fs.save(fig, path)
+
+
+def _fig_scaling(path: Path, scaling: pd.DataFrame, n: int) -> None:
+    """Fraction of random starts recovered per (d, k), tensor vs EM."""
+    from moestat import figstyle as fs
+
+    fig, ax = _one_panel(3.8)
+    ok = scaling.assign(ok=paper.recovered(scaling)).groupby(["method", "d", "k"])["ok"]
+    frac, total = ok.mean().unstack("method"), ok.size().unstack("method")
+    methods = [m for m in ("tensor", "em") if m in frac.columns] + [m for m in frac.columns
+                                                                   if m not in ("tensor", "em")]
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        x = np.arange(len(frac)) - 0.4 + width * (j + 0.5)
+        ax.bar(x, frac[method], width * 0.92, color=COLORS.get(method, "C2"), label=METHOD_NAMES.get(method, method))
+        for xi, f, t in zip(x, frac[method], total[method], strict=True):
+            ax.text(xi, f + 0.02, f"{round(f * t):d}/{t:d}", ha="center", va="bottom",
+                    fontsize=fs.fontsize(fig, "legend"))
+    ax.set_xticks(range(len(frac)), [f"$d$ = {d}, $k$ = {k}" for d, k in frac.index])
+    ax.set_ylim(0, 1.15)
+    fs.finish_axes(ax, title="scaling in (d, k): fraction of random starts recovered",
+                   ylabel="fraction of starts recovered", raw=True)
+    leg = fs.legend_below(ax, ncol=len(methods))
+    fs.note(ax, f"Bars: fraction of the {_count(total.to_numpy().ravel())} random starts (same starts for both "
+                f"methods, one data set per (d, k), n = {n:,}"
+                ", random unit experts, gate orthogonal to them) that reach "
+                f"$\\mathcal{{E}}_{{\\mathrm{{reg}}}} \\leq$ {paper.SUCCESS['E_reg']} and "
+                f"$\\max_i \\|\\hat w_i - w_i^*\\|_2 \\leq$ {paper.SUCCESS['gate_l2']}; printed: recovered / "
+                "starts.", below=leg)
+    fs.save(fig, path)
+
+
 def _figures(out: Path, hist: pd.DataFrame, final: pd.DataFrame, rate_results: dict,
-             sig: pd.DataFrame, nonlin: pd.DataFrame, scaling: pd.DataFrame) -> None:
+             sig: pd.DataFrame, nonlin: pd.DataFrame, scaling: pd.DataFrame, cfg: dict) -> None:
+    """The five figures of the page, in ``moestat.figstyle``; ``cfg`` is the run's size (``SIZES[size]``) for the
+    captions (``final`` is not drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    from moestat import figstyle as fs
 
-    colors = {"tensor": "C0", "em": "C1", "l2": "C3", "gate|A=A*": "k", "gate|A=l2": "C3"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, metric in zip(axes, ("E_reg", "gate_l2"), strict=True):
-        for method in ("tensor", "em", "l2"):
-            h = hist[(hist["method"] == method) & (hist["metric"] == metric)]
-            for _, g in h.groupby("restart"):
-                ax.plot(g["iter"], g["value"].clip(lower=1e-6), color=colors[method], alpha=0.15, lw=0.8)
-            med = h.groupby("iter")["value"].median()
-            ax.plot(med.index, med.clip(lower=1e-6), color=colors[method], lw=2, label=f"{method} (median)")
-        ax.set_yscale("log")
-        ax.set_xlabel("iteration (full passes; tensor: L4 then L_log)")
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=8)
-    axes[0].set_title("regressor error, 20 starts")
-    axes[1].set_title("gate error (max l2 after relabelling)")
-    fig.tight_layout()
-    fig.savefig(out / "fig_compare_iterations.png", dpi=120)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, metric in zip(axes, ("reg_angle", "gate_l2"), strict=True):
-        if metric not in rate_results:
-            continue
-        res = rate_results[metric]
-        res.plot(ax=ax, colors=[colors.get(m, "C2") for m in sorted(res.data["method"].unique())])
-        ns = np.array(sorted(res.data["n"].unique()), dtype=float)
-        ref = np.exp(res.data["error"].map(np.log).mean()) * (ns / np.exp(np.log(ns).mean())) ** -paper.RATE_H0
-        ax.plot(ns, ref, ":", color="grey", lw=1, label="reference n^-1/2")
-        ax.set_ylabel(metric)
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.legend(fontsize=7, frameon=False)
-    axes[0].set_title("largest matched regressor angle (rad); fit_rate, 95% CI")
-    axes[1].set_title("gate error (max l2); fit_rate, 95% CI")
-    fig.tight_layout()
-    fig.savefig(out / "fig_vs_n.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for method, g in sig.groupby("method"):
-        m = g.groupby("sigma")["gate_l2"].median()
-        ax.plot(m.index, m, "-o", color=colors.get(method, "C2"), label=f"gate_l2, {method}")
-    m = sig[sig["method"] == "tensor"].groupby("sigma")["reg_angle"].median()
-    ax.plot(m.index, m, "--s", color="C0", label="reg_angle, tensor")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("sigma")
-    ax.legend(fontsize=8)
-    ax.set_title("gate error floor vs noise level")
-    fig.tight_layout()
-    fig.savefig(out / "fig_sigma.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    tab = nonlin.groupby(["activation", "gate", "n"])["reg_angle"].median().unstack(["gate", "n"])
-    tab.plot.bar(ax=ax, logy=True)
-    ax.set_ylabel("median reg_angle (rad)")
-    ax.set_title("tensor method: orthogonal vs random gate")
-    fig.tight_layout()
-    fig.savefig(out / "fig_nonlinear.png", dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    frac = scaling.assign(ok=paper.recovered(scaling)).groupby(["method", "d", "k"])["ok"].mean().unstack("method")
-    frac.plot.bar(ax=ax)
-    ax.set_ylabel("success fraction over starts")
-    ax.set_title("scaling in (d, k)")
-    fig.tight_layout()
-    fig.savefig(out / "fig_scaling.png", dpi=120)
-    plt.close(fig)
+    with fs.style():
+        _fig_compare(out / "fig_compare_iterations.png", hist, cfg["fits"]["em"]["gate_steps"])
+        _fig_vs_n(out / "fig_vs_n.png", rate_results)
+        _fig_sigma(out / "fig_sigma.png", sig, cfg["sigma"]["n"])
+        _fig_nonlinear(out / "fig_nonlinear.png", nonlin)
+        _fig_scaling(out / "fig_scaling.png", scaling, cfg["scaling"]["n"])
 
 
 # %% [markdown]
@@ -384,7 +563,7 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
                .agg(starts=("success", "size"), success_fraction=("success", "mean"),
                     median_E_reg=("E_reg", "median"), median_gate_l2=("gate_l2", "median")).reset_index())
     summary.to_csv(out / "compare_summary.csv", index=False)
-    _figures(out, hist, final, rate_results, sig, nonlin, scaling)
+    _figures(out, hist, final, rate_results, sig, nonlin, scaling, cfg)
     write_provenance(out, {"vignette": NAME, "size": size, "success": paper.SUCCESS, **cfg,
                            "truth": "d=10, k=2, a*=e1,e2, w1*=e3 (w2*=0), g=identity, sigma=0.05 unless stated",
                            "inputs_check": "check_inputs=False in the non-Gaussian part (the fit warns otherwise)",

@@ -222,14 +222,16 @@ def rate_table(errors: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, RateResult
 # ----------------------------------------------------------------------------- the study cell
 
 DATA_KEYS = ("d", "k", "activation", "sigma", "regressors", "gate", "gate_norm", "truth_seed", "inputs",
-             "mixture_p", "mixture_mu", "seed", "start_seed", "ns")
+             "mixture_p", "mixture_mu", "seed", "start_seed", "ns", "offset_starts")
 """Data knobs of :func:`gated_nn_cell` (the truth's ``data`` table).  The first eleven are keywords of
 :func:`moestat.simulate_gated_nn` (defaults: the paper's d = 10, k = 2, identity experts, sigma = 0.05,
 :math:`a_i^* = e_i`, :math:`w_1^* = e_3`).  ``seed``: the data seed (default: the study's data stream);
 ``start_seed``: the seed of the random starts (:func:`moestat.fit.tensor.gated_starts`) shared by every estimator
 of this truth (default: a stream of the study's data seed); ``ns``: the n grid of an experiment that offsets both
 integer seeds by the position of the cell's n in it (the i-th n draws its data from ``seed + i``), so that each n
-has independent data and starts."""
+has independent data and starts; ``offset_starts`` (default True): False keeps one start seed for every n of the
+grid (only the data seed moves with n), as the nonlinear-experts experiment of the vignette ``gated-nn-recovery``
+was first run."""
 
 METHODS = ("tensor", "em", "l2", "gate")
 """Estimators of :func:`gated_nn_cell` (fit option ``method``): :func:`moestat.fit_tensor`,
@@ -269,7 +271,7 @@ def _simulate(ctx: CellContext) -> tuple[GatedNNData, int]:
         raise ValueError(f"truth {ctx.truth_cfg.get('label')!r}: data knobs {unknown} are not known to "
                          f"gated_nn_cell; valid knobs are {list(DATA_KEYS)}.")
     offset = _seed_offset(ctx.n, data_cfg.get("ns"))
-    sim = {k: v for k, v in data_cfg.items() if k not in ("seed", "start_seed", "ns")}
+    sim = {k: v for k, v in data_cfg.items() if k not in ("seed", "start_seed", "ns", "offset_starts")}
     if "mixture_mu" in sim and not np.isscalar(sim["mixture_mu"]):
         sim["mixture_mu"] = np.asarray(sim["mixture_mu"], dtype=float)
     seed = _seed(data_cfg.get("seed"), offset, ctx.data_seed)
@@ -358,9 +360,13 @@ def gated_nn_cell(ctx: CellContext) -> CellOutput:
 
     opts = dict(ctx.fit_cfg.get("options", {}))
     data, offset = _simulate(ctx)
-    data_start = _starts(ctx, ctx.truth_cfg["data"].get("start_seed"), offset)
+    offset_starts = ctx.truth_cfg["data"].get("offset_starts", True)
+    if not isinstance(offset_starts, bool):
+        raise ValueError(f"data.offset_starts must be true or false, got {offset_starts!r}.")
+    start_offset = offset if offset_starts else 0
+    data_start = _starts(ctx, ctx.truth_cfg["data"].get("start_seed"), start_offset)
     own = opts.get("start_seed")
-    start = data_start if own is None else _starts(ctx, own, offset)
+    start = data_start if own is None else _starts(ctx, own, start_offset)
     fit = _fit(data, opts, start, data_start, str(ctx.device))
     frame = _wide(fit.errors(data.truth))
     frame.insert(1, "method", fit.method)

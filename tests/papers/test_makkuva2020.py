@@ -124,6 +124,18 @@ def test_n_grid_offsets_every_seed_and_gate_fits_use_their_own_start_seed():
     assert (out.frame["E_reg"] == 0).all()  # the experts are the truth's
 
 
+def test_offset_starts_false_keeps_one_start_seed_for_every_n_and_still_offsets_the_data():
+    """``offset_starts=False`` (the nonlinear-experts experiment as first run): the n = 400 cell of the grid draws
+    its data from seed + 1 but starts from the start seed itself."""
+    data = {"d": 6, "k": 2, "seed": 20, "start_seed": 30, "ns": [300, 400], "offset_starts": False}
+    out = paper.gated_nn_cell(_ctx(data, {"method": "tensor", "restarts": 2, **TENSOR}))
+    sim = ms.simulate_gated_nn(n=400, reps=2, seed=21, d=6, k=2)
+    fit = ms.fit_tensor(sim.X, sim.y, 2, sigma=0.05, restarts=2, init=gated_starts(2, 2, 2, 6, seed=30), **TENSOR)
+    np.testing.assert_array_equal(out.frame.set_index("rep")["objective"], fit.objective)
+    with pytest.raises(ValueError, match="offset_starts"):
+        paper.gated_nn_cell(_ctx({**data, "offset_starts": "no"}, {"method": "tensor", "restarts": 1, **TENSOR}))
+
+
 def test_gate_on_least_squares_experts_refits_them_from_the_truths_starts():
     data = {"d": 6, "k": 2, "seed": 3, "start_seed": 4}
     l2 = {"iters": 8, "lr": 0.02}
