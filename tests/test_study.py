@@ -398,7 +398,8 @@ def test_toml_roundtrip(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(truth={"preset": "nope"}),
-     r"preset='nope' is not valid; valid values are \['gate_comparison', 'local_alternative', 'sigmoid_vs_softmax'\]"),
+     r"preset='nope' is not valid; valid values are "
+     r"\['gate_comparison', 'local_alternative', 'sigmoid_vs_softmax', 'topk_gaussian'\]"),
     (dict(truth={"preset": "sigmoid_vs_softmax", "regim": 2}), r"unknown key 'regim'; valid keys are"),
     (dict(truth={"preset": "sigmoid_vs_softmax", "regime": 3}), r"regime=3 is not valid; valid values are \[1, 2\]"),
     (dict(truth={"preset": "sigmoid_vs_softmax", "expert": "relux"}), r"expert='relux' is not valid; valid values"),

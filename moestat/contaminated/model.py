@@ -221,6 +221,8 @@ class ContaminatedParams:
     gate_weight, gate_bias : arrays, shapes (d,) / () or (R, d) / (R,), optional
         Softmax gate :math:`\beta` and :math:`\tau` (``gate="softmax"``).
 
+    Notes
+    -----
     Exactly one of ``lam`` or (``gate_weight``, ``gate_bias``) must be given.
     """
 
