@@ -34,6 +34,7 @@ from .fit import (
 )
 from .fit.gated import GatedFit
 from .fit.gated_baselines import fit_em_gated, fit_l2_gated
+from .fit.gllim import GLLiMParams, fit_gllim
 from .fit.tensor import fit_tensor
 from .formula import ModelDesign, build_design
 from .gates import GATES
@@ -111,6 +112,7 @@ __all__ = [
     "Family",
     "FrozenExpert",
     "GBarResult",
+    "GLLiMParams",
     "GatedFit",
     "GatedNNData",
     "GatedNNTruth",
@@ -152,6 +154,7 @@ __all__ = [
     "experts",
     "fit_contaminated",
     "fit_em_gated",
+    "fit_gllim",
     "fit_l2_gated",
     "fit_lse",
     "fit_mle",

@@ -2,6 +2,7 @@
 
 from .distance import l2_distance, sup_expert_error
 from .errors import parameter_errors
+from .gaussian_gate_voronoi import gaussian_gate_voronoi_frame, gaussian_gate_voronoi_loss
 from .gaussian_voronoi import GAUSSIAN_KINDS, gaussian_voronoi_frame, gaussian_voronoi_loss
 from .identifiability import IdentifiabilityResult, check_identifiability, derivative_family, homogeneity_orbit
 from .matching import Matching, match_atoms, permutation_invariant_error
@@ -28,6 +29,8 @@ __all__ = [
     "center_softmax",
     "check_identifiability",
     "derivative_family",
+    "gaussian_gate_voronoi_frame",
+    "gaussian_gate_voronoi_loss",
     "gaussian_voronoi_frame",
     "gaussian_voronoi_loss",
     "homogeneity_orbit",

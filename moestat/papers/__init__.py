@@ -11,6 +11,7 @@ module                    paper
 ``nguyen2023``            softmax-gated Gaussian MoE: MLE rates by Voronoi cell size
 ``nguyen2024_temperature`` temperature in softmax Gaussian MoE; the activation gate
 ``nguyen2024_topk``        top-K sparse softmax gating: region-wise Voronoi losses and rates
+``nguyen2024_gaussian_gate`` Gaussian-gated MoE (joint GLLiM MLE): Voronoi-loss rates, Type I/II
 ``yan2025_contaminated``   contaminated MoE with a frozen expert (constant / softmax gate)
 ========================  ==================================================================================
 
@@ -31,6 +32,7 @@ from . import (
     makkuva2020,
     nguyen2023,
     nguyen2024,
+    nguyen2024_gaussian_gate,
     nguyen2024_temperature,
     nguyen2024_topk,
     nguyen2025_cosine,
@@ -40,13 +42,13 @@ from . import (
 from .presets import PRESETS
 
 __all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2023",
-           "nguyen2024", "nguyen2024_temperature", "nguyen2024_topk", "nguyen2025_cosine", "presets", "theory_rows",
-           "yan2025_contaminated"]
+           "nguyen2024", "nguyen2024_gaussian_gate", "nguyen2024_temperature", "nguyen2024_topk",
+           "nguyen2025_cosine", "presets", "theory_rows", "yan2025_contaminated"]
 
 PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen2022,
           "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023, "nguyen2025_cosine": nguyen2025_cosine,
           "nguyen2024_temperature": nguyen2024_temperature, "yan2025_contaminated": yan2025_contaminated,
-          "nguyen2024_topk": nguyen2024_topk}
+          "nguyen2024_topk": nguyen2024_topk, "nguyen2024_gaussian_gate": nguyen2024_gaussian_gate}
 """The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
 
 
