@@ -415,8 +415,11 @@ def normalized_sigmoid_log_weights(scores: torch.Tensor, top_k: int | None = Non
     token to its shared experts and the ``top_k`` routed experts of largest sigmoid affinity and normalises the
     affinities of the selected experts; moestat puts the shared experts inside the normalisation (their weight
     is their normalised sigmoid, not a fixed 1), so the weights sum to one and the regression function is a
-    mixture — the form of Nguyen et al. (2025), "On DeepSeekMoE: statistical benefits of shared experts and
-    normalized sigmoid gating".  Computed in log space (stable at any score).
+    mixture, whose likelihood is a density.  Whether Nguyen et al. (2025), "On DeepSeekMoE: statistical benefits
+    of shared experts and normalized sigmoid gating", analyse this form or DeepSeek's additive one (shared
+    experts with weight 1 beside the normalised routed experts) could not be checked against the paper's text;
+    the additive form is fitted by :func:`moestat.papers.nguyen2025_shared.fit_shared_lse` (vignette
+    ``shared-experts``).  Computed in log space (stable at any score).
     """
     mask = active_experts(scores, top_k, n_shared, dim)
     ls = torch.nn.functional.logsigmoid(scores / _check_temperature(temperature)).masked_fill(~mask, float("-inf"))

@@ -12,6 +12,7 @@ module                    paper
 ``nguyen2024_temperature`` temperature in softmax Gaussian MoE; the activation gate
 ``nguyen2024_topk``        top-K sparse softmax gating: region-wise Voronoi losses and rates
 ``nguyen2024_gaussian_gate`` Gaussian-gated MoE (joint GLLiM MLE): Voronoi-loss rates, Type I/II
+``nguyen2025_shared``      shared experts and normalised sigmoid gating (DeepSeekMoE): derived rates, claims
 ``yan2025_contaminated``   contaminated MoE with a frozen expert (constant / softmax gate)
 ========================  ==================================================================================
 
@@ -36,6 +37,7 @@ from . import (
     nguyen2024_temperature,
     nguyen2024_topk,
     nguyen2025_cosine,
+    nguyen2025_shared,
     presets,
     yan2025_contaminated,
 )
@@ -43,12 +45,13 @@ from .presets import PRESETS
 
 __all__ = ["PAPERS", "PRESETS", "THEORY_COLUMNS", "chen2022", "chowdhury2023", "makkuva2020", "nguyen2023",
            "nguyen2024", "nguyen2024_gaussian_gate", "nguyen2024_temperature", "nguyen2024_topk",
-           "nguyen2025_cosine", "presets", "theory_rows", "yan2025_contaminated"]
+           "nguyen2025_cosine", "nguyen2025_shared", "presets", "theory_rows", "yan2025_contaminated"]
 
 PAPERS = {"nguyen2024": nguyen2024, "makkuva2020": makkuva2020, "chen2022": chen2022,
           "chowdhury2023": chowdhury2023, "nguyen2023": nguyen2023, "nguyen2025_cosine": nguyen2025_cosine,
           "nguyen2024_temperature": nguyen2024_temperature, "yan2025_contaminated": yan2025_contaminated,
-          "nguyen2024_topk": nguyen2024_topk, "nguyen2024_gaussian_gate": nguyen2024_gaussian_gate}
+          "nguyen2024_topk": nguyen2024_topk, "nguyen2024_gaussian_gate": nguyen2024_gaussian_gate,
+          "nguyen2025_shared": nguyen2025_shared}
 """The paper modules by key; each has ``REFERENCE`` (the citation) and, where the paper proves rates, ``THEORY``."""
 
 

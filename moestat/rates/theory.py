@@ -85,17 +85,23 @@ def _apparent_power_exponent(rate_model: str | None, exponent: float, n_range: t
 def theory_rates(n_range: tuple[float, float] = (1e3, 1e5)) -> pd.DataFrame:
     """The rates the founding papers predict, as a tidy frame to join against :func:`fit_rate` results.
 
-    Sources: nguyen2024 (Table 1 and Theorems 1-5; its softmax rows cite its reference [26]), makkuva2020
-    (Theorem 4 and its derived sample complexity; heuristic parametric rates for Theorem 2), chowdhury2023
-    (Theorems 4.2-4.5: log-log slopes of sample and model complexity; upper bounds), nguyen2023 (softmax-gated
-    Gaussian MoE: MLE rates by Voronoi cell size) and nguyen2025_cosine (cosine and perturbed cosine routers).
+    Sources: every module of :mod:`moestat.papers` — nguyen2024 (Table 1 and Theorems 1-5; its softmax rows cite
+    its reference [26]), makkuva2020 (Theorem 4 and its derived sample complexity; heuristic parametric rates for
+    Theorem 2), chowdhury2023 (Theorems 4.2-4.5: log-log slopes of sample and model complexity; upper bounds),
+    nguyen2023 (softmax-gated Gaussian MoE: MLE rates by Voronoi cell size), nguyen2025_cosine (cosine and
+    perturbed cosine routers), nguyen2024_temperature (a fitted temperature; the activation gate),
+    nguyen2024_topk (top-K sparse softmax gating), nguyen2024_gaussian_gate (Gaussian-gated MoE),
+    nguyen2025_shared (shared experts and normalised sigmoid gating) and yan2025_contaminated (contaminated MoE
+    with a frozen expert).  Rows whose paper's body could not be read are of kind ``derived`` or ``claim`` and say
+    so in their ``note``.
 
     Columns: ``source, result, gate, regime, expert, examples, quantity, response, regressor, rate``
     (as printed), ``exponent`` (alpha of ``response ~ regressor^-alpha`` for ``direction="decay"``; the
     slope of ``log response`` on ``log regressor`` for ``"growth"``; ``test_error_fixed_N`` rows are growth
     slopes in l, k, n), ``rate_model`` (the :func:`fit_rate` model that has this rate as a straight line),
     ``direction``, ``kind`` (``upper_bound``, ``lower_bound_minimax``, ``slower_than_polynomial``,
-    ``upper_bound_slope``, ``derived``, ``no_rate``), ``power_exponent_in_range`` (what a plain power fit
+    ``upper_bound_slope``, ``derived``, ``no_rate``, ``claim``: a qualitative statement of a paper, no rate),
+    ``power_exponent_in_range`` (what a plain power fit
     reports for the noise-free curve over ``n_range``, e.g. 0.445 for ``(log n / n)^{1/2}`` over
     [1e3, 1e5]), ``note``.
     """
