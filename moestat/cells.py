@@ -868,7 +868,7 @@ class CellContext:
         Metric names or callables; ``metric_options`` their keyword arguments.
     cache_dir : str, optional
         The study's folder for results shared by cells (``DIR/cache`` of a checkpointed run): metrics keep
-        expensive cell-independent pieces there, such as the estimated :math:`\bar{\\mathcal G}`, so that worker
+        expensive cell-independent pieces there, such as the estimated :math:`\\bar{\\mathcal G}`, so that worker
         processes and resumed runs reuse them.
     """
 

@@ -49,14 +49,14 @@ def _as_array(name: str, value: Any) -> Array:
 
 @dataclass(frozen=True, eq=False)
 class Params:
-    """Parameters (the mixing measure) of a mixture of experts, optionally batched over replicates.
+    r"""Parameters (the mixing measure) of a mixture of experts, optionally batched over replicates.
 
     Parameters
     ----------
     gate_bias : array, shape (k,) or (R, k)
-        Gate intercepts :math:`\\beta_0`.
+        Gate intercepts :math:`\beta_0`.
     gate_weight : array, shape (k, d) or (R, k, d)
-        Gate slopes :math:`\\beta_1`.
+        Gate slopes :math:`\beta_1`.
     expert_weight : array, shape (k, d) or (R, k, d)
         Expert slopes :math:`a` (zeros for constant experts).
     expert_bias : array, shape (k,) or (R, k)

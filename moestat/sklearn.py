@@ -189,8 +189,9 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         r"""Log-likelihood of (X, y) under the fitted model.
 
         A fit with binomial ``trials`` needs the new rows' trials :math:`m_t`; the log-likelihood is then the full
-        binomial mixture log-pmf of the fit, :math:`\sum_t \log\sum_j \pi_j(x_t)\binom{m_t}{m_ty_t}
-        \mu_j(x_t)^{m_ty_t}(1-\mu_j(x_t))^{m_t(1-y_t)}`.
+        binomial mixture log-pmf of the fit,
+
+        .. math:: \sum_t \log\sum_j \pi_j(x_t)\binom{m_t}{m_ty_t}\mu_j(x_t)^{m_ty_t}(1-\mu_j(x_t))^{m_t(1-y_t)}.
         """
         check_is_fitted(self, "fit_")
         X, y = validate_data(self, X, y, reset=False, dtype=np.float64, y_numeric=True)

@@ -106,3 +106,20 @@ def test_every_subpackage_ships_in_the_wheel():
     on_disk = {"moestat"} | {"moestat." + ".".join(init.parent.relative_to(ROOT).parts)
                              for init in ROOT.rglob("__init__.py") if init.parent != ROOT}
     assert on_disk <= listed, f"add {sorted(on_disk - listed)} to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_no_string_holds_an_escape_that_was_meant_as_tex():
+    r"""A docstring's TeX in a non-raw string loses its backslashes: ``"\bar"`` is a backspace and ``"ar"``, ``"\top"``
+    a tab and ``"op"``, ``"\vdots"`` a vertical tab (and a file written with such a string evaluated holds the control
+    bytes themselves).  The docs then show broken maths.  No string constant of the package or the vignettes may
+    hold a backspace, bell, form feed, vertical tab or tab."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    bad = []
+    for path in sorted([*root.joinpath("moestat").rglob("*.py"), *root.joinpath("vignettes").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and any(c in node.value for c in "\a\b\f\v\t"):
+                bad.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not bad, f"string constants with control characters (use a raw docstring r\"\"\"...): {bad}"

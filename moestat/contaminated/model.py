@@ -548,7 +548,7 @@ def _log_weights(params: ContaminatedParams, X: np.ndarray) -> tuple[np.ndarray,
 
 
 def _affine(X: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """:math:`w^\top x + b` for X (R, n, d) and R or 1 parameter sets (broadcast), shape (R, n)."""
+    r""":math:`w^\top x + b` for X (R, n, d) and R or 1 parameter sets (broadcast), shape (R, n)."""
     if weight.shape[0] not in (1, X.shape[0]):
         raise ValueError(f"the parameters have R={weight.shape[0]} replicates but X has R={X.shape[0]}; give one "
                          "parameter set or one per replicate.")

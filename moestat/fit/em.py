@@ -310,20 +310,20 @@ def shared_newton_step(Ze: torch.Tensor, Zs: torch.Tensor, y: torch.Tensor, tau:
                        trials: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Joint expert M-step with coefficients :math:`\gamma` shared by all experts (flexmix's ``FLXMRglmfix``).
 
-    The linear predictor of expert :math:`j` is :math:`\eta_{tj} = z_t^	opeta_j + s_t^	op\gamma`, so the M-step
-    maximises :math:`Q(eta_1, \ldots, eta_k, \gamma) = \sum_j\sum_t w_{tj}\,\kappa(y_t, \eta_{tj})` jointly: the
+    The linear predictor of expert :math:`j` is :math:`\eta_{tj} = z_t^\top\beta_j + s_t^\top\gamma`, so the M-step
+    maximises :math:`Q(\beta_1, \ldots, \beta_k, \gamma) = \sum_j\sum_t w_{tj}\,\kappa(y_t, \eta_{tj})` jointly: the
     regression of the response stacked :math:`k` times on the block design
 
-    .. math:: egin{pmatrix} Z & & & S\ & \ddots & & dots\ & & Z & S \end{pmatrix}
-              egin{pmatrix}eta_1\ dots\ eta_k\ \gamma\end{pmatrix},
-              \qquad H = egin{pmatrix} A_1 & & & C_1\ & \ddots & & dots\ & & A_k & C_k\
-              C_1^	op & \cdots & C_k^	op & D\end{pmatrix},
+    .. math:: \begin{pmatrix} Z & & & S\ & \ddots & & \vdots\ & & Z & S \end{pmatrix}
+              \begin{pmatrix}\beta_1\ \vdots\ \beta_k\ \gamma\end{pmatrix},
+              \qquad H = \begin{pmatrix} A_1 & & & C_1\ & \ddots & & \vdots\ & & A_k & C_k\
+              C_1^\top & \cdots & C_k^\top & D\end{pmatrix},
 
-    :math:`A_j = \sum_t h_{tj} z_tz_t^	op + \epsilon I`, :math:`C_j = \sum_t h_{tj} z_ts_t^	op`,
-    :math:`D = \sum_{j,t} h_{tj} s_ts_t^	op + \epsilon I`.  The Newton step :math:`H\delta = g` is solved exactly
+    :math:`A_j = \sum_t h_{tj} z_tz_t^\top + \epsilon I`, :math:`C_j = \sum_t h_{tj} z_ts_t^\top`,
+    :math:`D = \sum_{j,t} h_{tj} s_ts_t^\top + \epsilon I`.  The Newton step :math:`H\delta = g` is solved exactly
     through the Schur complement of the block-diagonal part,
-    :math:`(D - \sum_j C_j^	op A_j^{-1}C_j)\,\delta_\gamma = g_\gamma - \sum_j C_j^	op A_j^{-1}g_{eta_j}` and
-    :math:`\delta_{eta_j} = A_j^{-1}(g_{eta_j} - C_j\delta_\gamma)`: :math:`k` solves of size :math:`p` and one of
+    :math:`(D - \sum_j C_j^\top A_j^{-1}C_j)\,\delta_\gamma = g_\gamma - \sum_j C_j^\top A_j^{-1}g_{\beta_j}` and
+    :math:`\delta_{\beta_j} = A_j^{-1}(g_{\beta_j} - C_j\delta_\gamma)`: :math:`k` solves of size :math:`p` and one of
     size :math:`q` instead of one of size :math:`kp + q`.
 
     * **Gaussian experts** (``glm=None``; ``var`` the current variances): :math:`\kappa = -(y-\eta)^2/(2\sigma_j^2)`,
@@ -336,7 +336,7 @@ def shared_newton_step(Ze: torch.Tensor, Zs: torch.Tensor, y: torch.Tensor, tau:
       weights, McCullagh & Nelder 1989, §2.5), and the step is halved (:math:`t = 1, 1/2, \ldots`) until
       :math:`Q` does not decrease: a generalised M-step.
 
-    The proximal term :math:`-	frac\epsilon2\lVert(eta,\gamma) - (eta,\gamma)^{old}
+    The proximal term :math:`-\tfrac\epsilon2\lVert(\beta,\gamma) - (\beta,\gamma)^{old}
 Vert^2` (``prox``) is zero
     at the start, as in :func:`em_fit`.  Shapes (A pairs): ``Ze`` (A, p, n), ``Zs`` (A, q, n), ``y`` (A, n),
     ``tau`` (A, k, n) (responsibilities times case weights), ``beta`` (A, k, p), ``gamma`` (A, q), ``var`` (A, k),

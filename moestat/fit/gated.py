@@ -131,7 +131,7 @@ def full_gate(W: torch.Tensor) -> torch.Tensor:
 
 
 def project_rows(X: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """:math:`v_j^\top x_s` for ``X (R, n, d)`` and ``V (R, S, m, d)``, as ``(R, S, m, n)`` (expert axis before n).
+    r""":math:`v_j^\top x_s` for ``X (R, n, d)`` and ``V (R, S, m, d)``, as ``(R, S, m, n)`` (expert axis before n).
 
     The (.., k, n) layout keeps reductions over the small expert axis fast on CPU (they are unrolled sums
     of contiguous slices)."""

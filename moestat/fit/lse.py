@@ -241,7 +241,7 @@ def _as_data(X: Array, y: Array, spec: MoE) -> tuple[np.ndarray | torch.Tensor, 
 def _scale_weights(p: Params, s: np.ndarray | None, *, inverse: bool = False) -> Params:
     r"""The same MoE with inputs divided by ``s`` (per column): slopes times ``s`` (``inverse``: divided by ``s``).
 
-    Gate logits and expert pre-activations are affine in x, so :math:`eta_1^	op x = (eta_1 s)^	op (x / s)`: a
+    Gate logits and expert pre-activations are affine in x, so :math:`\beta_1^\top x = (\beta_1 s)^\top (x / s)`: a
     fit on ``X / s`` maps back exactly, whatever the gate and the expert family."""
     if s is None:
         return p

@@ -85,12 +85,12 @@ __all__ = [
 # ----------------------------------------------------------------------------- the L4 loss
 def _l4_batched(A: torch.Tensor, X: torch.Tensor, q4: torch.Tensor, q2: torch.Tensor, c4: float, c2: float,
                 mu: float, lam: float, ridge: float) -> torch.Tensor:
-    """Empirical L4 for ``A (R, S, k, d)``, ``X (R, n, d)``, ``q4 = Q4(y)``, ``q2 = Q2(y)`` (R, n) -> (R, S).
+    r"""Empirical L4 for ``A (R, S, k, d)``, ``X (R, n, d)``, ``q4 = Q4(y)``, ``q2 = Q2(y)`` (R, n) -> (R, S).
 
     Per sample, with :math:`U = XA^\top`, :math:`G = AA^\top`, :math:`N_i = G_{ii}`:
-    :math:`\\sum_{i\ne j} c\\,t_1 = (\\sum U_i^2)^2 - \\sum U_i^4 - 2[(\\sum N)(\\sum U_i^2) - \\sum N_iU_i^2]
-    - 4[U^\top GU - \\sum N_iU_i^2] + (\\sum N)^2 - \\sum N^2 + 2(\\|G\\|_F^2 - \\sum N^2)`,
-    :math:`\\sum_i c\\,t_2 = \\sum U_i^4 - 6\\sum N_iU_i^2 + 3\\sum N_i^2`, :math:`c'\\,t_3 = U_i^2 - N_i`.
+    :math:`\sum_{i\ne j} c\,t_1 = (\sum U_i^2)^2 - \sum U_i^4 - 2[(\sum N)(\sum U_i^2) - \sum N_iU_i^2]
+    - 4[U^\top GU - \sum N_iU_i^2] + (\sum N)^2 - \sum N^2 + 2(\|G\|_F^2 - \sum N^2)`,
+    :math:`\sum_i c\,t_2 = \sum U_i^4 - 6\sum N_iU_i^2 + 3\sum N_i^2`, :math:`c'\,t_3 = U_i^2 - N_i`.
     """
     n = X.shape[1]
     U = project_rows(X, A)                                         # (R, S, k, n)
