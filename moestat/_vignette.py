@@ -16,14 +16,39 @@ from pathlib import Path
 from typing import Any
 
 
-def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | None = None) -> int:
-    """Parse ``--quick``, ``--out`` and ``--no-resume`` and call ``run``."""
+def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | None = None, *,
+                 sizes: Sequence[str] | None = None, workers: bool = False,
+                 peer: tuple[Callable[[str, str], object], str] | None = None) -> int:
+    """Parse ``--quick``, ``--out`` and ``--no-resume`` and call ``run``.
+
+    Options a vignette's ``run`` takes as keywords: ``sizes`` adds ``--size`` (one of them), ``workers`` adds
+    ``--workers N``, and ``peer = (run_peer, repository)`` adds ``--peer DIR`` (a clone of that repository), passed
+    to ``run`` as ``peer=``; ``--peer`` without a size or ``--quick`` calls ``run_peer(DIR, out)`` alone (the
+    authors' stored fits re-analysed, no study run).
+    """
     parser = argparse.ArgumentParser(prog=f"vignette {name}", description=f"Run the {name} vignette.")
     parser.add_argument("--quick", action="store_true", help="reduced size (minutes on 2 CPU cores)")
+    if sizes is not None:
+        parser.add_argument("--size", choices=sorted(sizes), help="a named size")
     parser.add_argument("--out", default=f"out/{name}", help=f"output folder (default out/{name})")
     parser.add_argument("--no-resume", action="store_true", help="recompute finished cells")
+    if workers:
+        parser.add_argument("--workers", type=int, default=None, help="worker processes (default: the CPU count)")
+    if peer is not None:
+        parser.add_argument("--peer", default=None, help=f"a clone of {peer[1]}")
     args = parser.parse_args(argv)
-    run(Path(args.out), quick=args.quick, resume=not args.no_resume)
+    size = getattr(args, "size", None)
+    options: dict[str, Any] = {}
+    if sizes is not None:
+        options["size"] = size
+    if workers:
+        options["workers"] = args.workers
+    if peer is not None and args.peer is not None and not args.quick and size is None:
+        peer[0](args.peer, args.out)
+    else:
+        if peer is not None:
+            options["peer"] = args.peer
+        run(Path(args.out), quick=args.quick, resume=not args.no_resume, **options)
     print(f"{name}: results written to {args.out}")
     return 0
 

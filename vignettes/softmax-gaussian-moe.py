@@ -67,7 +67,6 @@
 # %%
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Sequence
@@ -562,21 +561,10 @@ def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python vignettes/softmax-gaussian-moe.py [--quick | --size SIZE] [--out DIR] [--workers N] [--peer DIR]``;
     with ``--peer`` alone (no size) only the peer's stored fits are re-analysed."""
-    parser = argparse.ArgumentParser(prog=f"vignette {NAME}", description=f"Run the {NAME} vignette.")
-    parser.add_argument("--quick", action="store_true", help="the quick size (minutes on 2 CPU cores)")
-    parser.add_argument("--size", choices=sorted(SIZES), help="a named size")
-    parser.add_argument("--out", default=f"out/{NAME}", help=f"output folder (default out/{NAME})")
-    parser.add_argument("--no-resume", action="store_true", help="recompute finished cells")
-    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: the CPU count)")
-    parser.add_argument("--peer", default=None, help="a clone of github.com/Trung-TinNGUYEN/CRPE-SGaME")
-    args = parser.parse_args(argv)
-    if args.peer is not None and not args.quick and args.size is None:
-        run_peer(args.peer, args.out)
-    else:
-        run(Path(args.out), quick=args.quick, resume=not args.no_resume, size=args.size, workers=args.workers,
-            peer=args.peer)
-    print(f"{NAME}: results written to {args.out}")
-    return 0
+    from moestat._vignette import vignette_cli
+
+    return vignette_cli(run, NAME, argv, sizes=list(SIZES), workers=True,
+                        peer=(run_peer, "github.com/Trung-TinNGUYEN/CRPE-SGaME"))
 
 
 if __name__ == "__main__":
