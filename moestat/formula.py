@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import functools
 import importlib
 import re
 import sys
@@ -57,13 +58,19 @@ def _clean(message: str) -> str:
     return _ANSI.sub("", message).strip()
 
 
+@functools.lru_cache(maxsize=256)
+def _formula(text: str) -> Any:
+    """formulaic's parse of ``text``, once per distinct text (never mutated here; a parse error is not cached)."""
+    return Formula(text)
+
+
 def _parse(argument: str, text: Any, *, two_sided: bool) -> Any:
     """Parse ``text`` with formulaic; return the StructuredFormula (two-sided) or the right-hand side."""
     if not isinstance(text, str):
         raise TypeError(f"{argument} must be a formula string such as "
                         f"{'y ~ x1 + x2' if two_sided else '~ w1 + w2'!r}, got {type(text).__name__}.")
     try:
-        parsed = Formula(text)
+        parsed = _formula(text)
     except FormulaParsingError as exc:
         raise ValueError(f"{argument}={text!r} is not a valid formula: {_clean(str(exc))}") from None
     has_lhs = hasattr(parsed, "lhs")
@@ -170,10 +177,11 @@ def _missing_rows(argument: str, frame: pd.DataFrame, columns: list[str], policy
     """Rows to keep (bool mask); with ``policy="raise"`` any missing value raises naming the columns."""
     if not columns:
         return np.ones(len(frame), dtype=bool)
-    na = frame[columns].isna()
-    bad = na.any(axis=1).to_numpy()
+    bad = np.zeros(len(frame), dtype=bool)
+    for c in columns:
+        bad |= frame[c].isna().to_numpy().reshape(len(frame), -1).any(axis=1)  # a duplicated name: a frame
     if bad.any() and policy == "raise":
-        counts = na.sum()
+        counts = frame[columns].isna().sum()
         listed = ", ".join(f"{c!r} ({int(counts[c])} missing)" for c in columns if counts[c])
         raise ValueError(f"{argument} has missing values (NaN/None) in {int(bad.sum())} of {len(frame)} rows, in the "
                          f"columns the formulas use: {listed}. Impute them, or pass missing='drop' to drop those "
@@ -577,7 +585,7 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
     w = None if w_all is None else w_all[keep]
     if w is not None:
         _validate_weights(w)
-    mms = _materialize("formula", formula, formula, sub, ctx)
+    mms = _materialize("formula", formula, parsed, sub, ctx)
     y, response_name = _response(formula, mms.lhs)
     X, expert_names = _numeric("formula", formula, mms.rhs, drop_intercept=True)
     gate_spec = X_gate = None

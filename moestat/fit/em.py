@@ -48,6 +48,7 @@ All arrays carry leading axes (R, S) = (replicates, restarts); one tensor progra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -665,14 +666,15 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             parts.append(gm_a.flatten(1))
         return torch.cat(parts, dim=1)
 
+    sizes = [0 if shape is None else math.prod(shape) for shape in shapes]
+
     def unpack(theta: torch.Tensor) -> list[torch.Tensor | None]:
         out: list[torch.Tensor | None] = []
         at = 0
-        for shape in shapes:
+        for shape, size in zip(shapes, sizes, strict=True):
             if shape is None:
                 out.append(None)
                 continue
-            size = int(np.prod(shape))
             out.append(theta[:, at:at + size].reshape(-1, *shape))
             at += size
         return out

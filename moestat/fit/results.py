@@ -419,12 +419,20 @@ class MLEFit(FitResult):
         least 3.5 (n = 200) or 14 (n = 1,000) with sigma >= 0.028.  The mass condition keeps a genuinely narrow
         expert beside a wide one (e.g. an expert for outliers, sigma ratio 0.03 but hundreds of observations) from
         being called a spurious maximiser."""
+        return self._out(self._collapsed_from(self._weighted_posterior()))
+
+    def _weighted_posterior(self) -> np.ndarray:
+        """Responsibilities times case weights at the training data, :math:`c_t\tau_{ti}` (R, n, k)."""
+        return to_numpy(self._posterior_t(self._X, self._y, self._m)) * to_numpy(self._w)[..., None]
+
+    def _collapsed_from(self, tau_w: np.ndarray) -> np.ndarray:
+        """:attr:`collapsed` (R, k) from the weighted responsibilities (R, n, k)."""
         sd = to_numpy(self._blocks.noise_sd)
-        mass = (to_numpy(self._posterior_t(self._X, self._y, self._m)) * to_numpy(self._w)[..., None]).sum(1)
-        few = mass < COLLAPSE_POINTS_PER_COEF * (self.spec.d + 1)
+        few = tau_w.sum(1) < COLLAPSE_POINTS_PER_COEF * (self.spec.d + 1)
         small = (sd < COLLAPSE_RATIO * sd.max(-1, keepdims=True)) & few
         floor = sd <= self._floor[:, None] * (1 + 1e-6)
-        return self._out(floor | small)
+        out: np.ndarray = floor | small
+        return out
 
     # ------------------------------------------------------------ labels
     def degeneracy(self) -> pd.DataFrame:
@@ -442,24 +450,23 @@ class MLEFit(FitResult):
         coefficient runs off to infinity).  Empty when nothing degenerated.
         """
         rows: list[dict[str, Any]] = []
-        comp = self.components()
         y = to_numpy(self._y)
         X = to_numpy(self._X)
-        tau = to_numpy(self._posterior_t(self._X, self._y, self._m)) * to_numpy(self._w)[..., None]  # (R, n, k)
+        tau = self._weighted_posterior()  # (R, n, k)
+        comp = self._component_arrays(tau)
         gw = to_numpy(self._blocks.gate_weight)
         ref = self.spec.gate in ("softmax", "topk")
         names = self.layout.feature_names
         diverging = self._diverging_experts(X, tau)
         for r in range(self.n_reps):
-            c = comp[comp["rep"] == r].set_index("expert")
             values, counts = np.unique(y[r], return_counts=True)
             tied = values[counts >= max(5, 0.02 * y.shape[1])]
             sdx = X[r].std(0)
             for i in range(self.spec.k):
                 base = {"rep": r, "expert": i}
-                if c.loc[i, "mean_weight"] < VANISHING_WEIGHT:
+                if comp["mean_weight"][r, i] < VANISHING_WEIGHT:
                     rows.append({**base, "kind": "vanishing_component",
-                                 "detail": f"mean weight {c.loc[i, 'mean_weight']:.4f}",
+                                 "detail": f"mean weight {comp['mean_weight'][r, i]:.4f}",
                                  "advice": "fit fewer experts (select_k)"})
                 for v in (tied if self.spec.has_noise_sd else ()):  # counts tie by nature; a GLM expert fits them
                     share = tau[r, y[r] == v, i].sum() / max(tau[r, :, i].sum(), 1e-300)
@@ -468,12 +475,12 @@ class MLEFit(FitResult):
                                      "detail": f"{share:.0%} of its responsibility on y = {v:g} "
                                                f"({int((y[r] == v).sum())} tied observations)",
                                      "advice": "model the point mass (a count or hurdle family), or raise sd_floor"})
-                if c.loc[i, "sigma_at_floor"]:
-                    rows.append({**base, "kind": "sigma_at_floor", "detail": f"sigma {c.loc[i, 'sigma']:.3g} at "
+                if comp["sigma_at_floor"][r, i]:
+                    rows.append({**base, "kind": "sigma_at_floor", "detail": f"sigma {comp['sigma'][r, i]:.3g} at "
                                  "the variance floor", "advice": "raise sd_floor, constrain sigma or drop k"})
-                elif c.loc[i, "collapsed"]:
+                elif comp["collapsed"][r, i]:
                     rows.append({**base, "kind": "collapsed_variance",
-                                 "detail": f"sigma {c.loc[i, 'sigma']:.3g} < {COLLAPSE_RATIO} x the largest, on "
+                                 "detail": f"sigma {comp['sigma'][r, i]:.3g} < {COLLAPSE_RATIO} x the largest, on "
                                            "few observations",
                                  "advice": "more restarts, a higher sd_floor or fewer experts"})
                 if (r, i) in diverging:
@@ -1025,19 +1032,20 @@ class MLEFit(FitResult):
     # --------------------------------------------------------------- tidy
     def components(self) -> pd.DataFrame:
         """One row per (rep, expert): mean mixture weight over the data, sigma, floor and small-weight flags."""
-        tau_w = np.asarray(self.gate_probs_train())
+        a = self._component_arrays(self._weighted_posterior())
+        R, k = a["sigma"].shape
+        return pd.DataFrame({"rep": np.repeat(np.arange(R), k), "expert": np.tile(np.arange(k), R),
+                             **{name: v.ravel() for name, v in a.items()}})
+
+    def _component_arrays(self, tau_w: np.ndarray) -> dict[str, np.ndarray]:
+        """The columns of :meth:`components` as (R, k) arrays, from the weighted responsibilities (R, n, k)."""
         sd = to_numpy(self._blocks.noise_sd)
         R, k = sd.shape
         c = to_numpy(self._w)
-        w = (tau_w.reshape(R, -1, k) * c[..., None]).sum(1) / c.sum(1, keepdims=True)
-        floor = np.asarray(self.at_floor).reshape(R, k)
-        collapsed = np.asarray(self.collapsed).reshape(R, k)
-        if not self.spec.has_noise_sd:
-            sd = np.full_like(sd, np.nan)
-        return pd.DataFrame({"rep": np.repeat(np.arange(R), k), "expert": np.tile(np.arange(k), R),
-                             "mean_weight": w.ravel(), "sigma": sd.ravel(),
-                             "small": w.ravel() < SMALL_WEIGHT, "sigma_at_floor": floor.ravel(),
-                             "collapsed": collapsed.ravel()})
+        w = (self.gate_probs_train().reshape(R, -1, k) * c[..., None]).sum(1) / c.sum(1, keepdims=True)
+        floor = sd <= self._floor[:, None] * (1 + 1e-6)
+        return {"mean_weight": w, "sigma": sd if self.spec.has_noise_sd else np.full_like(sd, np.nan),
+                "small": w < SMALL_WEIGHT, "sigma_at_floor": floor, "collapsed": self._collapsed_from(tau_w)}
 
     def gate_probs_train(self) -> np.ndarray:
         """Normalised mixture weights at the training inputs, (R, n, k)."""
