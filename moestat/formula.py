@@ -178,11 +178,13 @@ def _missing_rows(argument: str, frame: pd.DataFrame, columns: list[str], policy
     if not columns:
         return np.ones(len(frame), dtype=bool)
     bad = np.zeros(len(frame), dtype=bool)
+    counts = {}
     for c in columns:
-        bad |= frame[c].isna().to_numpy().reshape(len(frame), -1).any(axis=1)  # a duplicated name: a frame
+        na = frame[c].isna().to_numpy().reshape(len(frame), -1).any(axis=1)  # a duplicated name gives a frame
+        counts[c] = int(na.sum())
+        bad |= na
     if bad.any() and policy == "raise":
-        counts = frame[columns].isna().sum()
-        listed = ", ".join(f"{c!r} ({int(counts[c])} missing)" for c in columns if counts[c])
+        listed = ", ".join(f"{c!r} ({counts[c]} missing)" for c in columns if counts[c])
         raise ValueError(f"{argument} has missing values (NaN/None) in {int(bad.sum())} of {len(frame)} rows, in the "
                          f"columns the formulas use: {listed}. Impute them, or pass missing='drop' to drop those "
                          "rows.")

@@ -271,3 +271,30 @@ def test_matrices_are_writable_float_arrays():
         assert a.flags.writeable and a.dtype == np.float64
     t = d.transform(_frame())
     assert t.y.flags.writeable and t.X.flags.writeable
+
+
+def test_a_repeated_formula_gives_the_same_design_on_other_data_and_a_bad_one_raises_every_time():
+    """Each formula text is parsed once and reused: the reuse must not carry data (levels, rows) from one call to the
+    next, and a formula that does not parse must raise on every call (a parse error is not remembered as a result)."""
+    first = build_design("y ~ x + C(g)", _frame(12, seed=0))
+    other = _frame(12, seed=1).assign(g=list("cbd" * 4))  # other rows, a level the first frame lacks
+    second = build_design("y ~ x + C(g)", other)
+    assert second.X.shape == (12, 3) and second.expert_names == ("x", "C(g)[T.c]", "C(g)[T.d]")
+    np.testing.assert_array_equal(second.X[:, 0], other["x"].to_numpy())
+    np.testing.assert_array_equal(second.X[:, 1:], _dummies(other["g"], ["b", "c", "d"]))
+    assert first.expert_names == ("x", "C(g)[T.b]", "C(g)[T.c]")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not a valid formula"):
+            build_design("y ~ x +", _frame())
+
+
+def test_missing_values_in_a_duplicated_column_name_are_found():
+    """A frame with two columns of one name: a missing value in either is found (read column by column)."""
+    from moestat.formula import _missing_rows
+
+    df = _frame().rename(columns={"w1": "x"})  # two columns named x
+    df.iloc[3, 2] = np.nan  # in the second one
+    keep = _missing_rows("data", df, ["x"], "drop")
+    assert keep.tolist() == [i != 3 for i in range(12)]
+    with pytest.raises(ValueError, match="missing values"):
+        _missing_rows("data", df, ["x"], "raise")

@@ -154,3 +154,25 @@ def test_a_narrow_expert_beside_a_wide_one_is_not_a_collapsed_variance():
     assert comp["sigma"].min() / comp["sigma"].max() < 0.05  # the ratio rule alone would fire
     assert not comp["collapsed"].any()
     assert "collapsed_variance" not in set(fit.degeneracy()["kind"])
+
+
+def test_component_table_matches_the_fit_s_own_properties():
+    """components() against its definitions, computed here from public attributes: the case-weighted mean of the
+    gate probabilities, sigma, the floor and collapse flags, and the small-weight flag; for two replicates at once."""
+    from moestat.fit.results import SMALL_WEIGHT
+
+    X, y = _point_mass_data()
+    Xr, yr = np.stack([X, X[::-1]]), np.stack([y, y[::-1] + 0.1])
+    c = np.random.default_rng(2).integers(1, 4, size=(2, len(y))).astype(float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = ms.fit_mle(ms.MoE(k=3, d=1), Xr, yr, weights=c, seed=1, restarts=2, progress=False)
+    comp = fit.components()
+    weight = (np.asarray(fit.gate_probs_train()) * c[..., None]).sum(1) / c.sum(1, keepdims=True)
+    np.testing.assert_allclose(comp["mean_weight"], weight.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(comp["sigma"], np.asarray(fit.params.noise_sd).ravel(), rtol=1e-12)
+    np.testing.assert_array_equal(comp["sigma_at_floor"], np.asarray(fit.at_floor).ravel())
+    np.testing.assert_array_equal(comp["collapsed"], np.asarray(fit.collapsed).ravel())
+    np.testing.assert_array_equal(comp["small"], weight.ravel() < SMALL_WEIGHT)
+    assert comp[["rep", "expert"]].values.tolist() == [[r, i] for r in range(2) for i in range(3)]
+    assert comp["collapsed"].any()  # the point mass: at least one flag is exercised
