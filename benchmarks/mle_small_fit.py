@@ -1,0 +1,66 @@
+"""Benchmark: CPU time of one small formula fit (flexmix's ``NPreg``, 200 rows, 10 restarts) — the fixed costs.
+
+Times ``fit_mle(formula=..., data=NPreg, k=2, restarts=10)`` for the three cases of ``mle_vs_flexmix_glm.py``
+(same data, gate covariate ``z`` and stopping rule) and prints one JSON line: case -> [median CPU ms over ``--repeat``
+fits after a warm-up, log-likelihood].  To compare two versions of moestat, run it alternately with each tree first on
+``PYTHONPATH`` (the printed log-likelihoods must agree):
+
+    git worktree add /tmp/old <rev>
+    for i in 1 2; do
+        PYTHONPATH=/tmp/old python benchmarks/mle_small_fit.py; PYTHONPATH=. python benchmarks/mle_small_fit.py
+    done
+
+Needs ``Rscript`` with flexmix (for the data only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+import moestat as ms
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mle_vs_flexmix_glm import CASES, R_DATA, write_data  # the same data and cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=21)
+    parser.add_argument("--restarts", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        script, csv = Path(tmp) / "data.R", Path(tmp) / "npreg.csv"
+        script.write_text(R_DATA)
+        write_data(csv, 0, script)
+        df = pd.read_csv(csv)
+    out = {}
+    for name, formula, _, family, gate_formula, _, ml_sigma in CASES:
+        if ml_sigma:  # the same moestat fit as the case before it
+            continue
+        kwargs = dict(formula=formula, data=df, k=2, family=family, gate_formula=gate_formula, tol=1e-8,
+                      max_iter=2000, restarts=args.restarts, seed=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ms.MLEConvergenceWarning)
+            ms.fit_mle(**kwargs)  # warm-up
+            times = []
+            for _ in range(args.repeat):
+                t0 = time.process_time()
+                fit = ms.fit_mle(**kwargs)
+                times.append(time.process_time() - t0)
+        out[name] = [round(1e3 * float(np.median(times)), 2), float(fit.loglik)]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
