@@ -88,8 +88,10 @@ TITLE = "Softmax-gated Gaussian MoE (CRPE-SGaME benchmark): exact and over-speci
 
 SEED = 2023
 Y = "gaussian_voronoi"
-THEORY = 0.5
-"""The theory's exponent of $D_1$ (k = k*) and of $D_2$ (k > k*) in n, up to the log factor."""
+THEORY_ROWS = ms.theory_rates().query("source == 'nguyen2023' and response == @Y")
+"""The theory rows of this loss: $D_1$ (exact-specified) and $D_2$ (over-specified), both $(\log n/n)^{1/2}$."""
+THEORY = float(THEORY_ROWS["exponent"].unique().item())
+"""The theory's exponent of $D_1$ (k = k*) and of $D_2$ (k > k*) in n, up to the log factor (one value for both)."""
 
 PEER_EXPONENTS = {2: 0.638, 3: 1.181, 4: 2.475}
 """Printed by CRPE-SGaME's plotting_SGaME.py (commit 53c4234): OLS slope of log(mean loss) on log n."""
