@@ -89,7 +89,7 @@ TITLE = "Softmax-gated Gaussian MoE (CRPE-SGaME benchmark): exact and over-speci
 SEED = 2023
 Y = "gaussian_voronoi"
 THEORY_ROWS = ms.theory_rates().query("source == 'nguyen2023' and response == @Y")
-"""The theory rows of this loss: $D_1$ (exact-specified) and $D_2$ (over-specified), both $(\log n/n)^{1/2}$."""
+r"""The theory rows of this loss: $D_1$ (exact-specified) and $D_2$ (over-specified), both $(\log n/n)^{1/2}$."""
 THEORY = float(THEORY_ROWS["exponent"].unique().item())
 """The theory's exponent of $D_1$ (k = k*) and of $D_2$ (k > k*) in n, up to the log factor (one value for both)."""
 

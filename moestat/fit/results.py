@@ -422,7 +422,7 @@ class MLEFit(FitResult):
         return self._out(self._collapsed_from(self._weighted_posterior()))
 
     def _weighted_posterior(self) -> np.ndarray:
-        """Responsibilities times case weights at the training data, :math:`c_t\tau_{ti}` (R, n, k)."""
+        r"""Responsibilities times case weights at the training data, :math:`c_t\tau_{ti}` (R, n, k)."""
         return to_numpy(self._posterior_t(self._X, self._y, self._m)) * to_numpy(self._w)[..., None]
 
     def _collapsed_from(self, tau_w: np.ndarray) -> np.ndarray:
