@@ -679,6 +679,18 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             at += size
         return out
 
+    def adopt(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                             torch.Tensor]:
+        """The active pairs' parameters at the packed point ``theta`` (A, P) (a SQUAREM jump, or theta_2 where it was
+        refused): gate terms, expert coefficients, variances floored at ``var_floor``, shared slopes, and the log gate
+        weights there."""
+        tg_j, beta_j, lv_j, gm_j = unpack(theta)
+        assert tg_j is not None and beta_j is not None
+        tg = tg_j.contiguous()
+        var = var_a if lv_j is None else torch.maximum(lv_j.exp(), fl.unsqueeze(-1))
+        return (tg, beta_j.contiguous(), var, gm_a if gm_j is None else gm_j.contiguous(),
+                torch.log_softmax(_gate_logits(tg, Zga), dim=1))
+
     phase, sq0, sq1, sq2, ll_mid = 0, None, None, None, None  # SQUAREM: cycle phase, theta_0..2, l(theta_1)
     for it in range(max_iter + 1):
         logc, eta_a, mu_a = e_step()
@@ -687,13 +699,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if accel and phase == 2 and sq2 is not None and ll_mid is not None:
             refused = ~(torch.isfinite(ll) & (ll >= ll_mid))
             if bool(refused.any()):  # back to theta_2 where the jump lowered the likelihood
-                jump = pack()
-                tg_j, beta_j, lv_j, gm_j = unpack(torch.where(refused[:, None], sq2, jump))
-                assert tg_j is not None and beta_j is not None
-                tg_a, beta_a = tg_j.contiguous(), beta_j.contiguous()
-                var_a = var_a if lv_j is None else torch.maximum(lv_j.exp(), fl.unsqueeze(-1))
-                gm_a = gm_a if gm_j is None else gm_j.contiguous()
-                logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)
+                tg_a, beta_a, var_a, gm_a, logw = adopt(torch.where(refused[:, None], sq2, pack()))
                 eta_a = None
                 logc, eta_a, mu_a = e_step()
                 lse = torch.logsumexp(logc, dim=1)
@@ -781,12 +787,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             alpha = alpha.clamp_max(-1.0).unsqueeze(1)
             jump = sq0 - 2.0 * alpha * r + alpha * alpha * v
             jump = torch.where(torch.isfinite(jump).all(1, keepdim=True), jump, sq2)
-            tg_j, beta_j, lv_j, gm_j = unpack(jump)
-            assert tg_j is not None and beta_j is not None
-            tg_a, beta_a = tg_j.contiguous(), beta_j.contiguous()
-            var_a = var_a if lv_j is None else torch.maximum(lv_j.exp(), fl.unsqueeze(-1))
-            gm_a = gm_a if gm_j is None else gm_j.contiguous()
-            logw = torch.log_softmax(_gate_logits(tg_a, Zga), dim=1)
+            tg_a, beta_a, var_a, gm_a, logw = adopt(jump)
             eta_a = None
         if accel:
             phase = (phase + 1) % 3
