@@ -401,8 +401,12 @@ class MLEFit(FitResult):
     @property
     def at_floor(self) -> Any:
         """Per expert: True where :math:`\\sigma_i` sits at the variance floor (the MLE there is constrained)."""
-        sd = to_numpy(self._blocks.noise_sd)
-        return self._out(sd <= self._floor[:, None] * (1 + 1e-6))
+        return self._out(self._at_floor())
+
+    def _at_floor(self) -> np.ndarray:
+        """:attr:`at_floor` as an (R, k) array."""
+        out: np.ndarray = to_numpy(self._blocks.noise_sd) <= self._floor[:, None] * (1 + 1e-6)
+        return out
 
     @property
     def collapsed(self) -> Any:
@@ -430,8 +434,7 @@ class MLEFit(FitResult):
         sd = to_numpy(self._blocks.noise_sd)
         few = tau_w.sum(1) < COLLAPSE_POINTS_PER_COEF * (self.spec.d + 1)
         small = (sd < COLLAPSE_RATIO * sd.max(-1, keepdims=True)) & few
-        floor = sd <= self._floor[:, None] * (1 + 1e-6)
-        out: np.ndarray = floor | small
+        out: np.ndarray = self._at_floor() | small
         return out
 
     # ------------------------------------------------------------ labels
@@ -1043,9 +1046,8 @@ class MLEFit(FitResult):
         R, k = sd.shape
         c = to_numpy(self._w)
         w = (self.gate_probs_train().reshape(R, -1, k) * c[..., None]).sum(1) / c.sum(1, keepdims=True)
-        floor = sd <= self._floor[:, None] * (1 + 1e-6)
         return {"mean_weight": w, "sigma": sd if self.spec.has_noise_sd else np.full_like(sd, np.nan),
-                "small": w < SMALL_WEIGHT, "sigma_at_floor": floor, "collapsed": self._collapsed_from(tau_w)}
+                "small": w < SMALL_WEIGHT, "sigma_at_floor": self._at_floor(), "collapsed": self._collapsed_from(tau_w)}
 
     def gate_probs_train(self) -> np.ndarray:
         """Normalised mixture weights at the training inputs, (R, n, k)."""
