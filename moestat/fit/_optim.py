@@ -152,6 +152,15 @@ class ClosureProblem:
         return g
 
 
+class AnalyticProblem(ClosureProblem):
+    """A :class:`ClosureProblem` whose closure computes the gradients itself: ``f(x, rows)`` returns the values
+    (A,) and their gradients (A, P), and no autograd graph is recorded."""
+
+    def value_grad(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.n_evals += 1
+        return self.f(x.detach(), self.active)
+
+
 def _gnorm(g: torch.Tensor) -> torch.Tensor:
     return g.abs().amax(1)
 

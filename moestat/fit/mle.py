@@ -73,8 +73,9 @@ from ..exceptions import MoestatWarning, UnderdeterminedWarning, warn_user
 from ..families import initial_beta, irls_weighted
 from ..model import MoE, tempered
 from ..params import Params
+from ._glm_objective import GLMMixtureObjective, direct_glm
 from ._layout import BlockParams, ParamLayout, check_learn_temperature
-from ._optim import ClosureProblem, lbfgs
+from ._optim import AnalyticProblem, ClosureProblem, lbfgs
 from .em import design, em_fit, weighted_ls
 from .formula_fit import formula_inputs
 from .results import MLEFit, log_joint
@@ -268,52 +269,6 @@ def _linear_parts(spec: MoE, p: BlockParams, Zt: torch.Tensor) -> tuple[torch.Te
     return logits, pre
 
 
-class _PoissonMixtureLSE(torch.autograd.Function):
-    r"""Per-observation mixture log-likelihood of softmax-gated Poisson experts with its analytic gradient.
-
-    Forward: :math:`\ell_t = \log\sum_j \exp(\log\pi_{tj} + y_t\eta_{tj} - e^{\eta_{tj}} - \log y_t!)`,
-    :math:`\log\pi_{t\cdot} = \mathrm{log\,softmax}(a_{t\cdot})`, the same operations as
-    :func:`log_components` and a log-sum-exp over experts.  Backward (Jordan & Jacobs 1994, §4: the score of a
-    mixture is the responsibility-weighted score of its components):
-    :math:`\partial\ell_t/\partial a_{tj} = \tau_{tj} - \pi_{tj}` and
-    :math:`\partial\ell_t/\partial\eta_{tj} = \tau_{tj}(y_t - e^{\eta_{tj}})` with the responsibilities
-    :math:`\tau_{tj} = \exp(\log\pi_{tj} + \log f_{tj} - \ell_t)`: one fused pass instead of autograd's graph
-    of a dozen element-wise nodes (the L-BFGS phase of :func:`gradient_fit` evaluates it at every step).
-
-    Inputs: gate logits ``a`` (A, k, n), linear predictors ``eta`` (A, k, n) or (A, k, 1), ``y`` (A, 1, n) and
-    ``lgy`` :math:`\log y_t!` (A, 1, n).  Output (A, n).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, eta: torch.Tensor, y: torch.Tensor,
-                lgy: torch.Tensor) -> torch.Tensor:
-        logw = torch.log_softmax(a, dim=1)
-        mu = torch.exp(eta)
-        logc = logw + (y * eta - mu - lgy)
-        lse = torch.logsumexp(logc, dim=1)
-        ctx.save_for_backward(logw, logc, lse, mu, y)
-        ctx.eta_shape = eta.shape
-        return lse
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        logw, logc, lse, mu, y = ctx.saved_tensors
-        gt = g.unsqueeze(1)
-        tau = torch.exp(logc - lse.unsqueeze(1))
-        ga = gt * (tau - logw.exp())
-        ge = gt * tau * (y - mu)
-        if ge.shape != ctx.eta_shape:  # constant experts: eta (A, k, 1) broadcast over observations
-            ge = ge.sum(-1, keepdim=True)
-        return ga, ge, None, None
-
-
-def _fused_poisson(spec: MoE, trials: torch.Tensor | None) -> bool:
-    """Whether :func:`gradient_fit` may use :class:`_PoissonMixtureLSE`: softmax gate (temperature 1), Poisson
-    experts, no binomial trials."""
-    return (spec.response == "poisson" and spec.gate == "softmax" and spec.gating.input_affine
-            and float(spec.temperature) == 1.0 and trials is None)
-
-
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
                  sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float,
                  weights: torch.Tensor | None = None, trials: torch.Tensor | None = None,
@@ -326,7 +281,10 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     ``gtol``, or when a step lowers :math:`-\ell/n` by at most ``ftol`` relative; every pair has its own
     L-BFGS memory and line search, and converged pairs leave the active set
     (:func:`moestat.fit._optim.lbfgs`, the optimiser of the least-squares engine).  ``callback(n_active)``, if
-    given, is called at every evaluation with the number of pairs still iterating (the progress bar).
+    given, is called at every evaluation with the number of pairs still iterating (the progress bar).  Softmax-gated
+    Poisson and binomial experts take the closed-form value and gradient of
+    :class:`moestat.fit._glm_objective.GLMMixtureObjective` on the packed vector; every other model, autograd
+    through :func:`log_components`.
     """
     R, n, _ = X.shape
     k = spec.k
@@ -347,7 +305,10 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     # would depend on whether it happened to be the last of its batch (and so on its block)
     v0 = torch.cat([v0, torch.zeros_like(v0[:1])])
     cache: dict[str, Any] = {}
-    fused = _fused_poisson(spec, trials)
+    direct = direct_glm(spec, layout)
+    columns = {"gate": [0, *(1 + c for c in layout.gate_columns)],
+               "expert": [0, *(1 + c for c in layout.expert_columns)] if layout.expert_slopes else [0],
+               "shared": [1 + c for c in layout.shared_columns]}
 
     def unpack(v: torch.Tensor, fl2: torch.Tensor) -> BlockParams:
         p = layout.unpack(v)
@@ -356,31 +317,49 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
         p.noise_sd = torch.sqrt(fl2 + torch.exp(2 * v[..., -k:]))
         return p
 
-    def negll(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        if cache.get("rows") is not rows:  # gather the active pairs' data once per active set
+    def refresh(rows: torch.Tensor) -> int:
+        """Gather the active pairs' data once per active set; returns how many real pairs are active."""
+        if cache.get("rows") is not rows:
             real = rows[:-1] if int(rows[-1]) == B else rows
             r = rep_of[real]
             cache.update(rows=rows, n_real=int(real.numel()), Zt=Zt[r], y=y[r], fl2=floor2[real],
-                         w=None if weights is None else weights[r], m=None if trials is None else trials[r],
-                         lgy=torch.lgamma(y[r] + 1.0).unsqueeze(1) if fused else None)
+                         w=None if weights is None else weights[r], m=None if trials is None else trials[r])
+            if direct:
+                Zr = cache["Zt"]
+                cache["objective"] = GLMMixtureObjective(
+                    Zr[:, columns["gate"]], Zr[:, columns["expert"]],
+                    Zr[:, columns["shared"]] if columns["shared"] else None, cache["y"], cache["m"], cache["w"],
+                    spec.response, k, n)
             if callback is not None:
                 callback(cache["n_real"])
-        a = cache["n_real"]
+        return cache["n_real"]
+
+    def pacer(v: torch.Tensor) -> torch.Tensor:
+        # the pacer alone: a flat objective far below its linear one, so the first trial step is accepted and the
+        # zero gradient stops it at the next check (a flat 0 could sit above the pacer's value and cost every
+        # backtracking step of the line search, about 30 evaluations)
+        return v.sum(-1) * 0.0 - 0.5 * torch.finfo(v.dtype).max
+
+    def negll(v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        a = refresh(rows)
         if a == 0:
-            # the pacer alone: a flat objective far below its linear one, so the first trial step is accepted and
-            # the zero gradient stops it at the next check (a flat 0 could sit above the pacer's value and cost
-            # every backtracking step of the line search, about 30 evaluations)
-            return v.sum(-1) * 0.0 - 0.5 * torch.finfo(v.dtype).max
-        if fused:  # softmax gate and Poisson experts: the analytic gradient of the per-observation log-likelihood
-            logits, pre = _linear_parts(spec, unpack(v[:a], cache["fl2"]), cache["Zt"])
-            lse = _PoissonMixtureLSE.apply(logits, pre, cache["y"].unsqueeze(1), cache["lgy"])  # type: ignore[no-untyped-call]
-        else:
-            logc = log_components(spec, unpack(v[:a], cache["fl2"]), cache["Zt"], cache["y"], cache["m"])
-            lse = torch.logsumexp(logc, dim=1)
+            return pacer(v)
+        logc = log_components(spec, unpack(v[:a], cache["fl2"]), cache["Zt"], cache["y"], cache["m"])
+        lse = torch.logsumexp(logc, dim=1)
         out = -(lse if cache["w"] is None else lse * cache["w"]).sum(-1) / n
         return out if a == v.shape[0] else torch.cat([out, -v[a:].sum(-1)])
 
-    res = lbfgs(ClosureProblem(negll, B + 1, X.device), v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
+    def negll_grad(v: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = refresh(rows)
+        if a == 0:
+            return pacer(v), torch.zeros_like(v)
+        out, grad = cache["objective"](v[:a])
+        if a == v.shape[0]:
+            return out, grad
+        return torch.cat([out, -v[a:].sum(-1)]), torch.cat([grad, -torch.ones_like(v[a:])])
+
+    problem = AnalyticProblem(negll_grad, B + 1, X.device) if direct else ClosureProblem(negll, B + 1, X.device)
+    res = lbfgs(problem, v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
     ll = (-res.loss[:B] * n).reshape(R, S)
     conv = res.converged[:B].reshape(R, S) & torch.isfinite(ll)
     p = unpack(res.theta[:B], floor2).map(lambda a: a.detach().reshape(R, S, *a.shape[1:]))

@@ -1,6 +1,7 @@
 """The fused GLM paths of fit_mle equal their references: EM's fused IRLS expert step (moestat.fit.em.glm_expert_step)
-against moestat.families.irls_weighted, and the analytic gradient of the Poisson mixture log-likelihood used by the
-L-BFGS phase (moestat.fit.mle._PoissonMixtureLSE) against autograd through the generic likelihood."""
+against moestat.families.irls_weighted, and the analytic gradient of the GLM mixture log-likelihood used by the
+L-BFGS phase (moestat.fit._glm_objective.GLMMixtureObjective) against scipy's pmfs, autograd through the generic
+likelihood and finite differences."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import moestat as ms
 import moestat.fit.em as em
 import moestat.fit.mle as mle
 from moestat.families import get_family, irls_weighted
+from moestat.fit._glm_objective import GLMMixtureObjective
+from moestat.fit._layout import ParamLayout
 
 
 def _glm_problem(family: str, seed: int, *, trials: bool = False, far: bool = False):
@@ -75,37 +78,95 @@ def test_fused_glm_expert_step_never_lowers_the_m_step_objective():
     assert bool((q(new) > q(beta) + 1e-6).any())  # and it moves: a step that did nothing would also pass the line
 
 
-def _poisson_parts(seed: int, constant: bool = False):
+def _objective_case(response: str, *, trials: bool, weights: bool, shared: bool, seed: int = 7):
+    """A = 4 problems, k = 3 softmax-gated GLM experts on d = 4 inputs: the gate on columns (0, 2), the experts on
+    (0, 1), column 3 shared (when ``shared``); the layout, its packed vectors and the data in the engine's shapes."""
     g = torch.Generator().manual_seed(seed)
-    A, k, n = 4, 3, 120
-    a = torch.randn(A, k, n, generator=g, dtype=torch.float64, requires_grad=True)
-    eta = torch.randn(A, k, 1 if constant else n, generator=g, dtype=torch.float64, requires_grad=True)
-    y = torch.poisson(torch.full((A, 1, n), 3.0, dtype=torch.float64), generator=g)
-    return a, eta, y
+    A, k, n, d = 4, 3, 60, 4
+    spec = ms.MoE(k=k, d=d, response=response)
+    layout = ParamLayout(spec, gate_columns=[0, 2], expert_columns=[0, 1], shared_columns=[3] if shared else None)
+    X = torch.randn(A, n, d, generator=g, dtype=torch.float64)
+    m = torch.randint(1, 6, (A, n), generator=g).to(torch.float64) if trials else None
+    if response == "poisson":
+        y = torch.poisson(torch.full((A, n), 2.5, dtype=torch.float64), generator=g)
+    else:
+        y = torch.bernoulli(torch.full((A, n), 0.4, dtype=torch.float64), generator=g)
+        if m is not None:
+            y = torch.binomial(m, torch.full((A, n), 0.4, dtype=torch.float64), generator=g) / m
+    w = torch.rand(A, n, generator=g, dtype=torch.float64) * 3 if weights else None
+    theta = 0.4 * torch.randn(A, layout.size, generator=g, dtype=torch.float64)
+    return spec, layout, X, y, m, w, theta
 
 
-@pytest.mark.parametrize("constant", [False, True])
-def test_poisson_mixture_lse_value_and_gradient(constant):
-    a, eta, y = _poisson_parts(7, constant)
-    lgy = torch.lgamma(y + 1.0)
-    out = mle._PoissonMixtureLSE.apply(a, eta, y, lgy)
-    # the value against scipy's Poisson pmf (an independent implementation)
-    an, en, yn = a.detach().numpy(), np.broadcast_to(eta.detach().numpy(), a.shape), y.numpy()
-    logpi = an - logsumexp(an, axis=1, keepdims=True)
-    ref = logsumexp(logpi + stats.poisson.logpmf(yn, np.exp(en)), axis=1)
-    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-12)  # double rounding only
-    # the analytic gradient against autograd through the same formula (torch's own log-softmax and log-sum-exp)
-    wts = torch.rand(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    ga, ge = torch.autograd.grad((out * wts).sum(), (a, eta))
-    auto = torch.logsumexp(torch.log_softmax(a, 1) + y * eta - eta.exp() - lgy, dim=1)
-    ra, re = torch.autograd.grad((auto * wts).sum(), (a, eta))
-    np.testing.assert_allclose(ga.numpy(), ra.numpy(), rtol=1e-10, atol=1e-13)  # rounding-level differences
-    np.testing.assert_allclose(ge.numpy(), re.numpy(), rtol=1e-10, atol=1e-13)
-    # and against finite differences (torch.autograd.gradcheck) on a slice
-    a2 = a[:1, :, :8].detach().requires_grad_()
-    e2 = eta[:1, :, :1 if constant else 8].detach().requires_grad_()
-    assert torch.autograd.gradcheck(lambda a_, e_: mle._PoissonMixtureLSE.apply(a_, e_, y[:1, :, :8], lgy[:1, :, :8]),
-                                    (a2, e2))
+def _objective(spec, layout, X, y, m, w):
+    Zt = mle.design(X, True).transpose(1, 2)
+    cols = {"gate": [0, *(1 + c for c in layout.gate_columns)], "expert": [0, *(1 + c for c in layout.expert_columns)],
+            "shared": [1 + c for c in layout.shared_columns]}
+    Zs = Zt[:, cols["shared"]] if cols["shared"] else None
+    return GLMMixtureObjective(Zt[:, cols["gate"]], Zt[:, cols["expert"]], Zs, y, m, w, spec.response, spec.k,
+                               y.shape[-1])
+
+
+def _reference_value(spec, layout, X, y, m, w, theta):
+    """-(1/n) sum_t c_t log p(y_t | x_t) through the generic path: the layout's blocks and log_components."""
+    lc = mle.log_components(spec, layout.unpack(theta), mle.design(X, True).transpose(1, 2), y, m)
+    lse = torch.logsumexp(lc, dim=1)
+    return -(lse if w is None else lse * w).sum(-1) / y.shape[-1]
+
+
+CASES = [("poisson", False, False, False), ("poisson", False, True, True), ("binomial", False, False, True),
+         ("binomial", True, True, False), ("binomial", True, False, True)]
+
+
+@pytest.mark.parametrize(("response", "trials", "weights", "shared"), CASES)
+def test_glm_mixture_objective_value_and_gradient(response, trials, weights, shared):
+    spec, layout, X, y, m, w, theta = _objective_case(response, trials=trials, weights=weights, shared=shared)
+    value, grad = _objective(spec, layout, X, y, m, w)(theta)
+    # the value against scipy's pmfs (an independent implementation of the densities and the softmax gate)
+    gate = np.zeros((4, spec.k, layout.pg))
+    gate[:, :-1] = theta[:, :layout.n_gate].reshape(4, spec.k - 1, layout.pg).numpy()
+    beta = theta[:, layout.n_gate:layout.n_gate + layout.n_expert].reshape(4, spec.k, layout.pe).numpy()
+    Xn = X.numpy()
+    zg = np.concatenate([np.ones((*Xn.shape[:2], 1)), Xn[..., list(layout.gate_columns)]], -1)
+    ze = np.concatenate([np.ones((*Xn.shape[:2], 1)), Xn[..., list(layout.expert_columns)]], -1)
+    a = np.einsum("anp,akp->ank", zg, gate)
+    eta = np.einsum("anp,akp->ank", ze, beta)
+    if shared:
+        eta = eta + Xn[..., 3:4] * theta[:, -1].numpy()[:, None, None]
+    yn = y.numpy()[..., None]
+    if response == "poisson":
+        logf = stats.poisson.logpmf(yn, np.exp(eta))
+    else:
+        mm = np.ones_like(yn) if m is None else m.numpy()[..., None]
+        logf = stats.binom.logpmf(np.round(mm * yn), mm, 1 / (1 + np.exp(-eta)))
+    ll = logsumexp(a - logsumexp(a, axis=-1, keepdims=True) + logf, axis=-1)
+    c = np.ones_like(ll) if w is None else w.numpy()
+    np.testing.assert_allclose(value.numpy(), -(c * ll).sum(-1) / ll.shape[-1], rtol=1e-12)  # double rounding only
+    # the gradient against autograd through the generic likelihood (the path the other models take)
+    t = theta.clone().requires_grad_(True)
+    ref = _reference_value(spec, layout, X, y, m, w, t)
+    (g_ref,) = torch.autograd.grad(ref.sum(), t)
+    np.testing.assert_allclose(value.numpy(), ref.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grad.numpy(), g_ref.numpy(), rtol=1e-9, atol=1e-13)  # rounding-level differences
+
+
+def test_glm_mixture_objective_gradient_by_finite_differences():
+    spec, layout, X, y, m, w, theta = _objective_case("binomial", trials=True, weights=True, shared=True, seed=3)
+    objective = _objective(spec, layout, X, y, m, w)
+    _, grad = objective(theta)
+    h = 1e-6
+    for j in range(theta.shape[1]):  # central differences: error O(h^2) ~ 1e-12 times the third derivative
+        e = torch.zeros_like(theta)
+        e[:, j] = h
+        fd = (objective(theta + e)[0] - objective(theta - e)[0]) / (2 * h)
+        np.testing.assert_allclose(grad[:, j].numpy(), fd.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_direct_glm_covers_only_the_models_it_computes():
+    assert mle.direct_glm(ms.MoE(k=2, d=1, response="poisson"), ParamLayout(ms.MoE(k=2, d=1, response="poisson")))
+    for spec in (ms.MoE(k=2, d=1), ms.MoE(k=2, d=1, response="poisson", gate="sigmoid"),
+                 ms.MoE(k=2, d=1, response="binomial", temperature=2.0)):
+        assert not mle.direct_glm(spec, ParamLayout(spec))
 
 
 def _two_class_poisson(n: int = 200, seed: int = 17) -> pd.DataFrame:
@@ -130,9 +191,36 @@ def test_fit_mle_fused_paths_reach_the_reference_maximum(formula, monkeypatch):
                   restarts=10, seed=1)
     fast = ms.fit_mle(**kwargs)
     monkeypatch.setattr(em, "glm_expert_step", _reference_step)  # EM's step by irls_weighted, as before
-    monkeypatch.setattr(mle, "_fused_poisson", lambda spec, trials: False)  # L-BFGS gradient by autograd
+    monkeypatch.setattr(mle, "direct_glm", lambda spec, layout: False)  # L-BFGS gradient by autograd
     ref = ms.fit_mle(**kwargs)
     # the benchmark's criterion: the same maximum to 1e-6 (rounding-level differences in the iterates)
     assert fast.loglik == pytest.approx(ref.loglik, abs=1e-6)
     np.testing.assert_allclose(np.asarray(fast.theta), np.asarray(ref.theta), atol=1e-4)  # flat likelihood
     assert fast.converged == ref.converged
+
+
+def test_fit_mle_binomial_l_bfgs_phase_matches_autograd(monkeypatch):
+    """A binomial fit with a gate covariate, case weights and a shared slope whose slow starts reach the L-BFGS
+    phase: the closed-form gradient and autograd's reach the same maximum."""
+    rng = np.random.default_rng(5)
+    n = 300
+    df = pd.DataFrame({"x": rng.normal(size=n), "w": rng.normal(size=n), "s": rng.normal(size=n)})
+    first = rng.uniform(size=n) < 1 / (1 + np.exp(-1.5 * df["w"]))
+    eta = np.where(first, -1.0 + 2.0 * df["x"], 1.0 - 1.5 * df["x"]) + 0.5 * df["s"]
+    df["y"] = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(float)
+    c = rng.integers(1, 4, n).astype(float)
+    kwargs = dict(formula="y ~ x", data=df, k=2, family="binomial", gate_formula="~ w", shared="~ s", weights=c,
+                  tol=1e-8, restarts=8, seed=3, switch_after=5)
+    calls = []
+    real = mle.gradient_fit
+    monkeypatch.setattr(mle, "gradient_fit", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fast = ms.fit_mle(**kwargs)
+    assert calls  # the L-BFGS phase ran (else the comparison below would not test it)
+    monkeypatch.setattr(mle, "direct_glm", lambda spec, layout: False)
+    ref = ms.fit_mle(**kwargs)
+    # the two gradients differ by rounding only, and so do the iterates (measured: 4e-15 in theta, the same
+    # log-likelihood to every digit); a gradient wrong in one direction (the shared slope's, halved) stops L-BFGS
+    # 2e-7 lower, which these tolerances catch
+    assert fast.loglik == pytest.approx(ref.loglik, abs=1e-9)
+    np.testing.assert_allclose(np.asarray(fast.theta), np.asarray(ref.theta), atol=1e-8)
+    assert fast.converged and ref.converged

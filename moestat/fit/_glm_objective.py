@@ -1,0 +1,129 @@
+r"""The mixture-of-GLM-experts log-likelihood and its analytic gradient on the packed parameter vector.
+
+:func:`moestat.fit_mle` hands the starts that EM has not finished to batched L-BFGS
+(:func:`moestat.fit.mle.gradient_fit`), which evaluates the negative mean log-likelihood and its gradient at every
+trial point.  For softmax-gated experts of a canonical-link GLM family (Poisson, binomial) both have closed forms
+(Jordan & Jacobs 1994, §4: the score of a mixture is the responsibility-weighted score of its components), so the
+evaluation runs as a handful of batched products on the packed vector :math:`\theta` of
+:class:`moestat.fit._layout.ParamLayout` instead of unpacking it into parameter blocks and recording an autograd
+graph.  With gate design :math:`z^g_t`, expert design :math:`z^e_t`, shared covariates :math:`s_t`, case weights
+:math:`c_t`, binomial trials :math:`m_t` (1 otherwise) and :math:`n` observations,
+
+.. math::
+
+    a_{tj} = \alpha_j^\top z^g_t \;(\alpha_{k-1} = 0),\qquad
+    \eta_{tj} = \beta_j^\top z^e_t + \gamma^\top s_t,\qquad
+    \log f_{tj} = m_t[y_t\eta_{tj} - b(\eta_{tj})] + \kappa_t,
+
+    \ell_t = \log\sum_j \exp(\log\pi_{tj} + \log f_{tj}),\qquad
+    \pi_{t\cdot} = \mathrm{softmax}(a_{t\cdot}),\qquad
+    L(\theta) = -\tfrac1n\sum_t c_t\,\ell_t,
+
+with :math:`b` the family's cumulant and :math:`\kappa_t` its normalising constant (:math:`-\log y_t!` for
+Poisson, :math:`\log\binom{m_t}{m_t y_t}` for binomial).  With the responsibilities
+:math:`\tau_{tj} = \exp(\log\pi_{tj} + \log f_{tj} - \ell_t)` and the canonical link's
+:math:`\partial\log f_{tj}/\partial\eta_{tj} = m_t(y_t - \mu_{tj})`,
+
+.. math::
+
+    \frac{\partial L}{\partial\alpha_j} = -\tfrac1n\sum_t c_t(\tau_{tj} - \pi_{tj})\,z^g_t,\qquad
+    \frac{\partial L}{\partial\beta_j} = -\tfrac1n\sum_t c_t\tau_{tj} m_t(y_t - \mu_{tj})\,z^e_t,\qquad
+    \frac{\partial L}{\partial\gamma} = -\tfrac1n\sum_t c_t\sum_j\tau_{tj} m_t(y_t - \mu_{tj})\,s_t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model import MoE
+from ._layout import ParamLayout
+
+
+def direct_glm(spec: MoE, layout: ParamLayout) -> bool:
+    """Whether :class:`GLMMixtureObjective` covers this model: a softmax gate affine in its inputs at temperature 1
+    (none learned), the last expert as the gate's reference, and Poisson or binomial experts."""
+    return (spec.gate == "softmax" and spec.gating.input_affine and float(spec.temperature) == 1.0
+            and not layout.learn_temperature and layout.ref_fixed and not layout.angles
+            and not layout.dispersion and spec.response in ("poisson", "binomial"))
+
+
+@dataclass
+class GLMMixtureObjective:
+    r"""Value and gradient of :math:`L(\theta)` (module docstring) for A problems with their own data.
+
+    Attributes
+    ----------
+    Zg, Ze : Tensor
+        Gate and expert designs with the intercept row first, (A, pg, n) and (A, pe, n).
+    Zs : Tensor or None
+        Shared covariates (A, q, n), no intercept.
+    y : Tensor
+        Responses (A, n) (binomial: the proportion of successes).
+    trials, weights : Tensor or None
+        Binomial trials :math:`m_t` and case weights :math:`c_t`, (A, n).
+    response : str
+        ``"poisson"`` or ``"binomial"``.
+    k, n : int
+        Experts, and the :math:`n` of :math:`L` (the number of rows, not the sum of the weights).
+    """
+
+    Zg: torch.Tensor
+    Ze: torch.Tensor
+    Zs: torch.Tensor | None
+    y: torch.Tensor
+    trials: torch.Tensor | None
+    weights: torch.Tensor | None
+    response: str
+    k: int
+    n: int
+
+    def __post_init__(self) -> None:
+        y, m = self.y, self.trials
+        if self.response == "poisson":
+            self._const = -torch.lgamma(y + 1.0)
+        elif m is None:
+            self._const = torch.zeros_like(y)  # log C(1, y) = 0 for y in {0, 1}
+        else:
+            s = m * y
+            self._const = torch.lgamma(m + 1.0) - torch.lgamma(s + 1.0) - torch.lgamma(m - s + 1.0)
+        self._n_gate = (self.k - 1) * self.Zg.shape[1]
+        self._n_expert = self.k * self.Ze.shape[1]
+
+    def __call__(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L (A,), dL/dtheta (A, P))`` at the packed vectors ``theta`` (A, P)."""
+        A, k = theta.shape[0], self.k
+        pg, pe = self.Zg.shape[1], self.Ze.shape[1]
+        ng, ne = self._n_gate, self._n_expert
+        gate = torch.cat([theta[:, :ng].reshape(A, k - 1, pg), theta.new_zeros(A, 1, pg)], dim=1)
+        logpi = torch.log_softmax(torch.bmm(gate, self.Zg), dim=1)  # (A, k, n)
+        eta = torch.bmm(theta[:, ng:ng + ne].reshape(A, k, pe), self.Ze)
+        if self.Zs is not None:
+            eta = eta + torch.bmm(theta[:, ng + ne:].unsqueeze(1), self.Zs)
+        y = self.y.unsqueeze(1)
+        if self.response == "poisson":
+            mu = torch.exp(eta)
+            kernel = y * eta - mu
+        else:
+            mu = torch.sigmoid(eta)
+            kernel = y * eta - (eta.clamp_min(0.0) + torch.log1p(torch.exp(-eta.abs())))  # log(1 + e^eta), exact
+        m = None if self.trials is None else self.trials.unsqueeze(1)
+        if m is not None:
+            kernel = m * kernel
+        logc = logpi + kernel + self._const.unsqueeze(1)
+        lse = torch.logsumexp(logc, dim=1)  # (A, n)
+        tau = torch.exp(logc - lse.unsqueeze(1))
+        c = None if self.weights is None else self.weights.unsqueeze(1)
+        value = -(lse if c is None else lse * c[:, 0]).sum(-1) / self.n
+        score_gate = tau[:, :-1] - logpi[:, :-1].exp()
+        score_eta = tau * (y - mu)
+        if m is not None:
+            score_eta = score_eta * m
+        if c is not None:
+            score_gate, score_eta = score_gate * c, score_eta * c
+        parts = [torch.bmm(score_gate, self.Zg.transpose(1, 2)).reshape(A, -1),
+                 torch.bmm(score_eta, self.Ze.transpose(1, 2)).reshape(A, -1)]
+        if self.Zs is not None:
+            parts.append(torch.bmm(score_eta.sum(1, keepdim=True), self.Zs.transpose(1, 2)).reshape(A, -1))
+        return value, torch.cat(parts, dim=1) / (-self.n)
