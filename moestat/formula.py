@@ -257,7 +257,7 @@ def _materialize(argument: str, text: str, spec: Any, frame: pd.DataFrame, conte
             if isinstance(spec, ModelSpec):
                 out = spec.get_model_matrix(frame, context=context)
             else:
-                out = model_matrix(spec, frame, context=context, na_action="ignore")
+                out = model_matrix(spec, frame, context=context, na_action="ignore", output="numpy")
         except FormulaicError as exc:
             raise ValueError(f"{argument}={text!r} could not be evaluated on the data: {_clean(str(exc))}") from None
     for w in caught:
@@ -269,7 +269,7 @@ def _materialize(argument: str, text: str, spec: Any, frame: pd.DataFrame, conte
 
 
 def _numeric(argument: str, text: str, mm: Any, *, drop_intercept: bool) -> tuple[np.ndarray, tuple[str, ...]]:
-    names = [str(c) for c in mm.columns]
+    names = [str(c) for c in mm.model_spec.column_names]
     arr = mm.to_numpy(dtype=np.float64) if hasattr(mm, "to_numpy") else np.asarray(mm, dtype=np.float64)
     if drop_intercept and "Intercept" in names:
         j = names.index("Intercept")
@@ -295,7 +295,7 @@ def _check_response_column(text: str, terms: Any, frame: pd.DataFrame) -> None:
 
 
 def _response(text: str, mm: Any) -> tuple[np.ndarray, str]:
-    names = [str(c) for c in mm.columns]
+    names = [str(c) for c in mm.model_spec.column_names]
     if len(names) != 1:
         raise TypeError(f"the response of formula={text!r} must be one numeric column; it was encoded as the "
                         f"{len(names)} columns {names} (a categorical response). Recode it as numbers.")

@@ -452,6 +452,10 @@ class MLEFit(FitResult):
         the expert's subgroup is (quasi-)separated, e.g. a near-empty subgroup with all-0 / all-1 responses, and its
         coefficient runs off to infinity).  Empty when nothing degenerated.
         """
+        return pd.DataFrame(self._degeneracy_rows(), columns=["rep", "expert", "kind", "detail", "advice"])
+
+    def _degeneracy_rows(self) -> list[dict[str, Any]]:
+        """The rows of :meth:`degeneracy` (the fit-time warning reads them without building a frame)."""
         rows: list[dict[str, Any]] = []
         y = to_numpy(self._y)
         X = to_numpy(self._X)
@@ -500,7 +504,7 @@ class MLEFit(FitResult):
                                  "detail": f"gate slope {slope[j]:.4g} on {names[j]} ({steep[j]:.0f} logits per SD)",
                                  "advice": "a separating gate direction: the gate is a step and its slope diverges; "
                                            "drop k, or read the split as a threshold, not a coefficient"})
-        return pd.DataFrame(rows, columns=["rep", "expert", "kind", "detail", "advice"])
+        return rows
 
     def _diverging_experts(self, X: np.ndarray, tau: np.ndarray) -> dict[tuple[int, int], list[str]]:
         """``{(rep, expert): [details]}`` of GLM experts with a diverging coefficient (:meth:`degeneracy`)."""
@@ -533,11 +537,11 @@ class MLEFit(FitResult):
         return out
 
     def _warn_degenerate(self) -> None:
-        found = self.degeneracy()
-        if found.empty:
+        found = self._degeneracy_rows()
+        if not found:
             return
-        lines = [f"rep {row.rep} expert {row.expert}: {row.kind.replace('_', ' ')} ({row.detail}); {row.advice}"
-                 for row in found.head(6).itertuples()]
+        lines = [f"rep {row['rep']} expert {row['expert']}: {row['kind'].replace('_', ' ')} ({row['detail']}); "
+                 f"{row['advice']}" for row in found[:6]]
         more = f" ... and {len(found) - 6} more (fit.degeneracy())" if len(found) > 6 else ""
         warn_user("the fit degenerated: " + "; ".join(lines) + more + ".", DegenerateFitWarning)
 
