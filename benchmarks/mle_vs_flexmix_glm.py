@@ -19,9 +19,13 @@ Both sides get 10 random starts (flexmix ``stepFlexmix(..., nrep = 10)``, keepin
 rule (relative log-likelihood change 1e-8, at most 2000 iterations); flexmix runs with ``minprior = 0`` so it keeps
 both components.  Components are matched by the permutation closest in expert coefficients; gate coefficients are
 compared as log-odds against flexmix's component 1 (constant gates: :math:`\\log(\\pi_j/\\pi_1)`).  Times are
-measured in the same run: moestat (one torch thread) is the median of ``--repeat`` identical fits after a
-warm-up, each including the formula parsing; flexmix (``OMP_NUM_THREADS=1``) is the median of ``--r-repeat``
-identical ``stepFlexmix`` calls (``system.time``: elapsed, and user + system CPU).  ``--large-n N`` adds the same
+measured in the same run, in ``--rounds`` paired rounds: in each round moestat (one torch thread) times
+``--repeat`` identical fits after a warm-up, each including the formula parsing, and flexmix
+(``OMP_NUM_THREADS=1``) ``--r-repeat`` identical ``stepFlexmix`` calls (``system.time``: elapsed, and user + system
+CPU), each side's median giving the round's ratio.  The machine's speed drifts over seconds (other tenants of a
+shared host), so the two sides of a round are measured back to back and the reported ratio is the median of the
+rounds' ratios (``cpu_speedup``, with its range ``cpu_speedup_min`` / ``_max``); the times are the medians over
+rounds.  ``--large-n N`` adds the same
 cases on flexmix's own generator ``ExNPreg(N / 2)`` (N rows) to show how the ratio scales with n.
 
 Usage::
@@ -180,12 +184,36 @@ def compare_coefficients(fit, r: dict, k: int, gaussian: bool) -> dict:
     return out
 
 
+def paired_rounds(df: pd.DataFrame, case: tuple, k: int, args: argparse.Namespace, fit_script: Path, csv: Path,
+                  rounds: int, r_repeat: int) -> tuple[object, dict, dict]:
+    """``rounds`` rounds of (moestat fits, flexmix fits) back to back; the fit, flexmix's output and the timings."""
+    walls, cpus, r_walls, r_cpus, r = [], [], [], [], {}
+    fit = None
+    for _ in range(rounds):
+        fit, wall, cpu = fit_moestat(df, case, k, args.restarts, args.seed, args.repeat)
+        r = run_r(fit_script, csv, case, k, args.restarts, args.seed, r_repeat)
+        walls.append(wall)
+        cpus.append(cpu)
+        r_walls.append(r["flexmix_wall_s"])
+        r_cpus.append(r["flexmix_cpu_s"])
+    cpu_ratio = np.asarray(r_cpus) / np.asarray(cpus)
+    wall_ratio = np.asarray(r_walls) / np.asarray(walls)
+    timing = {"rounds": rounds, "moestat_wall_s": float(np.median(walls)), "moestat_cpu_s": float(np.median(cpus)),
+              "flexmix_wall_s": float(np.median(r_walls)), "flexmix_cpu_s": float(np.median(r_cpus)),
+              "cpu_speedup": float(np.median(cpu_ratio)), "cpu_speedup_min": float(cpu_ratio.min()),
+              "cpu_speedup_max": float(cpu_ratio.max()), "wall_speedup": float(np.median(wall_ratio)),
+              "round_cpu_speedups": cpu_ratio.round(2).tolist()}
+    return fit, r, timing
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=21,
                         help="moestat fits per case; the median time is reported (a fit on 200 rows takes 15-40 ms)")
     parser.add_argument("--r-repeat", type=int, default=3, help="flexmix fits per case on NPreg (1 for --large-n)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="paired rounds of (moestat, flexmix) timings on NPreg (1 for --large-n)")
     parser.add_argument("--large-n", type=int, default=5000,
                         help="also run the cases on ExNPreg data of this many rows (0: NPreg only)")
     parser.add_argument("--seed", type=int, default=1)
@@ -204,17 +232,15 @@ def main() -> None:
             version = write_data(csv, n, data_script)
             df = pd.read_csv(csv)
             for case in CASES:
-                fit, wall, cpu = fit_moestat(df, case, k, args.restarts, args.seed, args.repeat)
-                r = run_r(fit_script, csv, case, k, args.restarts, args.seed, args.r_repeat if n == 0 else 1)
+                fit, r, timing = paired_rounds(df, case, k, args, fit_script, csv, args.rounds if n == 0 else 1,
+                                               args.r_repeat if n == 0 else 1)
                 row = {"data": "NPreg" if n == 0 else f"ExNPreg({n // 2})", "n": len(df), "case": case[0],
                        "family": case[3], "formula": case[1], "gate_formula": case[4], "restarts": args.restarts,
                        "flexmix_version": version, "moestat_loglik": float(fit.loglik),
-                       "moestat_converged": bool(fit.converged), "moestat_wall_s": wall, "moestat_cpu_s": cpu, **r}
+                       "moestat_converged": bool(fit.converged), **r, **timing}
                 row["loglik_diff"] = row["moestat_loglik"] - row["flexmix_loglik"]
                 if case[3] == "gaussian" and not case[6]:
                     row["predicted_flexmix_sigma_loss"] = sigma_loss(len(df), n_expert_coef(fit))
-                row["wall_speedup"] = row["flexmix_wall_s"] / wall
-                row["cpu_speedup"] = row["flexmix_cpu_s"] / cpu
                 row.update(compare_coefficients(fit, r, k, gaussian=case[3] == "gaussian"))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -223,6 +249,7 @@ def main() -> None:
     cols = ["data", "case", "moestat_loglik", "flexmix_loglik", "loglik_diff", "predicted_flexmix_sigma_loss",
             "max_abs_diff_expert_coef",
             "max_abs_diff_gate_logodds", "max_abs_diff_sigma", "moestat_cpu_s", "flexmix_cpu_s", "cpu_speedup",
+            "cpu_speedup_min", "cpu_speedup_max",
             "moestat_wall_s", "flexmix_wall_s", "wall_speedup"]
     frame = pd.DataFrame(rows)
     with pd.option_context("display.width", 250):
