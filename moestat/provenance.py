@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +35,24 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+@functools.cache
+def source_revision() -> dict[str, Any] | None:
+    """The git commit of the moestat source tree and whether it had uncommitted changes to tracked files, or None
+    when moestat does not run from a git checkout (an installed wheel) or git is not available.
+
+    A result's numbers depend on the code that produced it, and the package version alone does not name it; with
+    the commit, a checked-in result can be traced to (and rerun with) its code."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "uncommitted_changes": bool(changed)}
+
+
 def provenance(config: dict[str, Any] | None = None, *, device: str | None = None) -> dict[str, Any]:
     """A JSON-ready record of the software, machine and configuration behind a result."""
     import pandas as pd
@@ -43,6 +63,7 @@ def provenance(config: dict[str, Any] | None = None, *, device: str | None = Non
 
     return {
         "moestat": __version__,
+        "source": source_revision(),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "scipy": scipy.__version__,

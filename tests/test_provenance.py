@@ -1,0 +1,50 @@
+"""Provenance records name the code that produced a result: the git commit of moestat's source tree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import moestat
+from moestat import provenance as prov
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    prov.source_revision.cache_clear()
+    yield
+    prov.source_revision.cache_clear()
+
+
+def test_provenance_names_the_commit_of_the_source_tree():
+    root = Path(moestat.__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("moestat is not running from a git checkout")
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    record = prov.provenance({"seed": 1})
+    assert record["source"]["commit"] == head
+    assert len(head) == 40
+    assert isinstance(record["source"]["uncommitted_changes"], bool)
+    json.dumps(record)  # JSON-ready as written by write_provenance
+
+
+def test_provenance_without_git_records_none(monkeypatch):
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(prov.subprocess, "run", no_git)
+    assert prov.source_revision() is None
+    assert prov.provenance()["source"] is None
+
+
+def test_provenance_outside_a_checkout_records_none(monkeypatch):
+    def not_a_repo(*args, **kwargs):
+        raise subprocess.CalledProcessError(128, args[0], stderr="fatal: not a git repository")
+
+    monkeypatch.setattr(prov.subprocess, "run", not_a_repo)
+    assert prov.source_revision() is None
