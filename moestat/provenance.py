@@ -36,17 +36,19 @@ def _jsonable(value: Any) -> Any:
 
 
 @functools.cache
-def source_revision() -> dict[str, Any] | None:
-    """The git commit of the moestat source tree and whether it had uncommitted changes to tracked files, or None
-    when moestat does not run from a git checkout (an installed wheel) or git is not available.
+def source_revision(root: Path | None = None) -> dict[str, Any] | None:
+    """The git commit of the moestat source tree and whether tracked files outside ``docs/`` had uncommitted
+    changes, or None when moestat does not run from a git checkout (an installed wheel) or git is not available.
+    (``docs/`` holds results that runs write, such as a vignette's outputs, which are not code.)
 
     A result's numbers depend on the code that produced it, and the package version alone does not name it; with
     the commit, a checked-in result can be traced to (and rerun with) its code."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent if root is None else root
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
-        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                  ".", ":(exclude)docs"],
                                  capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

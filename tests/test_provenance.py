@@ -48,3 +48,25 @@ def test_provenance_outside_a_checkout_records_none(monkeypatch):
 
     monkeypatch.setattr(prov.subprocess, "run", not_a_repo)
     assert prov.source_revision() is None
+
+
+def test_changes_under_docs_are_results_not_code(tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "table.csv").write_text("a\n1\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    assert prov.source_revision(tmp_path)["uncommitted_changes"] is False
+    (tmp_path / "docs" / "table.csv").write_text("a\n2\n")  # a run rewrote its outputs
+    prov.source_revision.cache_clear()
+    assert prov.source_revision(tmp_path)["uncommitted_changes"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")  # the code changed
+    prov.source_revision.cache_clear()
+    assert prov.source_revision(tmp_path)["uncommitted_changes"] is True
