@@ -35,11 +35,19 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
+#: The paths of a checkout whose uncommitted changes :func:`source_revision` reports (git pathspecs).
+CODE_PATHS = ("moestat", "vignettes", "benchmarks", ":(exclude)benchmarks/results", "pyproject.toml",
+              "constraints.txt")
+
+
 @functools.cache
 def source_revision(root: Path | None = None) -> dict[str, Any] | None:
-    """The git commit of the moestat source tree and whether tracked files outside ``docs/`` had uncommitted
-    changes, or None when moestat does not run from a git checkout (an installed wheel) or git is not available.
-    (``docs/`` holds results that runs write, such as a vignette's outputs, which are not code.)
+    """The git commit of the moestat source tree and whether its code had uncommitted changes, or None when
+    moestat does not run from a git checkout (an installed wheel) or git is not available.
+
+    The code is what a result's numbers depend on: the package, the vignette and benchmark scripts and the
+    dependency pins (:data:`CODE_PATHS`); the results they write (``docs/``, ``benchmarks/results/``) and the tests
+    are not.  Recorded when the record is written.
 
     A result's numbers depend on the code that produced it, and the package version alone does not name it; with
     the commit, a checked-in result can be traced to (and rerun with) its code."""
@@ -48,7 +56,7 @@ def source_revision(root: Path | None = None) -> dict[str, Any] | None:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
         changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                  ".", ":(exclude)docs"],
+                                  *CODE_PATHS],
                                  capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

@@ -50,23 +50,32 @@ def test_provenance_outside_a_checkout_records_none(monkeypatch):
     assert prov.source_revision() is None
 
 
-def test_changes_under_docs_are_results_not_code(tmp_path):
+def test_only_code_changes_count(tmp_path):
+    """Results a run writes (docs/, benchmarks/results/) and tests are not the code behind a result; the package,
+    the scripts and the pins are."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
+    files = ["docs/table.csv", "benchmarks/results/run.csv", "tests/test_x.py", "moestat/core.py",
+             "vignettes/v.py", "benchmarks/b.py", "constraints.txt"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("1\n")
     git("init", "-q")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "table.csv").write_text("a\n1\n")
-    (tmp_path / "code.py").write_text("x = 1\n")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+
+    def changed_after_editing(f):
+        git("checkout", "-q", "--", ".")
+        (tmp_path / f).write_text("2\n")
+        prov.source_revision.cache_clear()
+        return prov.source_revision(tmp_path)["uncommitted_changes"]
+
     assert prov.source_revision(tmp_path)["uncommitted_changes"] is False
-    (tmp_path / "docs" / "table.csv").write_text("a\n2\n")  # a run rewrote its outputs
-    prov.source_revision.cache_clear()
-    assert prov.source_revision(tmp_path)["uncommitted_changes"] is False
-    (tmp_path / "code.py").write_text("x = 2\n")  # the code changed
-    prov.source_revision.cache_clear()
-    assert prov.source_revision(tmp_path)["uncommitted_changes"] is True
+    for f in files[:3]:
+        assert changed_after_editing(f) is False, f
+    for f in files[3:]:
+        assert changed_after_editing(f) is True, f
