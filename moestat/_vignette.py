@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .exceptions import MoestatWarning, warn_user
+from .provenance import stale_outputs_note
+
 
 def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | None = None, *,
                  sizes: Sequence[str] | None = None, workers: bool = False,
@@ -59,10 +62,14 @@ def run_study_timed(study: Any, out: Path, *, resume: bool = True, progress: boo
     return ``(frame, timing)``: ``study_seconds``, ``cells_computed`` and ``workers``.  The timing is saved in
     ``out/study/timing.json`` as soon as the study finishes; when every cell was loaded from an earlier run, the
     timing of the run that computed them is returned (that file, else ``out/provenance.json``), so a re-render
-    keeps the measured time."""
+    keeps the measured time.  Cells reused from a run of other code (:func:`moestat.provenance.stale_outputs_note`)
+    give a :class:`moestat.exceptions.MoestatWarning`."""
     workers = workers or os.cpu_count() or 1
     cells = out / "study" / "cells"
     stored = {p.name for p in cells.glob("*.parquet")} if resume and cells.is_dir() else set()
+    note = stale_outputs_note(out) if stored else None
+    if note:  # cells of older code would be mixed with cells of the current code
+        warn_user(f"{len(stored)} finished study cells are reused: {note}", MoestatWarning)
     t0 = time.perf_counter()
     frame = study.run(out / "study", resume=resume, progress=progress,
                       executor="processes" if workers > 1 else None, workers=workers)

@@ -63,6 +63,25 @@ def source_revision(root: Path | None = None) -> dict[str, Any] | None:
     return {"commit": commit, "uncommitted_changes": bool(changed)}
 
 
+def stale_outputs_note(out: str | os.PathLike[str], name: str = "provenance.json") -> str | None:
+    """A note when the outputs in ``out`` were produced by other code than the code running now, else None.
+
+    Reads the commit recorded in ``out/provenance.json`` (:func:`source_revision`); None when either commit is
+    unknown (no record, a record written before commits were recorded, or not a git checkout).  A run that resumes
+    from finished outputs keeps them as they are, so results of older code would otherwise pass for current ones.
+    """
+    path = Path(out) / name
+    try:
+        recorded = (json.loads(path.read_text()).get("source") or {}).get("commit")
+    except (OSError, ValueError, AttributeError):
+        return None
+    now = source_revision()
+    if not recorded or now is None or recorded == now["commit"]:
+        return None
+    return (f"the outputs in {out} were produced by moestat commit {recorded[:10]}, and the code is now at "
+            f"{now['commit'][:10]}; they were kept as they are (--no-resume recomputes them).")
+
+
 def provenance(config: dict[str, Any] | None = None, *, device: str | None = None) -> dict[str, Any]:
     """A JSON-ready record of the software, machine and configuration behind a result."""
     import pandas as pd

@@ -79,3 +79,55 @@ def test_only_code_changes_count(tmp_path):
         assert changed_after_editing(f) is False, f
     for f in files[3:]:
         assert changed_after_editing(f) is True, f
+
+
+def _record(out, commit):
+    out.mkdir(parents=True, exist_ok=True)
+    source = None if commit is None else {"commit": commit, "uncommitted_changes": False}
+    (out / "provenance.json").write_text(json.dumps({"moestat": "0.1.0", "source": source, "config": {}}))
+
+
+def test_stale_outputs_note_names_both_commits(tmp_path, monkeypatch):
+    now = {"commit": "b" * 40, "uncommitted_changes": False}
+    monkeypatch.setattr(prov, "source_revision", lambda root=None: now)
+    _record(tmp_path / "old", "a" * 40)
+    note = prov.stale_outputs_note(tmp_path / "old")
+    assert "aaaaaaaaaa" in note and "bbbbbbbbbb" in note and "--no-resume" in note
+    _record(tmp_path / "same", "b" * 40)
+    assert prov.stale_outputs_note(tmp_path / "same") is None
+    _record(tmp_path / "unrecorded", None)  # written before commits were recorded
+    assert prov.stale_outputs_note(tmp_path / "unrecorded") is None
+    assert prov.stale_outputs_note(tmp_path / "missing") is None
+    monkeypatch.setattr(prov, "source_revision", lambda root=None: None)  # not a checkout now
+    assert prov.stale_outputs_note(tmp_path / "old") is None
+
+
+class _FinishedStudy:
+    """A study whose cells are all on disk already: run() only reads them back."""
+
+    cells = ("c0", "c1")
+
+    def run(self, path, **kwargs):
+        import pandas as pd
+
+        return pd.DataFrame({"cell": list(self.cells)})
+
+
+def test_resumed_study_warns_when_its_cells_come_from_other_code(tmp_path, monkeypatch):
+    from moestat import _vignette
+    from moestat.exceptions import MoestatWarning
+
+    cells = tmp_path / "study" / "cells"
+    cells.mkdir(parents=True)
+    for c in _FinishedStudy.cells:
+        (cells / f"{c}.parquet").write_bytes(b"")
+    monkeypatch.setattr(prov, "source_revision", lambda root=None: {"commit": "b" * 40, "uncommitted_changes": False})
+    _record(tmp_path, "a" * 40)
+    with pytest.warns(MoestatWarning, match="2 finished study cells are reused: .*aaaaaaaaaa"):
+        _vignette.run_study_timed(_FinishedStudy(), tmp_path, workers=1)
+    _record(tmp_path, "b" * 40)  # the same code: silent
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MoestatWarning)
+        _vignette.run_study_timed(_FinishedStudy(), tmp_path, workers=1)

@@ -333,7 +333,7 @@ def run(out, quick: bool = False, resume: bool = True, size: str | None = None) 
     import numpy as np
     import pandas as pd
 
-    from moestat.provenance import write_provenance
+    from moestat.provenance import stale_outputs_note, write_provenance
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -342,6 +342,9 @@ def run(out, quick: bool = False, resume: bool = True, size: str | None = None) 
                            "method": "em", "criterion": "icl"}
     if resume and _finished(out, cfg):
         print(f"{NAME}: outputs in {out} are complete for size {name!r}; nothing recomputed (--no-resume redoes them)")
+        note = stale_outputs_note(out)
+        if note:
+            print(f"{NAME}: {note}")
         return
     timing: dict[str, float] = {}
     t_all = t0 = time.perf_counter()

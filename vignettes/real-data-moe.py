@@ -220,13 +220,16 @@ def run(out, quick: bool = False, resume: bool = True) -> None:
     import numpy as np
     import pandas as pd
 
-    from moestat.provenance import write_provenance
+    from moestat.provenance import stale_outputs_note, write_provenance
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = _config(quick)
     if resume and _finished(out, cfg):
         print(f"{NAME}: outputs in {out} are complete; nothing recomputed (--no-resume redoes them)")
+        note = stale_outputs_note(out)
+        if note:
+            print(f"{NAME}: {note}")
         return
     engel = load_data()
     s_sel, s_fit, s_boot, s_lrt1, s_lrt2, s_floor = np.random.SeedSequence(SEED).spawn(6)
