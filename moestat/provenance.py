@@ -45,12 +45,10 @@ def source_revision(root: Path | None = None) -> dict[str, Any] | None:
     """The git commit of the moestat source tree and whether its code had uncommitted changes, or None when
     moestat does not run from a git checkout (an installed wheel) or git is not available.
 
-    The code is what a result's numbers depend on: the package, the vignette and benchmark scripts and the
-    dependency pins (:data:`CODE_PATHS`); the results they write (``docs/``, ``benchmarks/results/``) and the tests
-    are not.  Recorded when the record is written.
-
-    A result's numbers depend on the code that produced it, and the package version alone does not name it; with
-    the commit, a checked-in result can be traced to (and rerun with) its code."""
+    A result's numbers depend on the code that produced it, which the package version alone does not name: the
+    package, the vignette and benchmark scripts and the dependency pins (:data:`CODE_PATHS`), not the results they
+    write (``docs/``, ``benchmarks/results/``) or the tests.  Read once per process, at the first call (the code a
+    run has imported is the code of its start)."""
     root = Path(__file__).resolve().parent.parent if root is None else root
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
