@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import moestat as ms
 from moestat.fit._layout import BlockParams, ParamLayout
-from moestat.fit.em import em_fit, gate_cvxpy, gate_newton, weighted_ls
+from moestat.fit.em import _newton_gate_step, _second_moments, em_fit, gate_cvxpy, gate_newton, weighted_ls
 from moestat.fit.mle import random_starts
 
 SPEC2 = ms.MoE(gate="softmax", expert="linear", k=2, d=1)
@@ -58,15 +58,40 @@ def test_em_with_exact_cvxpy_gate_is_monotone_and_agrees_with_newton():
     assert np.allclose(f_cvx2.theta, f_newton.theta, atol=1e-4)
 
 
-def test_gate_newton_reaches_cvxpy_solution_of_weighted_multinomial_logit():
+@pytest.mark.parametrize("k", [2, 3])  # k = 2 takes the binary-logit branch of the Hessian
+def test_gate_newton_reaches_cvxpy_solution_of_weighted_multinomial_logit(k):
     rng = np.random.default_rng(0)
-    n, k, p = 120, 3, 3
+    n, p = 120, 3
     Z = torch.as_tensor(np.c_[np.ones(n), rng.normal(size=(n, p - 1))])[None]
     tau = torch.as_tensor(rng.dirichlet(np.ones(k), size=n))[None, None]
     theta0 = torch.zeros(1, 1, k - 1, p, dtype=torch.float64)
     newton = gate_newton(Z, tau, theta0, steps=40)
     exact = gate_cvxpy(Z, tau, theta0)
     assert torch.allclose(newton, exact, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_one_gate_newton_step_is_the_exact_newton_step_of_the_weighted_objective(k):
+    """The step's gradient and Hessian against autograd's of Q = sum_t sum_i c_t tau_ti log pi_ti (case weights c)."""
+    rng = np.random.default_rng(k)
+    n, p = 80, 3
+    Zt = torch.as_tensor(np.c_[np.ones(n), rng.normal(size=(n, p - 1))].T.copy())[None]  # (1, p, n)
+    c = torch.as_tensor(rng.integers(1, 4, n).astype(float))[None]
+    tau = torch.as_tensor(rng.dirichlet(np.ones(k), size=n).T.copy())[None] * c[:, None]  # (1, k, n)
+    theta = torch.as_tensor(0.3 * rng.normal(size=(1, k - 1, p)))
+
+    def q(th):
+        logits = torch.cat([th[0] @ Zt[0], torch.zeros(1, n, dtype=th.dtype)])
+        return (tau[0] * torch.log_softmax(logits, dim=0)).sum()
+
+    g = torch.autograd.functional.jacobian(q, theta).reshape(-1)
+    H = -torch.autograd.functional.hessian(q, theta).reshape((k - 1) * p, (k - 1) * p)
+    expected = theta + torch.linalg.solve(H, g).reshape(theta.shape)
+    logw = torch.log_softmax(torch.cat([theta @ Zt, torch.zeros(1, 1, n, dtype=theta.dtype)], dim=1), dim=1)
+    ZZ = _second_moments(Zt)
+    stepped, _ = _newton_gate_step(Zt, ZZ, tau, theta, logw, c)
+    # the step's damping (1e-10 of the mean curvature + 1e-9 n) moves it by ~1e-8 relative
+    torch.testing.assert_close(stepped, expected, rtol=1e-6, atol=1e-8)
 
 
 def test_weighted_least_squares_matches_numpy():
