@@ -10,12 +10,17 @@ fits after a warm-up, log-likelihood].  To compare two versions of moestat, run 
         PYTHONPATH=/tmp/old python benchmarks/mle_small_fit.py; PYTHONPATH=. python benchmarks/mle_small_fit.py
     done
 
+``--phases`` also reports where each fit's time goes: the median CPU ms per fit in building the design (formula
+parsing and model matrices), the random starts, EM, the L-BFGS phase, the fit-time degeneracy check and the rest
+(argument checks, layout, result assembly), timed by wrapping those internal functions.
+
 Needs ``Rscript`` with flexmix (for the data only).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 import tempfile
@@ -28,16 +33,42 @@ import pandas as pd
 import torch
 
 import moestat as ms
+import moestat.fit.formula_fit as formula_fit
+import moestat.fit.mle as mle
+from moestat.fit.results import MLEFit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mle_vs_flexmix_glm import CASES, R_DATA, write_data  # the same data and cases
+
+#: (owner, attribute, phase) of the functions ``--phases`` times.
+PHASES = [(formula_fit, "build_design", "design"), (mle._Problems, "starts", "starts"), (mle, "em_fit", "em"),
+          (mle, "gradient_fit", "lbfgs"), (MLEFit, "_warn_degenerate", "degeneracy")]
+
+
+def time_phases(spent: dict[str, float]) -> None:
+    """Wrap the functions of :data:`PHASES` so that each call adds its CPU seconds to ``spent[phase]``."""
+    for owner, name, phase in PHASES:
+        inner = getattr(owner, name)
+
+        def timed(*args, _inner=inner, _phase=phase, **kwargs):
+            t0 = time.process_time()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                spent[_phase] += time.process_time() - t0
+
+        setattr(owner, name, timed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--restarts", type=int, default=10)
+    parser.add_argument("--phases", action="store_true", help="also report the median CPU ms of each phase")
     args = parser.parse_args()
+    spent: dict[str, float] = collections.defaultdict(float)
+    if args.phases:
+        time_phases(spent)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         script, csv = Path(tmp) / "data.R", Path(tmp) / "npreg.csv"
@@ -53,12 +84,17 @@ def main() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ms.MLEConvergenceWarning)
             ms.fit_mle(**kwargs)  # warm-up
-            times = []
+            times, phases = [], []
             for _ in range(args.repeat):
+                spent.clear()
                 t0 = time.process_time()
                 fit = ms.fit_mle(**kwargs)
                 times.append(time.process_time() - t0)
+                phases.append(dict(spent, rest=times[-1] - sum(spent.values())))
         out[name] = [round(1e3 * float(np.median(times)), 2), float(fit.loglik)]
+        if args.phases:
+            out[name].append({p: round(1e3 * float(np.median([ph.get(p, 0.0) for ph in phases])), 2)
+                              for _, _, p in [*PHASES, (None, None, "rest")]})
     print(json.dumps(out))
 
 
