@@ -558,7 +558,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     experts run along a strided axis instead of a length-k inner axis (several times faster on CPU).
     The expert M-step uses the weighted Gram matrices :math:`\sum_t \tau_{ti} z_t z_t^\top`, formed as
     one product of the responsibilities with the per-observation outer products :math:`z_t z_t^\top`
-    when :math:`(d+1)^2` is small; the gate Hessian reuses the same products.
+    when :math:`(d+1)^2` is small; the gate Hessian reuses the same products.  A softmax-gated fit runs in
+    ``torch.inference_mode`` and returns ordinary (cloned) tensors (:func:`_without_autograd`); pairs' iteration
+    counts and convergence flags are written in the iterations where some pair stops.
     """
     generic = spec.gate != "softmax"  # gradient gate step (gradient_gate_step) instead of IRLS
     sparse = spec.gate == "topk" or (spec.gate == "normalized_sigmoid" and spec.top_k is not None)
