@@ -80,7 +80,10 @@ def truth(k: int) -> ms.Params:
 
 def run_r(path: Path, k: int, restarts: int, seed: int, script: Path, mixtools: bool) -> dict:
     out = subprocess.run(["Rscript", str(script), str(path), str(k), str(restarts), str(seed), str(int(mixtools))],
-                         capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if out.returncode != 0:  # e.g. a missing R package: say which, instead of a bare CalledProcessError
+        raise SystemExit(f"the R fit failed (exit {out.returncode}); R said:\n{out.stderr.strip()}\nInstall "
+                         "r-cran-flexmix and r-cran-mixtools (Debian), or pass --mixtools-max-n 0 to skip mixtools.")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
