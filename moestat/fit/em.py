@@ -507,7 +507,7 @@ def _without_autograd(fit: Callable[P, EMState]) -> Callable[P, EMState]:
     their M-step (:func:`gradient_gate_step`) and run as they are."""
     @functools.wraps(fit)
     def run(*args: P.args, **kwargs: P.kwargs) -> EMState:
-        spec = args[0]
+        spec = args[0] if args else kwargs.get("spec")  # em_fit's first argument, by position or by name
         if not isinstance(spec, MoE) or spec.gate != "softmax" or torch.is_inference_mode_enabled():
             return fit(*args, **kwargs)
         with torch.inference_mode():

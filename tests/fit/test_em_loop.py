@@ -50,3 +50,14 @@ def test_outputs_are_ordinary_tensors_usable_with_autograd_and_in_place():
     w = st.params.expert_weight.requires_grad_(True)
     (w * w).sum().backward()
     assert w.grad is not None
+
+
+def test_spec_by_name_runs_the_same_fit():
+    data = ms.simulate(GAUSS, TRUTH, n=300, reps=2, seed=3, model="mixture")
+    X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
+    init = random_starts(GAUSS, X, y, 3, np.random.SeedSequence(3).spawn(2))
+    floor = (1e-3 * y.std(1)) ** 2
+    positional = em_fit(GAUSS, X, y, init, var_floor=floor, tol=1e-10, max_iter=50)
+    named = em_fit(spec=GAUSS, X=X, y=y, init=init, var_floor=floor, tol=1e-10, max_iter=50)
+    torch.testing.assert_close(named.loglik, positional.loglik, rtol=0, atol=0)
+    assert not named.loglik.is_inference()
