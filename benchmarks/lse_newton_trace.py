@@ -9,15 +9,21 @@ eigenvalues of the exact Hessian :math:`H` the step used (a long, curved valley 
 from the same start with the same stopping rule.  The per-iteration values come from wrapping the solver's
 trial-step function (``moestat.fit._optim._damped_trial``); the fit itself is ``fit_lse``'s.
 
+``--timing R`` then times both fitters on that start, untraced, median of R runs after a warm-up: the whole
+``fit_lse`` call, the same call stopped after one iteration (``max_iter=1``), their difference per further
+iteration (the cost of one Newton iteration of one problem) and the rest (the call's fixed cost: checks, starting
+layout, result frame); scipy's whole fit and its time per evaluation.
+
 Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/lse_newton_trace.py --gate softmax --d 1 --k 2 --n 500 --rep 1
+    OMP_NUM_THREADS=1 python benchmarks/lse_newton_trace.py --gate softmax --d 1 --k 2 --n 500 --rep 1 [--timing 21]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -43,6 +49,8 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=0, help="the start traced")
     parser.add_argument("--gtol", type=float, default=1e-10)
     parser.add_argument("--max-iter", type=int, default=200)
+    parser.add_argument("--timing", type=int, default=0, metavar="R",
+                        help="also time both fitters on this start (median of R runs; 0: no timing)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = ms.MoE(gate=args.gate, expert="linear", k=args.k, d=args.d)
@@ -84,6 +92,37 @@ def main() -> None:
     (sp,), _ = run_scipy([prob], [x0], "analytic", args.gtol, args.max_iter)
     print(f"scipy trf: {sp.nfev} evaluations, status {sp.status}, objective {prob.objective(sp.x):.12f}, "
           f"gradient {prob.grad_norm(sp.x):.2e}")
+    if args.timing:
+        iters = int(res["n_iter"].iloc[0])
+
+        def newton(max_iter: int) -> float:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ms.ConvergenceWarning)
+                ms.fit_lse(spec, X, y, init=start, restarts=1, gtol=args.gtol, max_iter=max_iter, condition=False,
+                           optimizer="newton")
+            return 0.0
+
+        def scipy_fit() -> float:
+            run_scipy([prob], [x0], "analytic", args.gtol, args.max_iter)
+            return 0.0
+
+        t_full, t_one, t_sp = (median_seconds(f, args.timing) for f in
+                               (lambda: newton(args.max_iter), lambda: newton(1), scipy_fit))
+        per_iter = (t_full - t_one) / max(iters - 1, 1)
+        print(f"timing (median of {args.timing}): fit_lse {1e3 * t_full:.2f} ms for {iters} iterations = "
+              f"{1e3 * (t_one - per_iter):.2f} ms fixed + {1e3 * per_iter:.3f} ms per iteration; "
+              f"scipy {1e3 * t_sp:.2f} ms for {sp.nfev} evaluations = {1e3 * t_sp / sp.nfev:.3f} ms per evaluation")
+
+
+def median_seconds(fn, repeat: int) -> float:
+    """Median wall seconds of ``fn()`` over ``repeat`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 if __name__ == "__main__":

@@ -135,12 +135,14 @@ def fit_call(which: str, n: int, R: int):
 
 
 FITS = ("fit_lse", "fit_lse, one program (block_bytes=None)", "fit_mle (2 restarts)")
+#: ``--fits`` names of :data:`FITS`.
+FIT_KEYS = {"lse": FITS[0], "lse-one-program": FITS[1], "mle": FITS[2]}
 
 
-def fit_rows(ns: list[int], Rs: list[int]) -> list[dict]:
+def fit_rows(ns: list[int], Rs: list[int], fits: tuple[str, ...] = FITS) -> list[dict]:
     """Each measure of each fit on the grid, with the peak per observation and replicate against the input's 40 B."""
     rows = []
-    for which in FITS:
+    for which in fits:
         fit_call(which, 200, 2)()  # warm-up: imports, kernels, allocator arenas
         for n in ns if "one program" not in which else ns[-1:]:
             for R in Rs:
@@ -221,7 +223,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n up to 32,000 (under two minutes)")
     ap.add_argument("--parts", default="fits,pieces")
+    ap.add_argument("--fits", default=",".join(FIT_KEYS),
+                    help=f"fits part: which fits, of {', '.join(FIT_KEYS)} (e.g. one fit in a fresh process)")
+    ap.add_argument("--ns", default=None, help="fits part: comma-separated n (default 2,000 to 128,000)")
+    ap.add_argument("--Rs", default="2,8", help="fits part: comma-separated R")
     args = ap.parse_args()
+    unknown = sorted(set(args.fits.split(",")) - set(FIT_KEYS))
+    if unknown:
+        raise SystemExit(f"--fits: unknown {unknown}; choose from {list(FIT_KEYS)}.")
     if not Path("/proc/self/clear_refs").exists():
         raise SystemExit("peak_memory.py needs Linux's /proc/self/status and /proc/self/clear_refs.")
     torch.set_num_threads(1)
@@ -230,8 +239,11 @@ def main() -> None:
     parts = args.parts.split(",")
     if "fits" in parts:
         ns = [2000, 8000, 32000] if args.quick else [2000, 8000, 32000, 128000]
-        Rs = [2, 8]
-        print("## peak memory of one fit as n and R grow\n" + md_table(fit_rows(ns, Rs)) + "\n", flush=True)
+        if args.ns:
+            ns = [int(v) for v in args.ns.split(",")]
+        Rs = [int(v) for v in args.Rs.split(",")]
+        fits = tuple(FIT_KEYS[key] for key in args.fits.split(","))
+        print("## peak memory of one fit as n and R grow\n" + md_table(fit_rows(ns, Rs, fits)) + "\n", flush=True)
     if "blocks" in parts:
         print("## fit_mle under a memory budget (R = 20 x 5 starts, d = 4, k = 3)\n"
               + md_table(block_rows(5000 if args.quick else 20000)) + "\n", flush=True)
