@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of each fit on the CPU (fit_lse's threads=; its default is 1)")
     ap.add_argument("--full", action="store_true", help="time the vignette's whole full-size study instead")
     ap.add_argument("--workers", type=int, default=2, help="worker processes for --full (CPU)")
     ap.add_argument("--out", default="out/fig1-bench", help="checkpoint folder for --full (must not exist)")
@@ -57,13 +59,13 @@ def main() -> None:
         return
     warnings.simplefilter("ignore")
     opts = {"init": "near_truth", "optimizer": "lbfgs", "max_iter": args.iters, "tol": 0.0, "gtol": 0.0,
-            "box": 10.0, "condition": False}
+            "box": 10.0, "condition": False, "threads": args.threads}
     study = Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "seed": 0, "stream": "{expert}",
                          "grid": {"expert": args.experts, "truth_gate": args.gates}},
                   fit={"label": "lse", "k": "truth+1", "options": opts}, n=args.n, reps=args.reps, seed=1,
                   device=args.device)
-    print(f"torch threads {torch.get_num_threads()}, device {args.device}; {len(study.cells)} cells x "
-          f"{args.reps} replicates, {args.iters} L-BFGS iterations each")
+    print(f"fit threads {args.threads} (process: {torch.get_num_threads()}), device {args.device}; "
+          f"{len(study.cells)} cells x {args.reps} replicates, {args.iters} L-BFGS iterations each")
     # warm-up: kernel selection/compilation and allocator caches are paid once, outside both timings
     warm = Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "seed": 0, "expert": args.experts[0]},
                  fit={"label": "lse", "k": "truth+1", "options": {**opts, "max_iter": 2}}, n=[min(args.n)],
