@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+import timeit
 import warnings
 from pathlib import Path
 
@@ -95,34 +95,25 @@ def main() -> None:
     if args.timing:
         iters = int(res["n_iter"].iloc[0])
 
-        def newton(max_iter: int) -> float:
+        def newton(max_iter: int) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ms.ConvergenceWarning)
                 ms.fit_lse(spec, X, y, init=start, restarts=1, gtol=args.gtol, max_iter=max_iter, condition=False,
                            optimizer="newton")
-            return 0.0
 
-        def scipy_fit() -> float:
+        def scipy_fit() -> None:
             run_scipy([prob], [x0], "analytic", args.gtol, args.max_iter)
-            return 0.0
 
-        t_full, t_one, t_sp = (median_seconds(f, args.timing) for f in
+        def median_seconds(fn) -> float:  # after one warm-up call
+            fn()
+            return float(np.median(timeit.repeat(fn, number=1, repeat=args.timing)))
+
+        t_full, t_one, t_sp = (median_seconds(f) for f in
                                (lambda: newton(args.max_iter), lambda: newton(1), scipy_fit))
         per_iter = (t_full - t_one) / max(iters - 1, 1)
         print(f"timing (median of {args.timing}): fit_lse {1e3 * t_full:.2f} ms for {iters} iterations = "
               f"{1e3 * (t_one - per_iter):.2f} ms fixed + {1e3 * per_iter:.3f} ms per iteration; "
               f"scipy {1e3 * t_sp:.2f} ms for {sp.nfev} evaluations = {1e3 * t_sp / sp.nfev:.3f} ms per evaluation")
-
-
-def median_seconds(fn, repeat: int) -> float:
-    """Median wall seconds of ``fn()`` over ``repeat`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 if __name__ == "__main__":
