@@ -956,9 +956,17 @@ class MLEFit(FitResult):
                           for r, s in enumerate(streams)])
         return self._out(draws)
 
-    def posterior(self, X: Any, y: Any, trials: Any = None) -> Any:
+    def posterior(self, X: Any, y: Any = None, trials: Any = None) -> Any:
         r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k); a fit with binomial trials needs
-        the new rows' ``trials`` (``y`` is then their proportion of successes)."""
+        the new rows' ``trials`` (``y`` is then their proportion of successes).  A formula fit reads ``y`` from a frame
+        ``X`` that holds the response column; otherwise pass ``y`` (:meth:`posterior_frame` is the tidy version)."""
+        if y is None:
+            if isinstance(X, pd.DataFrame) and self.design is not None:
+                y = self.design.transform(X).y
+            if y is None:
+                raise TypeError("posterior(X) needs y=, the responses of the rows of X"
+                                + (f" (or a frame X holding the response column {self.response_name!r})"
+                                   if self.design is not None else "") + ".")
         Xt, yt = self._data(X, y)
         m = self._new_trials(trials, Xt.shape[1], "posterior")
         return self._out(to_numpy(self._posterior_t(Xt, yt, m)))

@@ -196,6 +196,19 @@ def test_posterior_frame_is_bayes_rule_indexed_by_the_data_rows():
     assert list(arr.posterior_frame().index) == list(range(len(kept)))
 
 
+
+def test_posterior_reads_the_response_from_a_frame_of_a_formula_fit():
+    df = _frame(300, seed=10)
+    fit = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", seed=11)
+    new = df.iloc[:9][["y", "w", "x"]]  # any column order
+    np.testing.assert_array_equal(fit.posterior(new), fit.posterior(new, new["y"].to_numpy()))
+    np.testing.assert_array_equal(fit.posterior(new), fit.posterior_frame(new)[["posterior_0", "posterior_1"]])
+    with pytest.raises(TypeError, match=r"needs y=.*response column 'y'"):
+        fit.posterior(new.drop(columns="y"))
+    arr = ms.fit_mle(SPEC2, df[["x"]].to_numpy(), df["y"].to_numpy(), seed=1, restarts=1)
+    with pytest.raises(TypeError, match=r"needs y=, the responses of the rows of X\.$"):
+        arr.posterior(df[["x"]].to_numpy())
+
 # ------------------------------------------------------------------------------------------------ plot
 def _lines(ax, prefix):
     return {ln.get_gid(): ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith(prefix)}
