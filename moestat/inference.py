@@ -746,6 +746,13 @@ class SelectKResult(Result):
         """One row: the criterion and the k it selects."""
         return pd.DataFrame([{"criterion": self.criterion, "best_k": self.best_k}])
 
+    def __repr__(self) -> str:
+        """The choice and the whole comparison: every k's criteria and degeneracy flags, never cut to the width of a
+        console (the settings columns, the same in every row, are in :attr:`table`)."""
+        shown = [c for c in self.table.columns if c not in ("criterion", "gate", "expert", "method")]
+        return (f"SelectKResult(criterion={self.criterion!r}, best_k={self.best_k})\n"
+                + self.table[shown].to_string(index=False))
+
 
 _SPURIOUS = {"vanishing_component", "sigma_at_floor", "collapsed_variance", "tied_responses"}
 

@@ -82,6 +82,10 @@ def test_select_k_picks_two_on_two_expert_data(data2):
     res = ms.select_k(*data2, ks=(1, 2, 3), seed=10, restarts=3)
     assert res.best_k == 2
     assert list(res.table["k"]) == [1, 2, 3] and res.table["best"].sum() == 1
+    shown = repr(res).splitlines()  # the whole comparison, whatever pandas' display width
+    assert shown[0] == "SelectKResult(criterion='bic', best_k=2)" and len(shown) == 5
+    assert shown[1].split() == ["k", "loglik", "df", "aic", "bic", "icl", "converged", "n_small", "n_at_floor",
+                                "degenerate", "best"]
     with pytest.raises(ValueError, match="criterion"):
         ms.select_k(*data2, ks=(1, 2), criterion="dic")
 
