@@ -24,6 +24,8 @@ and resampled or simulated rows keep their numbers of trials.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -303,6 +305,26 @@ def _blocks_from_params(p: Params):
     return BlockParams.from_params(p.to_torch("cpu", torch.float64))
 
 
+#: The options of :func:`moestat.fit_mle` that the inference functions pass on through their ``**fit_kwargs``.
+_FIT_MLE_OPTIONS = tuple(p for p in inspect.signature(fit_mle).parameters if p not in ("spec", "X", "y"))
+
+
+def _check_fit_kwargs(caller: Callable[..., Any], fit_kwargs: dict[str, Any]) -> None:
+    """Extra keywords of ``caller`` go to :func:`moestat.fit_mle`: one that neither takes raises a TypeError naming
+    ``caller`` and the closest names of both (not fit_mle's bare 'unexpected keyword' from inside the first fit)."""
+    own = [p for p in inspect.signature(caller).parameters if p != "fit_kwargs"]
+    fit = list(_FIT_MLE_OPTIONS)
+    for name in fit_kwargs:
+        if name in fit:
+            continue
+        close = difflib.get_close_matches(name, list(dict.fromkeys(own + fit)), n=3, cutoff=0.6)
+        if "n_resamples" in own and ("boot" in name.lower() or "resample" in name.lower()):
+            close = ["n_resamples", *[c for c in close if c != "n_resamples"]]
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise TypeError(f"{caller.__name__}() got an unexpected keyword argument {name!r}: its extra keywords go to "
+                        f"fit_mle, which has no such option either.{hint}")
+
+
 @renamed_arguments(B="n_resamples")
 @validate_arguments(n_resamples=Integer(1), kind=Choice("parametric", "nonparametric"), restarts=Integer(1),
                     seed=Seed(), progress=Optional(Boolean()))
@@ -348,6 +370,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
     if not fit.single:
         raise ValueError("bootstrap needs a fit to a single data set; select one replicate's data and refit.")
     check_choice("kind", kind, ("parametric", "nonparametric"))
+    _check_fit_kwargs(bootstrap, fit_kwargs)
     B = check_int("n_resamples", n_resamples, minimum=2)
     spec = fit.spec
     if X is None and y is None:
@@ -678,6 +701,7 @@ def test_n_experts(X=None, y=None, k0: int = 1, k1: int = 2, n_resamples: int = 
     k0, k1 = check_int("k0", k0), check_int("k1", k1)
     if k1 <= k0:
         raise ValueError(f"k1 must exceed k0, got k0={k0}, k1={k1}.")
+    _check_fit_kwargs(test_n_experts, fit_kwargs)
     B = check_int("n_resamples", n_resamples, minimum=2)
     X, y, fit_kwargs, design = _resolve_data(X, y, formula=formula, data=data, gate_formula=gate_formula,
                                              weights=weights, fit_kwargs=fit_kwargs, shared=shared, trials=trials)
@@ -818,6 +842,7 @@ def select_k(X=None, y=None, ks: Sequence[int] = (1, 2, 3, 4), *, formula: str |
     (default) shows it in interactive sessions, or once the fits so far, extrapolated to the remaining k (a fit's
     cost taken proportional to k), predict more than :data:`PROGRESS_AFTER_S` seconds; ``False`` never.
     """
+    _check_fit_kwargs(select_k, fit_kwargs)
     check_choice("criterion", criterion, ("bic", "icl", "aic", "dsc"))
     ks = [check_int("ks", k) for k in ks]
     family = fit_kwargs.pop("family", None) or "gaussian"

@@ -90,6 +90,17 @@ def test_select_k_picks_two_on_two_expert_data(data2):
         ms.select_k(*data2, ks=(1, 2), criterion="dic")
 
 
+
+@pytest.mark.parametrize(("call", "wrong", "suggested"), [
+    ("test_n_experts", "n_boot", "n_resamples"), ("bootstrap", "B_resamples", "n_resamples"),
+    ("select_k", "restart", "restarts"), ("select_k", "tolerance_of_em", None)])
+def test_an_unknown_extra_keyword_is_named_with_the_function_called(data2, fit2, call, wrong, suggested):
+    args = (fit2,) if call == "bootstrap" else data2
+    with pytest.raises(TypeError, match=rf"^{call}\(\) got an unexpected keyword argument '{wrong}': its extra "
+                                        "keywords go to fit_mle") as err:
+        getattr(ms, call)(*args, seed=0, **{wrong: 3})
+    assert (f"Did you mean '{suggested}'" in str(err.value)) if suggested else ("Did you mean" not in str(err.value))
+
 def test_sklearn_regressor_fits_and_exposes_results(data2):
     pytest.importorskip("sklearn")
     from sklearn.model_selection import cross_val_score
