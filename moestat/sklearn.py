@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -108,7 +109,8 @@ class MoERegressor(RegressorMixin, BaseEstimator):
 
         ``sample_weight`` (n,): case weights :math:`c_t \\ge 0`, the log-likelihood
         :math:`\\sum_t c_t\\log p(y_t\\mid x_t)` (integer weights fit as the rows repeated; see
-        :func:`moestat.fit_mle`'s ``weights``).  The columns of a DataFrame ``X`` name the terms of the summary.
+        :func:`moestat.fit_mle`'s ``weights``).  The columns of a DataFrame ``X`` name the terms of the summary, and the
+        name of a pandas Series ``y`` its response.
 
         ``trials`` (n,): ``family="binomial"`` only, the number of trials :math:`m_t` of each row, with ``y`` the
         proportion of successes (:func:`moestat.fit_mle`'s ``trials``; statsmodels' ``var_weights`` convention).
@@ -117,7 +119,10 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         proportion) needs no trials; ``predict_quantile``, ``predict_interval``, ``posterior`` and ``loglik`` of
         such a fit take the new rows' ``trials``.
         """
+        y_name = getattr(y, "name", None)  # a named Series names the response in summary()
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64, ensure_min_samples=2)
+        if isinstance(y_name, str):
+            y = pd.Series(y, name=y_name)
         weights = None
         if sample_weight is not None:
             weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)

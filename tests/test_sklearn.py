@@ -82,6 +82,15 @@ def test_dataframe_columns_name_the_summary():
     assert "expert[0]:income" in est.fit_.param_names and "gate[0]:age" in est.fit_.param_names
     text = str(est.summary())
     assert "expert[1]:income" in text and "Expert 1:" in text
+    assert est.summary().header["Dep. Variable"] == "y"  # the name of the Series y
+    spend = df["y"].rename("spending")
+    named = ms.MoERegressor(n_experts=2, random_state=0).fit(df[["income", "age"]], spend)
+    assert named.summary().header["Dep. Variable"] == "spending"
+    assert named.loglik_ == est.loglik_  # the name changes nothing else
+    direct = ms.fit_mle(ms.MoE(k=2, d=2), df[["income", "age"]], spend, seed=0, restarts=2)
+    assert direct.summary().header["Dep. Variable"] == "spending"
+    plain = ms.MoERegressor(n_experts=2, random_state=0).fit(df[["income", "age"]].to_numpy(), spend.to_numpy())
+    assert plain.summary().header["Dep. Variable"] == "y"
 
 
 def test_shared_columns_are_fit_mles_shared_coefficients():

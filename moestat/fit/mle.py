@@ -761,6 +761,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     X : array, shape (n, d) or (R, n, d)
         Inputs; with a leading axis, R independent data sets are fitted in one tensor program.
     y : array, shape (n,) or (R, n)
+        A named pandas Series names the response in ``summary()`` (``Dep. Variable``; default ``"y"``).
     formula : str, optional
         A Wilkinson formula for the experts, e.g. ``"y ~ x1 + I(x1**2) + C(group)"`` (:func:`moestat.build_design`,
         formulaic): term names come from the frame and appear in ``param_names``, ``tidy()`` and ``summary()``;
@@ -905,6 +906,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     budget = memory_bytes(memory_budget)
     if feature_names is None and isinstance(X, pd.DataFrame):
         feature_names = [str(c) for c in X.columns]
+    y_name = str(y.name) if isinstance(y, pd.Series) and y.name is not None else "y"
     spec, X, y, weights, design, columns, n_dropped = _resolve_inputs(spec, X, y, formula=formula, data=data, k=k,
                                                                       gate_formula=gate_formula, weights=weights,
                                                                       missing=missing, gate_columns=gate_columns,
@@ -1004,7 +1006,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
                   history=None if history is None else history[:, r_idx, best], weights=w_t, design=design,
-                  response_name="y" if design is None else design.response_name, trials=m_t)
+                  response_name=y_name if design is None else design.response_name, trials=m_t)
     fit._warn_degenerate()
     return fit
 
