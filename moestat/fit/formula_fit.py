@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..formula import DesignMatrices, ModelDesign, build_design
+from ..formula import ModelDesign, build_design
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,6 @@ def union_matrix(design: ModelDesign, X: np.ndarray, X_gate: np.ndarray, X_share
     parts = [X] + ([X_shared] if X_shared is not None and X_shared.shape[1] else []) + \
         ([X_gate[:, extra]] if extra else [])
     return np.ascontiguousarray(np.concatenate(parts, axis=1)) if len(parts) > 1 else X
-
-
-def transform_union(design: ModelDesign, new_data: Any) -> np.ndarray:
-    """New data (a frame, columns found by name) as the union MoE's inputs."""
-    m: DesignMatrices = design.transform(new_data)
-    return union_matrix(design, m.X, m.X_gate, m.X_shared)
 
 
 def _trials(trials: Any, data: Any, design: ModelDesign) -> np.ndarray | None:

@@ -51,7 +51,7 @@ from ..params import Params
 from ..report import Summary
 from ._layout import BlockParams, ParamLayout
 from .base import FitResult, check_reps
-from .formula_fit import transform_union
+from .formula_fit import union_matrix
 
 COV_KINDS = ("oim", "sandwich", "opg")
 SMALL_WEIGHT = 0.05
@@ -782,8 +782,17 @@ class MLEFit(FitResult):
 
     # ---------------------------------------------------------- prediction
     def _data(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        Xt, yt, _ = self._data_kept(X, y)
+        return Xt, yt
+
+    def _data_kept(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
+        """New inputs (R, m, d) and responses (R, m) as tensors, and which rows of a frame ``X`` they are: None when
+        every row is used, else the mask of the rows a formula fit with ``missing="drop"`` kept (a ``y`` with one
+        value per row of ``X`` is cut to those rows)."""
         dev, dt = self._X.device, self._X.dtype
-        X = self._by_name(X)
+        X, kept = self._by_name(X)
+        if kept is not None and y is not None and np.ndim(y) == 1 and len(y) == kept.size:
+            y = np.asarray(y)[kept]
         Xt = to_tensor(np.asarray(X, dtype=float) if not isinstance(X, torch.Tensor) else X, device=dev, dtype=dt)
         if Xt.ndim == 1 and self.spec.d == 1:
             Xt = Xt[:, None]
@@ -801,21 +810,24 @@ class MLEFit(FitResult):
             if not bool(torch.isfinite(yt).all()):
                 raise ValueError("y contains NaN or infinite values.")
             yt = yt.unsqueeze(0).expand(self.n_reps, -1)
-        return Xt, yt
+        return Xt, yt, kept
 
-    def _by_name(self, X: Any) -> Any:
-        """New inputs as the fit's columns: a frame goes through the formula (by column name) or, for an array fit,
+    def _by_name(self, X: Any) -> tuple[Any, np.ndarray | None]:
+        """New inputs as the fit's columns, and the mask of the rows kept (None: all): a frame goes through the
+        formula (by column name; a fit with ``missing="drop"`` drops rows with a missing value) or, for an array fit,
         its columns are picked by the fit's feature names; never by position."""
         if not isinstance(X, pd.DataFrame):
-            return X
+            return X, None
         if self.design is not None:
-            return transform_union(self.design, X)
+            m = self.design.transform(X)
+            kept = None if bool(np.all(m.kept)) else np.asarray(m.kept)
+            return union_matrix(self.design, m.X, m.X_gate, m.X_shared), kept
         names = self.layout.feature_names
         missing = [c for c in names if c not in X.columns]
         if missing:
             raise ValueError(f"X is a DataFrame without the fit's column(s) {missing} (the fit's columns are "
                              f"{names}); pass a frame with those columns, or an array in that column order.")
-        return X[names].to_numpy(dtype=float, copy=True)
+        return X[names].to_numpy(dtype=float, copy=True), None
 
     def _weights_np(self, Xt: torch.Tensor) -> np.ndarray:
         """Normalised mixture weights at the (R, m, d) inputs ``Xt``: (R, m, k)."""
@@ -836,17 +848,37 @@ class MLEFit(FitResult):
     def _predictive(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Weights (R, m, k), expert means (R, m, k) and noise sds (R, 1, k) of the predictive distribution at X
         (the training inputs when X is None); the sds are ones for GLM experts (unused there)."""
-        Xt = self._X if X is None else self._data(X)[0]
-        return self._weights_np(Xt), self._means_np(Xt), to_numpy(self._blocks.noise_sd)[:, None, :]
+        return self._predictive_kept(X)[:3]
+
+    def _predictive_kept(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`_predictive` and the rows of a frame ``X`` it covers (:meth:`_data_kept`)."""
+        Xt, _, kept = (self._X, None, None) if X is None else self._data_kept(X)
+        return self._weights_np(Xt), self._means_np(Xt), to_numpy(self._blocks.noise_sd)[:, None, :], kept
+
+    @staticmethod
+    def _pad(a: np.ndarray, kept: np.ndarray | None, axis: int = 1) -> np.ndarray:
+        """``a`` over the kept rows (on ``axis``) spread over all rows of the new frame, NaN where a row was dropped
+        for a missing value (R's ``na.exclude``): results stay aligned with the frame passed in."""
+        if kept is None:
+            return a
+        shape = list(a.shape)
+        shape[axis] = kept.size
+        out = np.full(shape, np.nan)
+        at: list[Any] = [slice(None)] * a.ndim
+        at[axis] = kept
+        out[tuple(at)] = a
+        return out
 
     def gate_probs(self, X: Any) -> Any:
         r"""Normalised mixture weights :math:`\tilde\pi_i(x)`, (m, k) or (R, m, k)."""
-        return self._out(self._weights_np(self._data(X)[0]))
+        Xt, _, kept = self._data_kept(X)
+        return self._out(self._pad(self._weights_np(Xt), kept))
 
     def expert_means(self, X: Any) -> Any:
         """Expert regression functions :math:`h(x;\\eta_i)`, (m, k) or (R, m, k); for GLM experts the mean response
         :math:`g^{-1}(a_i^\\top x + b_i)` (a Poisson expert's rate, a binomial expert's probability)."""
-        return self._out(self._means_np(self._data(X)[0]))
+        Xt, _, kept = self._data_kept(X)
+        return self._out(self._pad(self._means_np(Xt), kept))
 
     def predict(self, X: Any, kind: str = "mean", *, q: Any = None, confidence_level: float = 0.95,
                 trials: Any = None) -> Any:
@@ -860,7 +892,10 @@ class MLEFit(FitResult):
         Parameters
         ----------
         X : array (m, d) or DataFrame
-            New inputs (a frame is read by column name; see :meth:`gate_probs`).
+            New inputs (a frame is read by column name; see :meth:`gate_probs`).  A formula fit with
+            ``missing="drop"`` returns NaN for a row of the frame with a missing value, so the result keeps one row
+            per row of ``X`` (R's ``na.exclude``; also :meth:`gate_probs`, :meth:`expert_means`, :meth:`posterior`
+            and :meth:`simulate`); with ``missing="raise"`` such a row raises.
         kind : {"mean", "quantile", "interval"}
             ``"mean"``: the conditional mean :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)` (for sigmoid
             gates with the *normalised* weights of the density, not :meth:`moestat.MoE.mean`).
@@ -890,10 +925,10 @@ class MLEFit(FitResult):
         if kind == "mean":
             if q is not None:
                 raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
-            w, mu, _ = self._predictive(X)
+            w, mu, _, kept = self._predictive_kept(X)
             if trials is not None:
-                self._new_trials(trials, w.shape[1], "predict")  # checked, unused: the mean proportion is free of m
-            return self._out((w * mu).sum(-1))
+                self._new_trials(trials, w.shape[1], "predict", kept)  # checked, unused: the mean is free of m
+            return self._out(self._pad((w * mu).sum(-1), kept))
         if kind == "quantile":
             if q is None:
                 raise TypeError("kind='quantile' needs q=, the probabilities, e.g. predict(X, 'quantile', q=0.9).")
@@ -906,12 +941,12 @@ class MLEFit(FitResult):
             if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
                 raise ValueError(f"confidence_level must be a number in (0, 1), e.g. 0.95; got {confidence_level!r}.")
             probs = np.array([(1 - confidence_level) / 2, (1 + confidence_level) / 2])
-        w, mu, sd = self._predictive(X)
-        m = self._new_trials(trials, w.shape[1], "predict")
+        w, mu, sd, kept = self._predictive_kept(X)
+        m = self._new_trials(trials, w.shape[1], "predict", kept)
         out = mixture_quantile(probs, w, mu, sd, self.spec.response, None if m is None else to_numpy(m))
         if kind == "quantile" and np.ndim(q) == 0:
             out = out[..., 0]
-        return self._out(out)
+        return self._out(self._pad(out, kept))
 
     def simulate(self, X: Any = None, n_draws: int = 1, seed: Any = None, trials: Any = None) -> Any:
         r"""New responses drawn from the fitted conditional density at the inputs ``X``.
@@ -948,13 +983,13 @@ class MLEFit(FitResult):
         else:
             ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
             streams = ss.spawn(self.n_reps)
-        w, mu, sd = self._predictive(X)
-        m_t = self._m if X is None and trials is None else self._new_trials(trials, w.shape[1], "simulate")
+        w, mu, sd, kept = self._predictive_kept(X)
+        m_t = self._m if X is None and trials is None else self._new_trials(trials, w.shape[1], "simulate", kept)
         m = None if m_t is None else to_numpy(m_t)
         draws = np.stack([sample_mixture(self.spec.response, w[r], mu[r], sd[r, 0], n_draws,
                                          np.random.default_rng(s), None if m is None else m[r])
                           for r, s in enumerate(streams)])
-        return self._out(draws)
+        return self._out(self._pad(draws, kept, axis=2))
 
     def posterior(self, X: Any, y: Any = None, trials: Any = None) -> Any:
         r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k); a fit with binomial trials needs
@@ -967,12 +1002,14 @@ class MLEFit(FitResult):
                 raise TypeError("posterior(X) needs y=, the responses of the rows of X"
                                 + (f" (or a frame X holding the response column {self.response_name!r})"
                                    if self.design is not None else "") + ".")
-        Xt, yt = self._data(X, y)
-        m = self._new_trials(trials, Xt.shape[1], "posterior")
-        return self._out(to_numpy(self._posterior_t(Xt, yt, m)))
+        Xt, yt, kept = self._data_kept(X, y)
+        m = self._new_trials(trials, Xt.shape[1], "posterior", kept)
+        return self._out(self._pad(to_numpy(self._posterior_t(Xt, yt, m)), kept))
 
-    def _new_trials(self, trials: Any, m_rows: int, what: str) -> torch.Tensor | None:
-        """Binomial trials (R, m) of new rows: required by a fit with trials, refused by one without."""
+    def _new_trials(self, trials: Any, m_rows: int, what: str, kept: np.ndarray | None = None
+                    ) -> torch.Tensor | None:
+        """Binomial trials (R, m) of new rows: required by a fit with trials, refused by one without; trials given for
+        every row of a frame of which only the ``kept`` rows are used are cut to those rows."""
         if self._m is None:
             if trials is not None:
                 raise TypeError(f"trials= is for fits with binomial trials; this fit has none, drop it from {what}().")
@@ -982,6 +1019,8 @@ class MLEFit(FitResult):
                             "of each new row.")
         arr = np.asarray(trials, dtype=float)
         arr = np.broadcast_to(arr, (m_rows,)) if arr.ndim == 0 else arr
+        if kept is not None and arr.shape == (kept.size,):
+            arr = arr[kept]
         if arr.shape != (m_rows,) or not np.all(np.isfinite(arr)) or np.any(arr < 1) or \
                 np.any(arr != np.round(arr)):
             raise ValueError(f"trials must be {m_rows} positive whole numbers (one per new row), got shape "
@@ -1018,13 +1057,16 @@ class MLEFit(FitResult):
             index = self.design.index if self.design is not None else pd.RangeIndex(tau.shape[1])
         else:
             index = X.index if isinstance(X, pd.DataFrame) else None
+            kept = None
             if isinstance(X, pd.DataFrame) and self.design is not None:
                 rows = self.design.transform(X)  # the rows the formula keeps, and the response when X has it
-                index, y = rows.index, rows.y if y is None else y
+                index, y, kept = rows.index, rows.y if y is None else y, np.asarray(rows.kept)
             if y is None:
                 raise TypeError("posterior_frame(X) needs y=, the responses (or a frame X holding the response "
                                 f"column {self.response_name!r} for a formula fit).")
             tau = np.asarray(self.posterior(X, y, trials)).reshape(self.n_reps, -1, self.spec.k)
+            if kept is not None and not kept.all():
+                tau = tau[:, kept]  # posterior() fills dropped rows with NaN; the frame lists the kept rows by label
             index = pd.RangeIndex(tau.shape[1]) if index is None else index
         frames = []
         for r in range(self.n_reps):

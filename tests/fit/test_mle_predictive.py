@@ -209,6 +209,34 @@ def test_posterior_reads_the_response_from_a_frame_of_a_formula_fit():
     with pytest.raises(TypeError, match=r"needs y=, the responses of the rows of X\.$"):
         arr.posterior(df[["x"]].to_numpy())
 
+
+def test_a_dropped_row_of_new_data_predicts_nan_in_its_place():
+    df = _frame(300, seed=10)
+    fit = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", missing="drop", seed=11)
+    new = df.iloc[:8].copy()
+    new.loc[new.index[2], "w"] = np.nan  # a gate covariate missing: the row cannot be predicted
+    new.loc[new.index[5], "x"] = np.nan  # an expert covariate missing
+    ok = np.ones(8, dtype=bool)
+    ok[[2, 5]] = False
+    complete = new[ok]
+    for name, call in [("predict", lambda X: fit.predict(X)), ("interval", lambda X: fit.predict(X, "interval")),
+                       ("quantiles", lambda X: fit.predict(X, "quantile", q=[0.1, 0.9])),
+                       ("gate_probs", fit.gate_probs), ("expert_means", fit.expert_means),
+                       ("posterior", lambda X: fit.posterior(X))]:
+        full, part = np.asarray(call(new)), np.asarray(call(complete))
+        assert full.shape[0] == 8, name  # one row per row of the frame passed in (R's na.exclude)
+        assert np.isnan(full[~ok]).all(), name
+        np.testing.assert_array_equal(full[ok], part, err_msg=name)
+    y_all = new["y"].to_numpy()  # y given for every row is cut to the kept rows
+    np.testing.assert_array_equal(fit.posterior(new.drop(columns="y"), y_all)[ok], fit.posterior(complete))
+    draws = fit.simulate(new, n_draws=3, seed=4)
+    assert draws.shape == (3, 8) and np.isnan(draws[:, ~ok]).all() and np.isfinite(draws[:, ok]).all()
+    pf = fit.posterior_frame(new)  # the tidy frame lists the kept rows by label
+    assert list(pf.index) == list(complete.index)
+    strict = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", seed=11)
+    with pytest.raises(ValueError, match="missing values"):  # missing="raise" (default) still refuses them
+        strict.predict(new)
+
 # ------------------------------------------------------------------------------------------------ plot
 def _lines(ax, prefix):
     return {ln.get_gid(): ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith(prefix)}
