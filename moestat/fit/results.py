@@ -781,10 +781,6 @@ class MLEFit(FitResult):
         return self._out(np.asarray(self._bic()) + 2 * self._entropy())
 
     # ---------------------------------------------------------- prediction
-    def _data(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        Xt, yt, _ = self._data_kept(X, y)
-        return Xt, yt
-
     def _data_kept(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
         """New inputs (R, m, d) and responses (R, m) as tensors, and which rows of a frame ``X`` they are: None when
         every row is used, else the mask of the rows a formula fit with ``missing="drop"`` kept (a ``y`` with one
