@@ -136,7 +136,7 @@ def _mixture_loglik(y: np.ndarray, weights: np.ndarray, means: np.ndarray, sd: n
 
 def _fit_data(fit: MLEFit, X: Any, y: Any, trials: Any) -> dict[str, Any]:
     """Weights, means, sds (R, m, k / R, 1, k), responses (R, m), trials and case weights of the checked rows."""
-    w, mu, sd = fit._predictive(X)
+    w, mu, sd, kept = fit._predictive_kept(X)  # kept: the rows of a frame X a fit with missing="drop" can use
     R = fit.n_reps
     if X is None:
         if y is not None or trials is not None:
@@ -150,10 +150,13 @@ def _fit_data(fit: MLEFit, X: Any, y: Any, trials: Any) -> dict[str, Any]:
                             f"holding the response column {fit.response_name!r}).")
         y = fit.design.transform(X).y
     yv = np.asarray(y, dtype=float)
+    if kept is not None and yv.shape == (kept.size,):
+        yv = yv[kept]
     if yv.shape != (w.shape[1],) or not np.all(np.isfinite(yv)):
         raise ValueError(f"y must hold {w.shape[1]} finite responses (one per row of X), got shape {yv.shape}.")
     # a copy: a pandas column is a read-only view (copy-on-write), which torch warns about
-    m_t = fit._new_trials(None if trials is None else np.array(trials, dtype=float), w.shape[1], "predictive_checks")
+    m_t = fit._new_trials(None if trials is None else np.array(trials, dtype=float), w.shape[1], "predictive_checks",
+                          kept)
     m = None if m_t is None else to_numpy(m_t)
     ys = np.broadcast_to(yv, (R, len(yv)))
     ll = np.array([_mixture_loglik(ys[r], w[r], mu[r], sd[r], fit.spec.response, None if m is None else m[r])

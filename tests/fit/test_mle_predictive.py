@@ -16,6 +16,7 @@ from scipy.special import softmax
 
 import moestat as ms
 from moestat import figstyle
+from moestat.fit.checks import predictive_checks
 from moestat.fit.results import mixture_cdf, mixture_quantile
 from moestat.inference import _draw
 
@@ -233,6 +234,9 @@ def test_a_dropped_row_of_new_data_predicts_nan_in_its_place():
     assert draws.shape == (3, 8) and np.isnan(draws[:, ~ok]).all() and np.isfinite(draws[:, ok]).all()
     pf = fit.posterior_frame(new)  # the tidy frame lists the kept rows by label
     assert list(pf.index) == list(complete.index)
+    checks = predictive_checks(fit, new)  # an aggregate over the usable rows, as on the complete frame
+    pd.testing.assert_frame_equal(checks, predictive_checks(fit, complete))
+    pd.testing.assert_frame_equal(predictive_checks(fit, new.drop(columns="y"), y_all), checks)
     strict = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", seed=11)
     with pytest.raises(ValueError, match="missing values"):  # missing="raise" (default) still refuses them
         strict.predict(new)
