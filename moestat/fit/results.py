@@ -1198,7 +1198,8 @@ class MLEFit(FitResult):
                          f"< {COLLAPSE_RATIO} x the largest, on few observations): likely a spurious maximiser; "
                          "refit with more restarts, a higher sd_floor or fewer experts.")
         kind_name = {"gaussian": "Gaussian", "poisson": "Poisson", "binomial": "Binomial"}[self.spec.response]
-        return Summary(header, coef, comp, notes, title=f"{kind_name} mixture of experts: maximum likelihood",
+        shown = comp if self.spec.has_noise_sd else comp.drop(columns=["sigma", "sigma_at_floor", "collapsed"])
+        return Summary(header, coef, shown, notes, title=f"{kind_name} mixture of experts: maximum likelihood",
                        blocks=self._summary_blocks(coef, tf, comp, kind_name))
 
     def _summary_blocks(self, coef: pd.DataFrame, tf: pd.DataFrame, comp: pd.DataFrame,

@@ -323,6 +323,7 @@ def test_summary_has_one_block_per_gate_row_and_expert(counts):
         assert t.replace("_", r"\_") in tex
     assert html.count("<h5>") == 4 and tex.count(r"\begin{tabular}") == 5  # header + 3 blocks + components
     assert "visits" in text
+    assert list(s.components.columns) == ["mean_weight", "small"]  # Poisson experts: no sigma columns
 
 
 # -------------------------------------------------------------------------------------------- progress
