@@ -244,6 +244,29 @@ def sample_mixture(response: str, weights: np.ndarray, means: np.ndarray, sd: np
     return mean + np.asarray(sd)[z] * rng.standard_normal((n_draws, n))
 
 
+def _linear_hypotheses(specs: list[str], names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Restriction matrix and right-hand sides of equations in the parameters (``"a = b"``, ``"a - 2 b = 1"``; one
+    without ``=`` means ``= 0``), parsed by formulaic's ``LinearConstraints``; the term names are quoted for it, since
+    ``expert[0]:x`` is not an identifier."""
+    from formulaic.errors import FormulaicError
+    from formulaic.utils.constraints import LinearConstraints
+
+    quoted = []
+    for text in specs:
+        for i, name in enumerate(sorted(names, key=len, reverse=True)):  # longest first: no name eats a longer one
+            text = text.replace(name, f"\x00{i}\x00")
+        for i, name in enumerate(sorted(names, key=len, reverse=True)):
+            text = text.replace(f"\x00{i}\x00", f"`{name}`")
+        quoted.append(text)
+    try:
+        c = LinearConstraints.from_spec(quoted, variable_names=names)
+    except (FormulaicError, ValueError, KeyError) as exc:
+        raise ValueError(f"R={specs!r}: unknown terms or a malformed equation ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); terms are spelt as in fit.param_names, e.g. {names[:3]}, "
+                         "and an equation reads like 'expert[0]:x = expert[1]:x'.") from None
+    return np.asarray(c.constraint_matrix, dtype=float), np.asarray(c.constraint_values, dtype=float)
+
+
 @dataclass
 class WaldTest:
     """Result of :meth:`MLEFit.wald_test` (arrays over replicates when the fit is batched)."""
@@ -711,22 +734,23 @@ class MLEFit(FitResult):
         th, se = np.asarray(self.theta), self.bse(kind)
         return np.stack([th - z * se, th + z * se], axis=-1)
 
-    def _restriction(self, R: Any) -> np.ndarray:
+    def _restriction(self, R: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """The restriction matrix of :meth:`wald_test` and, for hypotheses written as equations, their right-hand
+        sides (None otherwise)."""
         names = self.param_names
         if isinstance(R, str):
             R = [R]
         if isinstance(R, Sequence) and all(isinstance(t, str) for t in R):
-            unknown = [t for t in R if t not in names]
-            if unknown:
-                raise ValueError(f"unknown terms {unknown}; valid terms are fit.param_names, e.g. {names[:3]}.")
-            M = np.zeros((len(R), len(names)))
-            for i, t in enumerate(R):
-                M[i, names.index(t)] = 1.0
-            return M
+            if all(t in names for t in R):
+                M = np.zeros((len(R), len(names)))
+                for i, t in enumerate(R):
+                    M[i, names.index(t)] = 1.0
+                return M, None
+            return _linear_hypotheses(list(R), list(names))
         M = np.atleast_2d(np.asarray(R, dtype=float))
         if M.shape[1] != len(names):
             raise ValueError(f"the restriction matrix needs {len(names)} columns (one per parameter), got {M.shape}.")
-        return M
+        return M, None
 
     def wald_test(self, R: Any, q: Any = 0.0, kind: str = "oim") -> WaldTest:
         r"""Wald test of :math:`H_0: R\theta = q`.
@@ -736,8 +760,13 @@ class MLEFit(FitResult):
 
         Parameters
         ----------
-        R : list of term names (tests that they are all zero, or equal to ``q``) or an (r, P) matrix.
+        R : term names, linear hypotheses, or an (r, P) matrix
+            Term names (tests that they are all zero, or equal to ``q``); equations in the terms, as statsmodels
+            writes them, e.g. ``"expert[0]:income = expert[1]:income"`` or ``["gate[0]:w = 0",
+            "expert[0]:x - expert[1]:x = 1"]`` (one row each; parsed by formulaic's ``LinearConstraints``, the
+            term names as ``fit.param_names`` spells them); or the matrix itself.
         q : float or array (r,)
+            The right-hand side for term names or a matrix; equations carry their own.
         kind : covariance kind (see :meth:`cov_params`).
 
         Returns
@@ -745,7 +774,12 @@ class MLEFit(FitResult):
         WaldTest
             The statistic with its :math:`\chi^2_r` p-value.
         """
-        M = self._restriction(R)
+        M, rhs = self._restriction(R)
+        if rhs is not None:
+            if np.any(np.asarray(q, dtype=float) != 0.0):
+                raise ValueError("q= is for term names or a matrix; equations carry their own right-hand side, e.g. "
+                                 "'expert[0]:x = 1'.")
+            q = rhs
         qv = np.broadcast_to(np.asarray(q, dtype=float), (M.shape[0],))
         th = to_numpy(self._theta)
         cov = np.asarray(self.cov_params(kind))

@@ -215,6 +215,27 @@ def test_wald_test_single_term_is_z_squared_and_multi_term_df():
         fit.wald_test(["gate[5]:x1"])
 
 
+def test_wald_test_takes_linear_equations_in_the_terms():
+    data = _data(SPEC2, TRUTH2, 400, seed=17)
+    fit = ms.fit_mle(SPEC2, data.X[0], data.y[0], seed=18)
+    names = fit.param_names
+    th, V = np.asarray(fit.theta), np.asarray(fit.cov_params())
+    a, b = names.index("expert[0]:x1"), names.index("expert[1]:x1")
+    # one equation by hand: (theta_a - theta_b)^2 / var(theta_a - theta_b)
+    by_hand = (th[a] - th[b]) ** 2 / (V[a, a] + V[b, b] - 2 * V[a, b])
+    w = fit.wald_test("expert[0]:x1 = expert[1]:x1")
+    assert w.df == 1 and w.statistic == pytest.approx(by_hand, rel=1e-10)
+    M = np.zeros((2, len(names)))
+    M[0, a], M[0, b], M[1, a] = 1.0, 2.0, 1.0
+    two = fit.wald_test(["expert[0]:x1 + 2 * expert[1]:x1 = 0.5", "expert[0]:x1 = 1"])
+    assert two.df == 2 and two.statistic == pytest.approx(fit.wald_test(M, q=[0.5, 1.0]).statistic, rel=1e-10)
+    assert fit.wald_test("expert[0]:x1").statistic == pytest.approx(fit.wald_test(["expert[0]:x1"]).statistic)
+    with pytest.raises(ValueError, match="q= is for term names"):
+        fit.wald_test("expert[0]:x1 = 1", q=2.0)
+    with pytest.raises(ValueError, match="unknown terms or a malformed equation"):
+        fit.wald_test("expert[0]:x1 == 1")
+
+
 def test_results_frames_summary_predict_posterior():
     data = _data(SPEC2, TRUTH2, 300, seed=19)
     fit = ms.fit_mle(SPEC2, data.X[0], data.y[0], seed=20, feature_names=["income"])
