@@ -33,7 +33,7 @@ mean, quantiles (bisection on :func:`mixture_cdf`, :func:`mixture_quantile`) and
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -845,7 +845,13 @@ class MLEFit(FitResult):
     def _by_name(self, X: Any) -> tuple[Any, np.ndarray | None]:
         """New inputs as the fit's columns, and the mask of the rows kept (None: all): a frame goes through the
         formula (by column name; a fit with ``missing="drop"`` drops rows with a missing value) or, for an array fit,
-        its columns are picked by the fit's feature names; never by position."""
+        its columns are picked by the fit's feature names; never by position.  A dict of columns is read as a frame."""
+        if isinstance(X, Mapping):
+            try:
+                X = pd.DataFrame(dict(X))
+            except ValueError as exc:
+                raise ValueError(f"X is a dict that does not make a DataFrame ({exc}); give equal-length "
+                                 "columns.") from None
         if not isinstance(X, pd.DataFrame):
             return X, None
         if self.design is not None:

@@ -241,6 +241,17 @@ def test_a_dropped_row_of_new_data_predicts_nan_in_its_place():
     with pytest.raises(ValueError, match="missing values"):  # missing="raise" (default) still refuses them
         strict.predict(new)
 
+
+def test_a_dict_of_columns_reads_like_a_frame():
+    df = _frame(300, seed=10)
+    fit = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", seed=11)
+    rows = df.iloc[:5]
+    as_dict = {c: rows[c].to_list() for c in ("w", "x")}
+    np.testing.assert_array_equal(fit.predict(as_dict), fit.predict(rows))
+    np.testing.assert_array_equal(fit.gate_probs(as_dict), fit.gate_probs(rows))
+    with pytest.raises(ValueError, match="equal-length columns"):
+        fit.predict({"x": [0.1, 0.2], "w": [0.3]})
+
 # ------------------------------------------------------------------------------------------------ plot
 def _lines(ax, prefix):
     return {ln.get_gid(): ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith(prefix)}
