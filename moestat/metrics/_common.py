@@ -14,14 +14,18 @@ from ..params import Params
 
 
 def unpack(obj: Any, name: str) -> tuple[MoE | None, Params]:
-    """Accept a ``Params`` or a ``(MoE, Params)`` pair (e.g. a preset ``Truth``)."""
+    """Accept a ``Params``, a ``(MoE, Params)`` pair (e.g. a preset ``Truth``) or a fit result (``fit_lse``,
+    ``fit_mle``, ...: its ``params``, with its ``spec`` where it has one)."""
     if isinstance(obj, Params):
         return None, obj
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], MoE) and isinstance(obj[1], Params):
         return obj[0], obj[1]
+    spec, params = getattr(obj, "spec", None), getattr(obj, "params", None)
+    if isinstance(params, Params):  # a fit result; LSEFit carries no spec, its params say what they are
+        return (spec if isinstance(spec, MoE) else None), params
     raise TypeError(
-        f"{name} must be a moestat.Params or a (MoE spec, Params) pair such as a preset Truth, "
-        f"got {type(obj).__name__}."
+        f"{name} must be a moestat.Params, a (MoE spec, Params) pair such as a preset Truth, or a fit result "
+        f"(its params), got {type(obj).__name__}."
     )
 
 

@@ -343,3 +343,18 @@ def test_optimal_assignment_matches_brute_force(m, extra, batch, seed):
         assert math.isclose(cost[b, np.arange(m), match[b]].sum(), best, rel_tol=1e-12)
     with pytest.raises(ValueError, match="m <= k"):
         optimal_assignment(np.ones((3, 2)))
+
+
+def test_metrics_take_a_fit_result_as_its_params():
+    spec = ms.MoE(gate="softmax", expert="linear", k=2, d=1)
+    truth = ms.Params([0.5, 0.0], [[3.0], [0.0]], [[2.0], [-2.0]], [1.0, -1.0], noise_sd=[0.5, 0.5])
+    data = ms.simulate(spec, truth, n=300, reps=2, seed=0, model="mixture")
+    lse = ms.fit_lse(spec, data.X, data.y, init="near_truth", truth=truth, seed=1)
+    mle = ms.fit_mle(spec, data.X, data.y, seed=1, restarts=2)
+    for fit in (lse, mle):
+        np.testing.assert_array_equal(ms.voronoi_loss(fit, (spec, truth), kind="D1"),
+                                      ms.voronoi_loss(fit.params, (spec, truth), kind="D1"))
+        pd.testing.assert_frame_equal(ms.parameter_errors(fit, (spec, truth)),
+                                      ms.parameter_errors(fit.params, (spec, truth)))
+    with pytest.raises(TypeError, match="a fit result"):
+        ms.voronoi_loss(np.zeros(3), (spec, truth))
