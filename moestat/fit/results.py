@@ -32,6 +32,7 @@ mean, quantiles (bisection on :func:`mixture_cdf`, :func:`mixture_quantile`) and
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -251,13 +252,9 @@ def _linear_hypotheses(specs: list[str], names: list[str]) -> tuple[np.ndarray, 
     from formulaic.errors import FormulaicError
     from formulaic.utils.constraints import LinearConstraints
 
-    quoted = []
-    for text in specs:
-        for i, name in enumerate(sorted(names, key=len, reverse=True)):  # longest first: no name eats a longer one
-            text = text.replace(name, f"\x00{i}\x00")
-        for i, name in enumerate(sorted(names, key=len, reverse=True)):
-            text = text.replace(f"\x00{i}\x00", f"`{name}`")
-        quoted.append(text)
+    # one pass, longest names first (no name eats part of a longer one); a name the user quoted stays as it is
+    terms = re.compile("(?<!`)(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + ")(?!`)")
+    quoted = [terms.sub(lambda m: f"`{m.group(0)}`", text) for text in specs]
     try:
         c = LinearConstraints.from_spec(quoted, variable_names=names)
     except (FormulaicError, ValueError, KeyError) as exc:
@@ -815,12 +812,16 @@ class MLEFit(FitResult):
         return self._out(np.asarray(self._bic()) + 2 * self._entropy())
 
     # ---------------------------------------------------------- prediction
-    def _data_kept(self, X: Any, y: Any = None) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
+    def _data_kept(self, X: Any, y: Any = None, *, y_from_frame: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray | None]:
         """New inputs (R, m, d) and responses (R, m) as tensors, and which rows of a frame ``X`` they are: None when
         every row is used, else the mask of the rows a formula fit with ``missing="drop"`` kept (a ``y`` with one
-        value per row of ``X`` is cut to those rows)."""
+        value per row of ``X`` is cut to those rows).  ``y_from_frame``: without ``y``, a formula fit's frame ``X``
+        that holds the response column gives it (one pass through the formula for both)."""
         dev, dt = self._X.device, self._X.dtype
-        X, kept = self._by_name(X)
+        X, kept, y_frame = self._by_name(X)
+        if y is None and y_from_frame:
+            y = y_frame
         if kept is not None and y is not None and np.ndim(y) == 1 and len(y) == kept.size:
             y = np.asarray(y)[kept]
         Xt = to_tensor(np.asarray(X, dtype=float) if not isinstance(X, torch.Tensor) else X, device=dev, dtype=dt)
@@ -842,10 +843,11 @@ class MLEFit(FitResult):
             yt = yt.unsqueeze(0).expand(self.n_reps, -1)
         return Xt, yt, kept
 
-    def _by_name(self, X: Any) -> tuple[Any, np.ndarray | None]:
-        """New inputs as the fit's columns, and the mask of the rows kept (None: all): a frame goes through the
-        formula (by column name; a fit with ``missing="drop"`` drops rows with a missing value) or, for an array fit,
-        its columns are picked by the fit's feature names; never by position.  A dict of columns is read as a frame."""
+    def _by_name(self, X: Any) -> tuple[Any, np.ndarray | None, np.ndarray | None]:
+        """New inputs as the fit's columns, the mask of the rows kept (None: all) and, for a formula fit's frame that
+        holds the response column, the response of those rows (else None): a frame goes through the formula (by
+        column name; a fit with ``missing="drop"`` drops rows with a missing value) or, for an array fit, its columns
+        are picked by the fit's feature names; never by position.  A dict of columns is read as a frame."""
         if isinstance(X, Mapping):
             try:
                 X = pd.DataFrame(dict(X))
@@ -853,17 +855,17 @@ class MLEFit(FitResult):
                 raise ValueError(f"X is a dict that does not make a DataFrame ({exc}); give equal-length "
                                  "columns.") from None
         if not isinstance(X, pd.DataFrame):
-            return X, None
+            return X, None, None
         if self.design is not None:
             m = self.design.transform(X)
             kept = None if bool(np.all(m.kept)) else np.asarray(m.kept)
-            return union_matrix(self.design, m.X, m.X_gate, m.X_shared), kept
+            return union_matrix(self.design, m.X, m.X_gate, m.X_shared), kept, m.y
         names = self.layout.feature_names
         missing = [c for c in names if c not in X.columns]
         if missing:
             raise ValueError(f"X is a DataFrame without the fit's column(s) {missing} (the fit's columns are "
                              f"{names}); pass a frame with those columns, or an array in that column order.")
-        return X[names].to_numpy(dtype=float, copy=True), None
+        return X[names].to_numpy(dtype=float, copy=True), None, None
 
     def _weights_np(self, Xt: torch.Tensor) -> np.ndarray:
         """Normalised mixture weights at the (R, m, d) inputs ``Xt``: (R, m, k)."""
@@ -1031,14 +1033,11 @@ class MLEFit(FitResult):
         r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k); a fit with binomial trials needs
         the new rows' ``trials`` (``y`` is then their proportion of successes).  A formula fit reads ``y`` from a frame
         ``X`` that holds the response column; otherwise pass ``y`` (:meth:`posterior_frame` is the tidy version)."""
-        if y is None:
-            if isinstance(X, pd.DataFrame) and self.design is not None:
-                y = self.design.transform(X).y
-            if y is None:
-                raise TypeError("posterior(X) needs y=, the responses of the rows of X"
-                                + (f" (or a frame X holding the response column {self.response_name!r})"
-                                   if self.design is not None else "") + ".")
-        Xt, yt, kept = self._data_kept(X, y)
+        Xt, yt, kept = self._data_kept(X, y, y_from_frame=True)
+        if yt is None:
+            raise TypeError("posterior(X) needs y=, the responses of the rows of X"
+                            + (f" (or a frame X holding the response column {self.response_name!r})"
+                               if self.design is not None else "") + ".")
         m = self._new_trials(trials, Xt.shape[1], "posterior", kept)
         return self._out(self._pad(to_numpy(self._posterior_t(Xt, yt, m)), kept))
 
