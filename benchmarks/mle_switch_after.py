@@ -6,9 +6,24 @@ Data: statsmodels' ``engel`` (k = 2, 3), scikit-learn's ``diabetes`` (k = 2 with
 covariates in the experts; k = 3 on three covariates), a 3,000-row subsample of statsmodels' ``randhie`` (Poisson,
 k = 3, gate on disea and physlm), a simulated binomial mixture with trials (k = 3, 1,000 rows), and flexmix's
 ``NPreg`` (the cases of ``mle_vs_flexmix_glm.py``) when ``Rscript`` with flexmix is installed.  Prints one line per
-case and setting.
+case and setting.  With ``--standardised``, the Gaussian cases are also fitted at the default with the response
+centred and scaled to unit SD (the log-likelihood printed is moved back to the original scale, minus n log SD): how
+much of the L-BFGS phase's cost is the response's scale.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_switch_after.py [--cases diabetes_k2,engel_k3]
+``--overspecified`` runs the other side of the trade-off instead: the singular fits the switch was set for, as the
+softmax Gaussian MoE vignette fits them (its lambda-shaped truth, d = 1, k* = 2, fixed design on [0, 1]; k = 3 with
+expert 2 split and k = 4 with splits (1, 2) and (2, 2), started near the truth, no restarts; 5 replicates at n =
+1,000 and 10,000), at ``switch_after`` 30 and 100: CPU seconds per cell, and per replicate the maximum each reaches.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_switch_after.py [--cases diabetes_k2,engel_k3] [--standardised]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_switch_after.py --overspecified
+
+``--rates`` tests a rate-based switching rule on the everyday cases: pure EM from the same 10 starts (seeds 0 and 1),
+and for every start still running at iteration 30, the ratio of its last two three-iteration gains (one SQUAREM
+cycle each) and the iterations pure EM still needed.  A ratio of 1 or more predicts no convergence (switch); the
+summary counts those among the starts EM finished within 30 more iterations.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_switch_after.py --rates
 """
 
 from __future__ import annotations
@@ -76,13 +91,89 @@ def cases() -> dict[str, dict]:
     return out
 
 
+def overspecified(reps: int = 5) -> None:
+    """The vignette's over-specified fits at ``switch_after`` 30 and 100: CPU s and -loglik/n per replicate."""
+    from moestat.cells import Truth, mle_estimator
+
+    spec = ms.MoE(k=2, d=1, gate="softmax", expert="linear")
+    params = ms.Params(gate_bias=np.array([-8.0, 0.0]), gate_weight=np.array([[25.0], [0.0]]),
+                       expert_weight=np.array([[-20.0], [20.0]]), expert_bias=np.array([15.0, -5.0]),
+                       noise_sd=np.array([0.3, 0.4]))
+    truth = Truth(spec, params, {})
+    print(f"{'n':>6s} {'k':>2s} {'split':>6s} {'switch_after':>12s} {'CPU s':>6s}  -loglik/n per replicate")
+    for n in (1000, 10000):
+        data = ms.simulate(spec, params, n=n, reps=reps, seed=n, model="mixture", design="linspace", low=0.0,
+                           high=1.0)
+        for k, split in ((3, [1]), (4, [0, 1]), (4, [1, 1])):
+            for switch in (30, 100):
+                t0 = time.process_time()
+                est = mle_estimator(spec.with_k(k), data.X, data.y, truth=truth, seed=np.random.SeedSequence(7),
+                                    init="near_truth", duplicate=split, se="none", switch_after=switch, device="cpu")
+                cpu = time.process_time() - t0
+                label = ",".join(str(i + 1) for i in split)
+                print(f"{n:6d} {k:2d} {label:>6s} {switch!s:>12s} {cpu:6.2f}  "
+                      + " ".join(f"{v:.4f}" for v in np.asarray(est.objective, dtype=float)), flush=True)
+
+
+def rates(table: dict[str, dict], at: int = 30) -> None:
+    """Pure EM's log-likelihood path per start; the SQUAREM-cycle gain ratio at ``at`` against the iterations left."""
+    from moestat.fit import mle as mle_module
+
+    captured = {}
+    em_fit = mle_module.em_fit
+
+    def recording(*args, **kwargs):
+        state = em_fit(*args, **kwargs)
+        captured["history"], captured["n_iter"] = state.history[:, :, 0].numpy(), state.n_iter.flatten().numpy()
+        return state
+
+    mle_module.em_fit = recording
+    soon = soon_slow = 0
+    try:
+        print(f"{'case':24s} {'seed':>4s} {'start':>5s} {'ratio at ' + str(at):>12s} {'EM iterations left':>19s}")
+        for name, kw in table.items():
+            for seed in (0, 1):
+                ms.fit_mle(**kw, restarts=10, seed=seed, switch_after=None, progress=False)
+                hist, n_iter = captured["history"], captured["n_iter"]
+                for s in np.flatnonzero(n_iter > at):
+                    last, before = hist[at, s] - hist[at - 3, s], hist[at - 3, s] - hist[at - 6, s]
+                    ratio = last / before if before > 0 else np.inf
+                    left = int(n_iter[s]) - at
+                    soon += left <= 30
+                    soon_slow += left <= 30 and ratio >= 1
+                    print(f"{name:24s} {seed:4d} {s:5d} {ratio:12.3f} {left:19d}")
+    finally:
+        mle_module.em_fit = em_fit
+    print(f"starts finished by pure EM within 30 more iterations: {soon}; with a ratio >= 1 at {at}: {soon_slow}")
+
+
+def standardised(kw: dict) -> tuple[dict, float]:
+    """The case with its response column centred and scaled to unit SD, and the log-likelihood shift n log SD."""
+    response = kw["formula"].split("~")[0].strip()
+    df = kw["data"].copy()
+    sd = float(df[response].std())
+    df[response] = (df[response] - df[response].mean()) / sd
+    return dict(kw, data=df), len(df) * np.log(sd)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("--standardised", action="store_true",
+                        help="also fit the Gaussian cases at the default on the standardised response")
+    parser.add_argument("--rates", action="store_true", help="test a rate-based switching rule (pure EM paths)")
+    parser.add_argument("--overspecified", action="store_true",
+                        help="run the softmax Gaussian MoE vignette's over-specified fits at 30 and 100 instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # convergence and degeneracy warnings: the maxima are printed
+    if args.overspecified:
+        overspecified()
+        return
     table = cases()
+    if args.rates:
+        rates({name: table[name] for name in (args.cases.split(",") if args.cases else table)})
+        return
     names = args.cases.split(",") if args.cases else list(table)
     print(f"{'case':24s} {'switch_after':>12s} {'seed':>4s} {'CPU ms':>8s} {'log-likelihood':>16s}")
     for name in names:
@@ -97,6 +188,18 @@ def main() -> None:
                     times.append(time.process_time() - t0)
                 print(f"{name:24s} {switch!s:>12s} {seed:4d} {1e3 * min(times):8.0f} {float(fit.loglik):16.4f}",
                       flush=True)
+        if args.standardised and table[name].get("family", "gaussian") == "gaussian":
+            case, shift = standardised(table[name])
+            for seed in (0, 1):
+                kw = dict(case, restarts=10, seed=seed, progress=False)
+                ms.fit_mle(**kw)
+                times = []
+                for _ in range(3):
+                    t0 = time.process_time()
+                    fit = ms.fit_mle(**kw)
+                    times.append(time.process_time() - t0)
+                print(f"{name:24s} {'30, std. y':>12s} {seed:4d} {1e3 * min(times):8.0f} "
+                      f"{float(fit.loglik) - shift:16.4f}", flush=True)
 
 
 if __name__ == "__main__":
