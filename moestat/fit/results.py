@@ -1231,11 +1231,16 @@ class MLEFit(FitResult):
             notes.append(f"expert(s) {comp.index[comp['small']].tolist()} have mean weight < {SMALL_WEIGHT} "
                          "(kept, not dropped).")
         if comp["sigma_at_floor"].any():
-            notes.append("some sigma sits at the variance floor: the likelihood is constrained there.")
-        if comp["collapsed"].any():
-            notes.append(f"expert(s) {comp.index[comp['collapsed']].tolist()} have a collapsed variance (sigma "
+            notes.append(f"expert(s) {comp.index[comp['sigma_at_floor']].tolist()} have sigma at the variance floor: "
+                         "the likelihood is constrained there.")
+        by_ratio = comp["collapsed"] & ~comp["sigma_at_floor"]  # at the floor is said above, with its own cause
+        if by_ratio.any():
+            notes.append(f"expert(s) {comp.index[by_ratio].tolist()} have a collapsed variance (sigma "
                          f"< {COLLAPSE_RATIO} x the largest, on few observations): likely a spurious maximiser; "
                          "refit with more restarts, a higher sd_floor or fewer experts.")
+        for row in self._degeneracy_rows():
+            if row["rep"] == rep and row["kind"] == "tied_responses":
+                notes.append(f"expert {row['expert']} has {row['detail']}: {row['advice']}.")
         kind_name = {"gaussian": "Gaussian", "poisson": "Poisson", "binomial": "Binomial"}[self.spec.response]
         shown = comp if self.spec.has_noise_sd else comp.drop(columns=["sigma", "sigma_at_floor", "collapsed"])
         return Summary(header, coef, shown, notes, title=f"{kind_name} mixture of experts: maximum likelihood",

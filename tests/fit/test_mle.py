@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
@@ -379,11 +380,39 @@ def test_variance_collapse_is_flagged():
         right = ms.fit_mle(SPEC2, data.X, data.y, seed=1, restarts=2)
     comp = over.components()
     flagged = comp[comp["collapsed"]]
-    # measured: 12 of 50 replicates, sigma 0.001-0.02 (true 0.5), 9 of them above the floor where at_floor said
+    # measured: 14 of 50 replicates, sigma 0.001-0.02 (true 0.5), 10 of them above the floor where at_floor said
     # nothing; the ratio sigma_min / sigma_max of the correctly specified fits is >= 0.73
     assert 3 <= flagged["rep"].nunique() <= 25
     assert (flagged["sigma"] < 0.025).all() and (~flagged["sigma_at_floor"]).sum() >= 3
     assert over.glance()["n_collapsed"].sum() == len(flagged)
-    rep = int(flagged["rep"].iloc[0])
-    assert "have a collapsed variance" in over.summary(rep).as_text()
+    by_ratio = flagged[~flagged["sigma_at_floor"]]
+    rep = int(by_ratio["rep"].iloc[0])
+    text = over.summary(rep).as_text()
+    assert f"expert(s) {sorted(by_ratio[by_ratio['rep'] == rep]['expert'].tolist())} have a collapsed variance" in text
+    at_floor = flagged[flagged["sigma_at_floor"]]
+    assert len(at_floor)  # measured: 4 of the 14 flagged experts sit at the floor
+    if len(at_floor):  # the floor note names the expert; the collapsed note (on few observations) does not
+        rep = int(at_floor["rep"].iloc[0])
+        text = over.summary(rep).as_text()
+        assert f"[{int(at_floor['expert'].iloc[0])}] have sigma at the variance floor" in text
     assert not np.asarray(right.collapsed).any()
+
+
+def test_summary_names_tied_responses_not_few_observations():
+    """An expert sitting on a point mass of tied responses (here 60% of y exactly 0) is at the variance floor with
+    many observations: the summary names the point mass and its remedy, and does not call it a collapse on few
+    observations."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=400)
+    zero = rng.random(400) < 0.6
+    df = pd.DataFrame({"x": x, "y": np.where(zero, 0.0, 2.0 + x + rng.normal(size=400))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = ms.fit_mle(formula="y ~ x", data=df, k=2, restarts=4, seed=1)
+    comp = fit.components()
+    assert comp["sigma_at_floor"].sum() == 1
+    i = int(comp.loc[comp["sigma_at_floor"], "expert"].iloc[0])
+    text = fit.summary().as_text()
+    assert f"expert(s) [{i}] have sigma at the variance floor" in text
+    assert f"expert {i} has 100% of its responsibility on y = 0" in text and "count or hurdle family" in text
+    assert "have a collapsed variance" not in text
