@@ -52,6 +52,7 @@ from ..params import Params
 from ..report import Summary
 from ._layout import BlockParams, ParamLayout
 from .base import FitResult, check_reps
+from .checks import mixture_moments
 from .formula_fit import union_matrix
 
 COV_KINDS = ("oim", "sandwich", "opg")
@@ -934,9 +935,13 @@ class MLEFit(FitResult):
             ``missing="drop"`` returns NaN for a row of the frame with a missing value, so the result keeps one row
             per row of ``X`` (R's ``na.exclude``; also :meth:`gate_probs`, :meth:`expert_means`, :meth:`posterior`
             and :meth:`simulate`); with ``missing="raise"`` such a row raises.
-        kind : {"mean", "quantile", "interval"}
+        kind : {"mean", "variance", "quantile", "interval"}
             ``"mean"``: the conditional mean :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)` (for sigmoid
             gates with the *normalised* weights of the density, not :meth:`moestat.MoE.mean`).
+            ``"variance"``: the conditional variance :math:`\mathrm{Var}[y\mid x] = \sum_i\tilde\pi_i(x)(v_i +
+            \mu_i^2) - E[y\mid x]^2` (law of total variance; :math:`v_i` = :math:`\sigma_i^2`, the Poisson rate,
+            or :math:`\mu_i(1-\mu_i)/m` for a proportion out of :math:`m` trials;
+            :func:`moestat.fit.checks.mixture_moments`).
             ``"quantile"``: :math:`F^{-1}(q\mid x)`, found by vectorised bisection on the mixture CDF inside the
             bracket :math:`[\min_i F_i^{-1}(q), \max_i F_i^{-1}(q)]` (it holds the mixture quantile because
             :math:`F` is a convex combination of the :math:`F_i`); for Poisson and binomial experts the smallest
@@ -950,16 +955,17 @@ class MLEFit(FitResult):
             The coverage of ``kind="interval"`` (a prediction interval for a new response, not a confidence
             interval for a parameter).
         trials : array (m,), optional
-            A fit with binomial trials: the new rows' numbers of trials, needed by ``"quantile"`` and ``"interval"``
-            (which are then proportions of successes); the mean proportion does not depend on them.
+            A fit with binomial trials: the new rows' numbers of trials, needed by ``"variance"``, ``"quantile"``
+            and ``"interval"`` (which are then proportions of successes); the mean proportion does not depend on
+            them.  ``X=None`` (the training inputs) uses the training trials.
 
         Returns
         -------
         ndarray
-            ``"mean"``: (m,); ``"quantile"``: (m,) for a scalar ``q``, (m, len(q)) otherwise; ``"interval"``:
-            (m, 2) with the lower and upper ends.  A batched fit adds a leading replicate axis.
+            ``"mean"`` and ``"variance"``: (m,); ``"quantile"``: (m,) for a scalar ``q``, (m, len(q)) otherwise;
+            ``"interval"``: (m, 2) with the lower and upper ends.  A batched fit adds a leading replicate axis.
         """
-        check_choice("kind", kind, ("mean", "quantile", "interval"))
+        check_choice("kind", kind, ("mean", "variance", "quantile", "interval"))
         if kind == "mean":
             if q is not None:
                 raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
@@ -967,6 +973,13 @@ class MLEFit(FitResult):
             if trials is not None:
                 self._new_trials(trials, w.shape[1], "predict", kept)  # checked, unused: the mean is free of m
             return self._out(self._pad((w * mu).sum(-1), kept))
+        if kind == "variance":
+            if q is not None:
+                raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
+            w, mu, sd, kept = self._predictive_kept(X)
+            m = self._trials_at(X, trials, w.shape[1], "predict", kept)
+            _, var, _ = mixture_moments(w, mu, sd, self.spec.response, None if m is None else to_numpy(m))
+            return self._out(self._pad(var, kept))
         if kind == "quantile":
             if q is None:
                 raise TypeError("kind='quantile' needs q=, the probabilities, e.g. predict(X, 'quantile', q=0.9).")
@@ -980,7 +993,7 @@ class MLEFit(FitResult):
                 raise ValueError(f"confidence_level must be a number in (0, 1), e.g. 0.95; got {confidence_level!r}.")
             probs = np.array([(1 - confidence_level) / 2, (1 + confidence_level) / 2])
         w, mu, sd, kept = self._predictive_kept(X)
-        m = self._new_trials(trials, w.shape[1], "predict", kept)
+        m = self._trials_at(X, trials, w.shape[1], "predict", kept)
         out = mixture_quantile(probs, w, mu, sd, self.spec.response, None if m is None else to_numpy(m))
         if kind == "quantile" and np.ndim(q) == 0:
             out = out[..., 0]
@@ -1062,6 +1075,35 @@ class MLEFit(FitResult):
                              f"{arr.shape}.")
         t = to_tensor(arr, device=self._X.device, dtype=self._X.dtype)
         return t.unsqueeze(0).expand(self.n_reps, -1)
+
+    def _trials_at(self, X: Any, trials: Any, m_rows: int, what: str, kept: np.ndarray | None = None
+                   ) -> torch.Tensor | None:
+        """The trials of the rows of ``X``: the training trials when ``X`` is None (and no ``trials`` are given),
+        else :meth:`_new_trials`."""
+        if X is None and trials is None:
+            return self._m
+        return self._new_trials(trials, m_rows, what, kept)
+
+    @property
+    def fittedvalues(self) -> Any:
+        r"""The fitted conditional means at the training rows, :math:`\hat y_t = E[y\mid x_t]`
+        (``predict(None)``), (n,) or (R, n); for binomial trials, proportions of successes."""
+        return self.predict(None)
+
+    @property
+    def resid(self) -> Any:
+        r"""Response residuals :math:`y_t - \hat y_t` at the training rows, (n,) or (R, n) (statsmodels'
+        ``resid_response``); case weights do not scale them."""
+        return self._out(to_numpy(self._y) - np.asarray(self.predict(None)).reshape(self.n_reps, -1))
+
+    @property
+    def resid_pearson(self) -> Any:
+        r"""Pearson residuals :math:`(y_t - \hat y_t)/\mathrm{Var}[y\mid x_t]^{1/2}` under the fitted mixture,
+        (n,) or (R, n): about mean 0 and variance 1 when the model holds.  Their sum of squares over
+        :math:`n - \mathrm{df}` is the Pearson dispersion of :func:`moestat.fit.checks.predictive_checks`
+        (McCullagh & Nelder 1989, §2.4.2)."""
+        var = np.asarray(self.predict(None, "variance")).reshape(self.n_reps, -1)
+        return self._out(np.asarray(self.resid).reshape(self.n_reps, -1) / np.sqrt(var))
 
     def posterior_frame(self, X: Any = None, y: Any = None, trials: Any = None) -> pd.DataFrame:
         r"""Posterior expert probabilities as a tidy frame, with the MAP expert.
