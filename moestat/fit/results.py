@@ -94,6 +94,11 @@ def log_joint(spec: MoE, logits: torch.Tensor, pre: torch.Tensor, y: torch.Tenso
     return logw + spec.glm.log_density(y, spec.family.activation(pre), trials=trials)
 
 
+def _check_level(level: Any) -> None:
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"confidence_level must be a number in (0, 1), e.g. 0.95; got {level!r}.")
+
+
 def _check_probabilities(name: str, q: Any) -> np.ndarray:
     """``q`` as a 1-d float array of probabilities strictly inside (0, 1)."""
     try:
@@ -868,21 +873,45 @@ class MLEFit(FitResult):
                              f"{names}); pass a frame with those columns, or an array in that column order.")
         return X[names].to_numpy(dtype=float, copy=True), None, None
 
-    def _weights_np(self, Xt: torch.Tensor) -> np.ndarray:
-        """Normalised mixture weights at the (R, m, d) inputs ``Xt``: (R, m, k)."""
+    def _weights_t(self, b: Any, Xt: torch.Tensor) -> torch.Tensor:
+        """Normalised mixture weights of the blocks ``b`` at the inputs ``Xt`` (..., m, d): (..., m, k)."""
         # the gate's own scores (distances, cosines, quadratic forms, ...) and a learned temperature, as the model
-        logits = self.spec._logits(self._blocks, Xt)
+        logits = self.spec._logits(b, Xt)
         lw = log_mixture_weights(self.spec.gate, logits, top_k=self.spec.top_k, temperature=self.spec.temperature,
                                  n_shared=self.spec.n_shared)
-        return to_numpy(lw.exp())
+        return lw.exp()
 
-    def _means_np(self, Xt: torch.Tensor) -> np.ndarray:
-        """Expert mean responses at the (R, m, d) inputs ``Xt``: (R, m, k)."""
-        b = self._blocks
+    def _means_t(self, b: Any, Xt: torch.Tensor) -> torch.Tensor:
+        """Expert mean responses of the blocks ``b`` at the inputs ``Xt`` (..., m, d): (..., m, k)."""
         pre = Xt @ b.expert_weight.transpose(-1, -2) + b.expert_bias.unsqueeze(-2)
         if not self.spec.family.input_dependent:
             pre = b.expert_bias.unsqueeze(-2).expand_as(pre)
-        return to_numpy(self.spec.expert_response_mean(pre))
+        return self.spec.expert_response_mean(pre)
+
+    def _weights_np(self, Xt: torch.Tensor) -> np.ndarray:
+        """Normalised mixture weights at the (R, m, d) inputs ``Xt``: (R, m, k)."""
+        return to_numpy(self._weights_t(self._blocks, Xt))
+
+    def _means_np(self, Xt: torch.Tensor) -> np.ndarray:
+        """Expert mean responses at the (R, m, d) inputs ``Xt``: (R, m, k)."""
+        return to_numpy(self._means_t(self._blocks, Xt))
+
+    def _mean_se(self, Xt: torch.Tensor, cov: str) -> tuple[np.ndarray, np.ndarray]:
+        r"""The predictive mean :math:`m(x;\hat\theta) = \sum_i\tilde\pi_i(x)\mu_i(x)` at the (R, m, d) inputs and its
+        delta-method standard error :math:`(g^\top\widehat V g)^{1/2}`, :math:`g = \partial m/\partial\theta`
+        (forward-mode autograd through the packed parameters, as the Hessian), both (R, m)."""
+        V = torch.as_tensor(np.asarray(self.cov_params(cov)).reshape(self.n_reps, *self._theta.shape[-1:] * 2),
+                            dtype=self._theta.dtype, device=self._theta.device)
+        layout = self.layout
+
+        def mean(theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+            b = layout.unpack(theta)
+            return (self._weights_t(b, X) * self._means_t(b, X)).sum(-1)
+
+        m = torch.func.vmap(mean)(self._theta, Xt)
+        G = torch.func.vmap(torch.func.jacfwd(mean))(self._theta, Xt)  # (R, m, P)
+        var = torch.einsum("rmp,rpq,rmq->rm", G, V, G)
+        return to_numpy(m), np.sqrt(np.clip(to_numpy(var), 0, None))
 
     def _predictive(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Weights (R, m, k), expert means (R, m, k) and noise sds (R, 1, k) of the predictive distribution at X
@@ -920,7 +949,7 @@ class MLEFit(FitResult):
         return self._out(self._pad(self._means_np(Xt), kept))
 
     def predict(self, X: Any, kind: str = "mean", *, q: Any = None, confidence_level: float = 0.95,
-                trials: Any = None) -> Any:
+                trials: Any = None, cov: str = "oim") -> Any:
         r"""Predictions from the fitted conditional (mixture) distribution of :math:`y` given :math:`x`.
 
         The predictive distribution is the fitted mixture (Jordan & Jacobs 1994)
@@ -949,6 +978,15 @@ class MLEFit(FitResult):
             ``"interval"``: the central prediction interval
             :math:`[F^{-1}(\tfrac{1-c}{2}), F^{-1}(\tfrac{1+c}{2})]` with :math:`c` = ``confidence_level``; for
             count and binary responses its coverage is at least ``confidence_level``.
+            ``"mean_se"``: the standard error of the fitted mean :math:`\hat m(x)` from the parameters' estimated
+            covariance (``cov``), by the delta method: :math:`(g^\top\widehat V g)^{1/2}`,
+            :math:`g = \partial m(x;\theta)/\partial\theta` at :math:`\hat\theta` (autograd).
+            ``"mean_ci"``: the Wald confidence interval for :math:`E[y\mid x]` at level ``confidence_level``, formed on
+            the family's link scale and mapped back (statsmodels' ``get_prediction`` for GLMs): :math:`\hat m \pm
+            z\,\mathrm{se}` (Gaussian), :math:`\hat m\,e^{\pm z\,\mathrm{se}/\hat m}` (Poisson), the logistic of
+            :math:`\mathrm{logit}\,\hat m \pm z\,\mathrm{se}/(\hat m(1-\hat m))` (binomial), so it stays
+            inside the response's range.  It covers the regression function, not a new response (``"interval"``).
+            NaN where the information matrix is singular.
         q : float or sequence of float in (0, 1)
             The probabilities of ``kind="quantile"``.
         confidence_level : float in (0, 1)
@@ -958,14 +996,19 @@ class MLEFit(FitResult):
             A fit with binomial trials: the new rows' numbers of trials, needed by ``"variance"``, ``"quantile"``
             and ``"interval"`` (which are then proportions of successes); the mean proportion does not depend on
             them.  ``X=None`` (the training inputs) uses the training trials.
+        cov : {"oim", "sandwich", "opg"}
+            ``"mean_se"`` and ``"mean_ci"``: the covariance of :math:`\hat\theta` (:meth:`cov_params`).
 
         Returns
         -------
         ndarray
-            ``"mean"`` and ``"variance"``: (m,); ``"quantile"``: (m,) for a scalar ``q``, (m, len(q)) otherwise;
-            ``"interval"``: (m, 2) with the lower and upper ends.  A batched fit adds a leading replicate axis.
+            ``"mean"``, ``"variance"`` and ``"mean_se"``: (m,); ``"quantile"``: (m,) for a scalar ``q``,
+            (m, len(q)) otherwise; ``"interval"`` and ``"mean_ci"``: (m, 2) with the lower and upper ends.  A batched
+            fit adds a leading replicate axis.
         """
-        check_choice("kind", kind, ("mean", "variance", "quantile", "interval"))
+        check_choice("kind", kind, ("mean", "variance", "quantile", "interval", "mean_se", "mean_ci"))
+        if kind in ("mean_se", "mean_ci"):
+            return self._predict_mean_uncertainty(X, kind, q, confidence_level, cov)
         if kind == "mean":
             if q is not None:
                 raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
@@ -988,9 +1031,7 @@ class MLEFit(FitResult):
             if q is not None:
                 raise TypeError("q= is for kind='quantile'; an interval takes confidence_level=, e.g. "
                                 "confidence_level=0.9.")
-            level = confidence_level
-            if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-                raise ValueError(f"confidence_level must be a number in (0, 1), e.g. 0.95; got {confidence_level!r}.")
+            _check_level(confidence_level)
             probs = np.array([(1 - confidence_level) / 2, (1 + confidence_level) / 2])
         w, mu, sd, kept = self._predictive_kept(X)
         m = self._trials_at(X, trials, w.shape[1], "predict", kept)
@@ -998,6 +1039,27 @@ class MLEFit(FitResult):
         if kind == "quantile" and np.ndim(q) == 0:
             out = out[..., 0]
         return self._out(self._pad(out, kept))
+
+    def _predict_mean_uncertainty(self, X: Any, kind: str, q: Any, level: float, cov: str) -> Any:
+        """:meth:`predict`'s ``"mean_se"`` and ``"mean_ci"``."""
+        if q is not None:
+            raise TypeError(f"q= is for kind='quantile'; drop it from kind={kind!r}.")
+        check_choice("cov", cov, COV_KINDS)
+        _check_level(level)
+        Xt, _, kept = (self._X, None, None) if X is None else self._data_kept(X)
+        mean, se = self._mean_se(Xt, cov)
+        if kind == "mean_se":
+            return self._out(self._pad(se, kept))
+        z = stats.norm.ppf((1 + level) / 2)
+        if self.spec.response == "poisson":
+            half = z * se / mean
+            lo, hi = mean * np.exp(-half), mean * np.exp(half)
+        elif self.spec.response == "binomial":
+            eta, half = special.logit(mean), z * se / (mean * (1 - mean))
+            lo, hi = special.expit(eta - half), special.expit(eta + half)
+        else:
+            lo, hi = mean - z * se, mean + z * se
+        return self._out(self._pad(np.stack([lo, hi], axis=-1), kept))
 
     def simulate(self, X: Any = None, n_draws: int = 1, seed: Any = None, trials: Any = None) -> Any:
         r"""New responses drawn from the fitted conditional density at the inputs ``X``.
