@@ -136,29 +136,25 @@ def _mixture_loglik(y: np.ndarray, weights: np.ndarray, means: np.ndarray, sd: n
 
 def _fit_data(fit: MLEFit, X: Any, y: Any, trials: Any) -> dict[str, Any]:
     """Weights, means, sds (R, m, k / R, 1, k), responses (R, m), trials and case weights of the checked rows."""
-    w, mu, sd, kept = fit._predictive_kept(X)  # kept: the rows of a frame X a fit with missing="drop" can use
     R = fit.n_reps
     if X is None:
         if y is not None or trials is not None:
             raise TypeError("y= and trials= go with X=; predictive_checks(fit) without X checks the training data.")
+        w, mu, sd = fit._predictive(None)
         m = None if fit._m is None else to_numpy(fit._m)
         return {"w": w, "mu": mu, "sd": sd, "y": to_numpy(fit._y), "m": m, "c": to_numpy(fit._w),
                 "loglik": np.broadcast_to(np.asarray(fit.loglik, dtype=float), (R,))}
-    if y is None:
-        if not (isinstance(X, pd.DataFrame) and fit.design is not None):
-            raise TypeError("predictive_checks(fit, X) needs y=, the responses (or, for a formula fit, a frame X "
-                            f"holding the response column {fit.response_name!r}).")
-        y = fit.design.transform(X).y
-    yv = np.asarray(y, dtype=float)
-    if kept is not None and yv.shape == (kept.size,):
-        yv = yv[kept]
-    if yv.shape != (w.shape[1],) or not np.all(np.isfinite(yv)):
-        raise ValueError(f"y must hold {w.shape[1]} finite responses (one per row of X), got shape {yv.shape}.")
+    # one pass through a formula: the inputs, the rows a fit with missing="drop" can use, and a frame's response
+    Xt, yt, kept = fit._data_kept(X, y, y_from_frame=True)
+    if yt is None:
+        raise TypeError("predictive_checks(fit, X) needs y=, the responses (or, for a formula fit, a frame X "
+                        f"holding the response column {fit.response_name!r}).")
+    w, mu, sd = fit._predictive_at(Xt)
+    ys = to_numpy(yt)  # (R, m), checked finite and one per used row of X
     # a copy: a pandas column is a read-only view (copy-on-write), which torch warns about
     m_t = fit._new_trials(None if trials is None else np.array(trials, dtype=float), w.shape[1], "predictive_checks",
                           kept)
     m = None if m_t is None else to_numpy(m_t)
-    ys = np.broadcast_to(yv, (R, len(yv)))
     ll = np.array([_mixture_loglik(ys[r], w[r], mu[r], sd[r], fit.spec.response, None if m is None else m[r])
                    for r in range(R)])
     return {"w": w, "mu": mu, "sd": sd, "y": ys, "m": m, "c": None, "loglik": ll}

@@ -921,7 +921,11 @@ class MLEFit(FitResult):
     def _predictive_kept(self, X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """:meth:`_predictive` and the rows of a frame ``X`` it covers (:meth:`_data_kept`)."""
         Xt, _, kept = (self._X, None, None) if X is None else self._data_kept(X)
-        return self._weights_np(Xt), self._means_np(Xt), to_numpy(self._blocks.noise_sd)[:, None, :], kept
+        return (*self._predictive_at(Xt), kept)
+
+    def _predictive_at(self, Xt: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_predictive` at the (R, m, d) inputs ``Xt``."""
+        return self._weights_np(Xt), self._means_np(Xt), to_numpy(self._blocks.noise_sd)[:, None, :]
 
     @staticmethod
     def _pad(a: np.ndarray, kept: np.ndarray | None, axis: int = 1) -> np.ndarray:
@@ -1108,13 +1112,19 @@ class MLEFit(FitResult):
         r"""Posterior expert probabilities :math:`\tau_i(x, y)`, (m, k) or (R, m, k); a fit with binomial trials needs
         the new rows' ``trials`` (``y`` is then their proportion of successes).  A formula fit reads ``y`` from a frame
         ``X`` that holds the response column; otherwise pass ``y`` (:meth:`posterior_frame` is the tidy version)."""
+        tau, kept = self._posterior_rows(X, y, trials, "posterior")
+        return self._out(self._pad(tau, kept))
+
+    def _posterior_rows(self, X: Any, y: Any, trials: Any, what: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Posterior probabilities (R, m, k) at the rows of ``X`` the fit uses, and which rows those are
+        (:meth:`_data_kept`): one pass through a formula for the inputs and the response."""
         Xt, yt, kept = self._data_kept(X, y, y_from_frame=True)
         if yt is None:
-            raise TypeError("posterior(X) needs y=, the responses of the rows of X"
+            raise TypeError(f"{what}(X) needs y=, the responses of the rows of X"
                             + (f" (or a frame X holding the response column {self.response_name!r})"
                                if self.design is not None else "") + ".")
-        m = self._new_trials(trials, Xt.shape[1], "posterior", kept)
-        return self._out(self._pad(to_numpy(self._posterior_t(Xt, yt, m)), kept))
+        m = self._new_trials(trials, Xt.shape[1], what, kept)
+        return to_numpy(self._posterior_t(Xt, yt, m)), kept
 
     def _new_trials(self, trials: Any, m_rows: int, what: str, kept: np.ndarray | None = None
                     ) -> torch.Tensor | None:
@@ -1195,18 +1205,11 @@ class MLEFit(FitResult):
             tau = to_numpy(self._posterior_t(self._X, self._y, self._m))
             index = self.design.index if self.design is not None else pd.RangeIndex(tau.shape[1])
         else:
-            index = X.index if isinstance(X, pd.DataFrame) else None
-            kept = None
-            if isinstance(X, pd.DataFrame) and self.design is not None:
-                rows = self.design.transform(X)  # the rows the formula keeps, and the response when X has it
-                index, y, kept = rows.index, rows.y if y is None else y, np.asarray(rows.kept)
-            if y is None:
-                raise TypeError("posterior_frame(X) needs y=, the responses (or a frame X holding the response "
-                                f"column {self.response_name!r} for a formula fit).")
-            tau = np.asarray(self.posterior(X, y, trials)).reshape(self.n_reps, -1, self.spec.k)
-            if kept is not None and not kept.all():
-                tau = tau[:, kept]  # posterior() fills dropped rows with NaN; the frame lists the kept rows by label
-            index = pd.RangeIndex(tau.shape[1]) if index is None else index
+            tau, kept = self._posterior_rows(X, y, trials, "posterior_frame")  # the kept rows only, listed by label
+            if isinstance(X, pd.DataFrame):
+                index = X.index if kept is None else X.index[kept]
+            else:
+                index = pd.RangeIndex(tau.shape[1])
         frames = []
         for r in range(self.n_reps):
             f = pd.DataFrame(tau[r], index=index, columns=[f"posterior_{i}" for i in range(self.spec.k)])

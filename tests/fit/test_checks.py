@@ -206,7 +206,7 @@ def test_predictive_checks_refuses_bad_input(poisson_fit, data):
         predictive_checks("not a fit")
     with pytest.raises(TypeError, match="y= and trials= go with X="):
         predictive_checks(poisson_fit, y=data["visits"])
-    with pytest.raises(ValueError, match="y must hold 500"):
+    with pytest.raises(ValueError, match=r"y must have shape \(500,\), got \(10,\)"):
         predictive_checks(poisson_fit, data[["x", "w"]], data["visits"].iloc[:10])
     with pytest.raises(TypeError, match="needs y="):
         predictive_checks(poisson_fit, data[["x", "w"]].to_numpy(copy=True))

@@ -198,6 +198,23 @@ def test_posterior_frame_is_bayes_rule_indexed_by_the_data_rows():
 
 
 
+def test_posterior_frame_of_new_data_reads_the_frame_once(monkeypatch):
+    """One pass through the formula gives the inputs, the response and the kept rows (posterior_frame and
+    predictive_checks took two)."""
+    df = _frame(300, seed=10)
+    fit = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", missing="drop", seed=11)
+    new = df.iloc[:6].copy()
+    new.loc[new.index[1], "x"] = np.nan
+    calls = []
+    transform = ms.formula.ModelDesign.transform
+    monkeypatch.setattr(ms.formula.ModelDesign, "transform", lambda self, *a, **k: calls.append(1)
+                        or transform(self, *a, **k))
+    pf = fit.posterior_frame(new)
+    assert len(calls) == 1 and list(pf.index) == list(new.index[[0, 2, 3, 4, 5]])
+    checks = predictive_checks(fit, new)
+    assert len(calls) == 2 and int(checks["n"].iloc[0]) == 5
+
+
 def test_posterior_reads_the_response_from_a_frame_of_a_formula_fit():
     df = _frame(300, seed=10)
     fit = ms.fit_mle(formula="y ~ x", data=df, k=2, gate_formula="~ w", seed=11)
