@@ -150,11 +150,18 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         self.n_iter_ = int(fit.n_iter)
         return self
 
-    def predict(self, X):
-        r"""Conditional mean :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)`."""
+    def predict(self, X, return_std: bool = False, trials=None):
+        r"""Conditional mean :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)`; with ``return_std=True`` also
+        the standard deviation of the fitted predictive distribution, :math:`\mathrm{Var}[y\mid x]^{1/2}` (law of
+        total variance, :meth:`moestat.MLEFit.predict` ``kind="variance"``), as scikit-learn's
+        ``BayesianRidge.predict(X, return_std=True)``.  A fit with binomial ``trials`` needs the new rows' trials
+        for the standard deviation."""
         check_is_fitted(self, "fit_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        return np.asarray(self.fit_.predict(X), dtype=np.float64)
+        mean = np.asarray(self.fit_.predict(X), dtype=np.float64)
+        if not return_std:
+            return mean
+        return mean, np.sqrt(np.asarray(self.fit_.predict(X, "variance", trials=trials), dtype=np.float64))
 
     def predict_quantile(self, X, q, trials=None):
         """Quantiles ``q`` of the fitted predictive distribution at X (:meth:`moestat.MLEFit.predict`,

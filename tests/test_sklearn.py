@@ -57,6 +57,11 @@ def test_options_are_fit_mles():
                                rtol=1e-10)
     iv = est.predict_interval(X[:20], confidence_level=0.9)
     assert iv.shape == (20, 2) and np.all(iv[:, 0] <= est.predict_quantile(X[:20], 0.5))
+    # return_std (scikit-learn's BayesianRidge convention): the SD of the Poisson mixture, written out by hand
+    rate = np.exp(p.expert_bias + X[:20] @ p.expert_weight.T)
+    mean, std = est.predict(X[:20], return_std=True)
+    np.testing.assert_array_equal(mean, est.predict(X[:20]))
+    np.testing.assert_allclose(std**2, (pi * (rate + rate**2)).sum(1) - mean**2, rtol=1e-10)
     with pytest.raises(ValueError, match="response"):
         ms.MoERegressor(family="gamma").fit(X, df["y"].to_numpy())
 
@@ -152,6 +157,10 @@ def test_trials_is_a_per_row_fit_parameter():
     cv = cross_validate(ms.MoERegressor(n_experts=2, family="binomial", restarts=2, random_state=0), X, y, cv=3,
                         params={"trials": m})  # a fold given all n trials would raise (shape mismatch)
     assert np.isfinite(cv["test_score"]).all()
+    _, std = est.predict(X[:5], return_std=True, trials=m[:5])
+    assert std.shape == (5,) and np.isfinite(std).all()
+    with pytest.raises(TypeError, match="needs trials="):
+        est.predict(X[:5], return_std=True)
     iv = est.predict_interval(X[:5], trials=m[:5])
     assert iv.shape == (5, 2) and np.allclose((iv * m[:5, None]) % 1, 0)  # proportions of m_t trials
     assert est.posterior(X[:5], y[:5], trials=m[:5]).shape == (5, 2)
