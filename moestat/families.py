@@ -505,15 +505,16 @@ def _step_halving(fam: Family, Z: Tensor, y4: Tensor, w: Tensor, beta: Tensor, b
 
 
 def initial_beta(Z: Tensor, y: Tensor, w: Tensor, family: str | Family, *, trials: Tensor | None = None,
-                 ridge: float = 0.0) -> Tensor:
+                 ridge: float = 0.0, offset: Tensor | None = None) -> Tensor:
     r"""Starting coefficients (R, S, k, p) by one IRLS step from the usual starting means.
 
     The starting means are those of statsmodels' GLM: :math:`\mu^0 = y` (gaussian, so the result is the exact
     weighted least-squares fit), :math:`(y + \bar y_j)/2` with :math:`\bar y_j` the :math:`w`-weighted mean
     of lane :math:`j` (poisson), :math:`(m y + 1/2)/(m + 1)` (binomial).  With :math:`\eta^0 = g(\mu^0)`, the
     step is the weighted least-squares fit of the working response :math:`\eta^0 + (y-\mu^0)/V(\mu^0)` with
-    weights :math:`w\,m\,V(\mu^0)` (McCullagh & Nelder 1989, §2.5), plus ``ridge`` on the diagonal.
-    Shapes as in :func:`irls_weighted`.
+    weights :math:`w\,m\,V(\mu^0)` (McCullagh & Nelder 1989, §2.5), plus ``ridge`` on the diagonal; an
+    ``offset`` (the known part of the linear predictor, as in :func:`irls_weighted`) is taken off the working
+    response.  Shapes as in :func:`irls_weighted`.
     """
     fam = get_family(family)
     beta_shape = (*w.shape[:2], w.shape[3], Z.shape[-1])
@@ -522,6 +523,8 @@ def initial_beta(Z: Tensor, y: Tensor, w: Tensor, family: str | Family, *, trial
     m4 = None if trials is None else trials[:, None, :, None]
     mu0 = fam._start_mu(y4, w, m4)
     z, wi = fam.working(y4, fam.link_function(mu0), m4)
+    if offset is not None:
+        z = z - offset
     ww = w * wi
     zw = ww.unsqueeze(-1) * Z[:, None, :, None, :]
     A = torch.einsum("rsnkp,rnq->rskpq", zw, Z)

@@ -320,6 +320,8 @@ class DesignMatrices:
     kept : ndarray of bool (len(new_data),)
         Which rows of new_data were kept.
     n_dropped : int
+    offset : ndarray (n,) or None
+        The offset of the rows kept (a design with ``offset``).
     """
 
     y: np.ndarray | None
@@ -329,14 +331,15 @@ class DesignMatrices:
     index: pd.Index
     kept: np.ndarray
     n_dropped: int
+    offset: np.ndarray | None = None
 
 
 class _Specs:
     """formulaic's model specs and the user objects the formulas call (picklable: modules by name)."""
 
     def __init__(self, response: ModelSpec, expert: ModelSpec, gate: ModelSpec | None, shared: ModelSpec | None,
-                 columns: dict[str, list[str]], context: dict[str, Any]) -> None:
-        self.response, self.expert, self.gate, self.shared = response, expert, gate, shared
+                 columns: dict[str, list[str]], context: dict[str, Any], offset: ModelSpec | None = None) -> None:
+        self.response, self.expert, self.gate, self.shared, self.offset = response, expert, gate, shared, offset
         self.columns, self.context = columns, context
 
     def __getstate__(self) -> dict[str, Any]:
@@ -379,6 +382,10 @@ class ModelDesign:
         The labels of the rows kept (``data.index[kept]``).
     kept : ndarray of bool (len(data),)
         Which rows of data were kept.
+    offset_formula : str or None
+        The offset expression (``offset=``), e.g. ``"np.log(exposure)"``.
+    offset : ndarray (n,) or None
+        Its values on the rows kept: a known term of every expert's linear predictor, coefficient fixed at 1.
     """
 
     formula: str
@@ -400,11 +407,14 @@ class ModelDesign:
     index: pd.Index
     kept: np.ndarray
     _specs: _Specs = field(repr=False)
+    offset_formula: str | None = None
+    offset: np.ndarray | None = None
 
     def __repr__(self) -> str:
         parts = [f"formula={self.formula!r}"]
         parts += [f"gate_formula={self.gate_formula!r}"] if self.gate_formula is not None else []
         parts += [f"shared={self.shared_formula!r}"] if self.shared_formula is not None else []
+        parts += [f"offset={self.offset_formula!r}"] if self.offset_formula is not None else []
         parts += [f"n={self.n}", f"expert_coef_names={self.expert_coef_names}"]
         parts += [f"gate_coef_names={self.gate_coef_names}"] if self.separate_gate else []
         parts += [f"shared_names={self.shared_names}"] if self.X_shared is not None else []
@@ -464,7 +474,7 @@ class ModelDesign:
             raise ValueError(f"missing={policy!r} is not supported; valid values are {list(MISSING)}.")
         frame = _as_frame("new_data", new_data)
         sp = self._specs
-        needed = [c for part in ("expert", "gate", "shared") for c in sp.columns[part]]
+        needed = [c for part in ("expert", "gate", "shared", "offset") for c in sp.columns.get(part, [])]
         absent = [c for c in dict.fromkeys(needed) if c not in frame.columns]
         if absent:
             raise ValueError(f"new_data lacks the column(s) {absent} that the design's formulas use; "
@@ -475,7 +485,7 @@ class ModelDesign:
         sub = frame.iloc[np.flatnonzero(keep)] if not keep.all() else frame
         if len(sub) == 0:
             raise ValueError("new_data has no rows left after dropping rows with missing values.")
-        specs = [s for s in (sp.expert, sp.gate, sp.shared) if s is not None]
+        specs = [s for s in (sp.expert, sp.gate, sp.shared, getattr(sp, "offset", None)) if s is not None]
         for s in specs:
             _check_levels(sub, _categorical_levels(s))
         X, _ = _numeric("formula", self.formula, _materialize("formula", self.formula, sp.expert, sub, sp.context),
@@ -488,10 +498,14 @@ class ModelDesign:
         if sp.shared is not None and self.shared_formula is not None:
             mm = _materialize("shared", self.shared_formula, sp.shared, sub, sp.context)
             X_shared, _ = _numeric("shared", self.shared_formula, mm, drop_intercept=True)
+        offset = None
+        if getattr(sp, "offset", None) is not None and self.offset_formula is not None:
+            mm = _materialize("offset", self.offset_formula, sp.offset, sub, sp.context)
+            offset = _numeric("offset", self.offset_formula, mm, drop_intercept=True)[0][:, 0]
         y = None
         if with_y:
             y, _ = _response(self.formula, _materialize("formula", self.formula, sp.response, sub, sp.context))
-        return DesignMatrices(y, X, X_gate, X_shared, sub.index, keep, int((~keep).sum()))
+        return DesignMatrices(y, X, X_gate, X_shared, sub.index, keep, int((~keep).sum()), offset)
 
 
 def _caller_namespace(depth: int) -> dict[str, Any]:
@@ -505,7 +519,7 @@ def _caller_namespace(depth: int) -> dict[str, Any]:
 @validate_arguments()  # formula, data and the options naming columns or formulas are checked against data
 def build_design(formula: str, data: Any, *, gate_formula: str | None = None, shared: str | None = None,
                  weights: Any = None, missing: str = "raise",
-                 context: Mapping[str, Any] | None = None) -> ModelDesign:
+                 context: Mapping[str, Any] | None = None, offset: str | None = None) -> ModelDesign:
     """Build the response, expert, gate and shared matrices of a mixture of GLM experts from formulas.
 
     Parameters
@@ -529,6 +543,9 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
     context : mapping, optional
         Names the formulas call that are not columns (your own functions); default: the caller's variables.
         numpy is always available as ``np``.
+    offset : str, optional
+        ``"np.log(exposure)"`` or a column name: one numeric term added to every expert's linear predictor with
+        coefficient 1 (an exposure or a known part of the mean; R's ``offset()``, statsmodels' ``offset=``).
 
     Returns
     -------
@@ -562,6 +579,10 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
     parsed = _parse("formula", formula, two_sided=True)
     gate_parsed = None if gate_formula is None else _parse("gate_formula", gate_formula, two_sided=False)
     shared_parsed = None if shared is None else _parse("shared", shared, two_sided=False)
+    if offset is not None and not isinstance(offset, str):
+        raise TypeError(f"offset must be a column name or an expression of columns such as 'np.log(exposure)', got "
+                        f"{type(offset).__name__}; add an array to data as a column and name it.")
+    offset_parsed = None if offset is None else _parse("offset", f"~ 0 + {offset}", two_sided=False)
     if shared_parsed is not None and not _has_intercept(shared_parsed):
         raise ValueError(f"shared={shared!r} removes the intercept; keep it (it is dropped anyway: shared columns "
                          "are coded against the experts' own intercepts), e.g. write '~ z' instead of '~ 0 + z'.")
@@ -572,6 +593,8 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
         "gate": [] if gate_parsed is None else _resolve("gate_formula", str(gate_formula), gate_parsed,
                                                         frame.columns, namespace, ctx),
         "shared": [] if shared_parsed is None else _resolve("shared", str(shared), shared_parsed, frame.columns,
+                                                            namespace, ctx),
+        "offset": [] if offset_parsed is None else _resolve("offset", str(offset), offset_parsed, frame.columns,
                                                             namespace, ctx),
     }
     if not columns["response"] and not list(parsed.lhs):
@@ -607,9 +630,19 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
         if both:
             raise ValueError(f"shared={shared!r} and formula={formula!r} both contain {both}; a column is either "
                              "expert-specific or shared. Remove it from one of them.")
-    specs = _Specs(mms.lhs.model_spec, mms.rhs.model_spec, gate_spec, shared_spec, columns, ctx)
+    offset_spec = off = None
+    if offset_parsed is not None:
+        mm = _materialize("offset", str(offset), offset_parsed, sub, ctx)
+        offset_spec = mm.model_spec
+        off_matrix, off_names = _numeric("offset", str(offset), mm, drop_intercept=True)
+        if off_matrix.shape[1] != 1:
+            raise ValueError(f"offset={offset!r} must give one numeric column; it gives {list(off_names)} (a "
+                             "categorical term?). Pass a numeric column or expression, e.g. 'np.log(exposure)'.")
+        off = off_matrix[:, 0]
+    specs = _Specs(mms.lhs.model_spec, mms.rhs.model_spec, gate_spec, shared_spec, columns, ctx, offset_spec)
     return ModelDesign(formula=formula, gate_formula=gate_formula, shared_formula=shared, response_name=response_name,
                        y=y, X=X, expert_names=expert_names, expert_intercept=_has_intercept(parsed.rhs),
                        X_gate=X if X_gate is None else X_gate, gate_names=gate_names, gate_intercept=gate_intercept,
                        X_shared=X_shared, shared_names=shared_names, weights=w, missing=missing,
-                       n_dropped=int((~keep).sum()), index=sub.index, kept=keep, _specs=specs)
+                       n_dropped=int((~keep).sum()), index=sub.index, kept=keep, _specs=specs,
+                       offset_formula=offset, offset=off)

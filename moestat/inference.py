@@ -393,7 +393,7 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
         opts = {"method": fit.settings["method"], "tol": fit.settings["tol"], "max_iter": fit.settings["max_iter"],
                 "sd_floor": fit.settings["sd_floor"], "device": fit.settings["device"],
                 "gate_columns": fit.layout.gate_columns, "expert_columns": fit.layout.expert_columns,
-                "shared_columns": fit.layout.shared_columns or None}
+                "shared_columns": fit.layout.shared_columns or None, "offset_column": fit.layout.offset_column}
         if fit.settings.get("learn_temperature"):
             opts["learn_temperature"] = True
         opts.update(fit_kwargs)
@@ -428,7 +428,8 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
                       "resample); they are excluded from the bootstrap summaries and not redrawn.",
                       MLEConvergenceWarning)
     config = {"n_resamples": B, "restarts": restarts, "seed_entropy": ss.entropy, "trials": m0 is not None,
-              **{key: v for key, v in opts.items() if key not in ("gate_columns", "expert_columns", "shared_columns")}}
+              **{key: v for key, v in opts.items()
+                 if key not in ("gate_columns", "expert_columns", "shared_columns", "offset_column")}}
     return BootstrapResult(np.asarray(fit.theta), draws, failed, fit.param_names, kind, config)
 
 
@@ -520,7 +521,11 @@ def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, 
     on ``data`` (its union design, column restrictions, shared columns, names, case weights and binomial trials
     become :func:`moestat.fit_mle` options)."""
     kw = dict(fit_kwargs)
+    offset = kw.pop("offset", None)
     if formula is None:
+        if offset is not None:
+            raise TypeError(f"offset={offset!r} names a column or expression, which needs formula= and data=; with "
+                            "arrays put the offset in a column of X and pass offset_column=<its index>.")
         for name, value in (("data", data), ("gate_formula", gate_formula), ("shared", shared)):
             if value is not None:
                 hint = " (with arrays, shared_columns=[...] names the shared columns of X)" if name == "shared" else ""
@@ -542,13 +547,14 @@ def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, 
         raise TypeError("pass either formula= and data= or arrays X and y, not both.")
     if data is None:
         raise TypeError("formula= needs data=, the frame its columns come from.")
-    for name in ("gate_columns", "expert_columns", "shared_columns"):
+    for name in ("gate_columns", "expert_columns", "shared_columns", "offset_column"):
         if kw.get(name) is not None:
-            raise TypeError(f"{name}= is for arrays; a formula fit sets the columns with gate_formula= and shared=.")
+            raise TypeError(f"{name}= is for arrays; a formula fit sets the columns with gate_formula=, shared= and "
+                            "offset=.")
     inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights,
-                            missing=kw.pop("missing", "raise"), shared=shared, trials=trials)
+                            missing=kw.pop("missing", "raise"), shared=shared, trials=trials, offset=offset)
     kw.update(feature_names=inputs.names, gate_columns=inputs.gate_columns, expert_columns=inputs.expert_columns,
-              shared_columns=inputs.shared_columns or None)
+              shared_columns=inputs.shared_columns or None, offset_column=inputs.offset_column)
     if inputs.weights is not None:
         kw["weights"] = inputs.weights
     if inputs.trials is not None:
@@ -642,7 +648,7 @@ def _checked_inputs(spec: MoE, X: np.ndarray, y: np.ndarray, fit_kwargs: dict[st
     count once among the free parameters) and its binomial trials, which come back as an (R, n) array or None."""
     layout = ParamLayout(spec, fit_kwargs.get("feature_names"), gate_columns=fit_kwargs.get("gate_columns"),
                          expert_columns=fit_kwargs.get("expert_columns"),
-                         shared_columns=fit_kwargs.get("shared_columns"))
+                         shared_columns=fit_kwargs.get("shared_columns"), offset_column=fit_kwargs.get("offset_column"))
     m = _check_trials(fit_kwargs.get("trials"), spec, X)
     Xn, yn, single = _check_data(spec, X, y, layout=layout, trials=m)
     if m is not None:

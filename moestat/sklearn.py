@@ -58,6 +58,10 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         ``shared_columns``; flexmix's ``FLXMRglmfix(fixed = ~ z)``): expert :math:`j`'s linear predictor is
         :math:`b_j + a_j^\\top x + \\gamma^\\top z`.  The gate still reads them unless ``gate_columns`` leaves them
         out.  :math:`\\gamma` appears once in ``fit_.summary()`` (terms ``shared:<column>``).
+    offset_column : int, optional
+        The column of ``X`` holding an offset (:func:`moestat.fit_mle`'s ``offset_column``): added to every expert's
+        linear predictor with coefficient 1, e.g. :math:`\\log` exposure for counts; new rows carry theirs in the
+        same column.
 
     Attributes
     ----------
@@ -83,7 +87,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
     def __init__(self, n_experts: int = 2, gate: str = "softmax", expert: str = "linear", method: str = "auto",
                  restarts: int = 5, top_k: int | None = None, tol: float = 1e-8, max_iter: int | None = None,
                  sd_floor: float = 1e-3, device: str = "auto", random_state=None, family: str = "gaussian",
-                 gate_columns=None, expert_columns=None, shared_columns=None) -> None:
+                 gate_columns=None, expert_columns=None, shared_columns=None, offset_column=None) -> None:
         self.n_experts = n_experts
         self.gate = gate
         self.expert = expert
@@ -99,6 +103,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         self.gate_columns = gate_columns
         self.expert_columns = expert_columns
         self.shared_columns = shared_columns
+        self.offset_column = offset_column
 
     def _spec(self, d: int) -> MoE:
         return MoE(gate=self.gate, expert=self.expert, k=self.n_experts, d=d, top_k=self.top_k,
@@ -138,7 +143,8 @@ class MoERegressor(RegressorMixin, BaseEstimator):
             fit = fit_mle(spec, X, y, method=method, restarts=self.restarts, tol=self.tol, max_iter=self.max_iter,
                           sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn",
                           weights=weights, gate_columns=self.gate_columns, expert_columns=self.expert_columns,
-                          shared_columns=self.shared_columns, trials=m, progress=False,
+                          shared_columns=self.shared_columns, offset_column=self.offset_column, trials=m,
+                          progress=False,
                           feature_names=None if names is None else [str(c) for c in names])
         if not fit.converged:
             warn_user("the best start did not converge; increase max_iter.", MLEConvergenceWarning)

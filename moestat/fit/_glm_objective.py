@@ -12,7 +12,7 @@ graph.  With gate design :math:`z^g_t`, expert design :math:`z^e_t`, shared cova
 .. math::
 
     a_{tj} = \alpha_j^\top z^g_t \;(\alpha_{k-1} = 0),\qquad
-    \eta_{tj} = \beta_j^\top z^e_t + \gamma^\top s_t,\qquad
+    \eta_{tj} = \beta_j^\top z^e_t + \gamma^\top s_t + o_t,\qquad
     \log f_{tj} = m_t[y_t\eta_{tj} - b(\eta_{tj})] + \kappa_t,
 
     \ell_t = \log\sum_j \exp(\log\pi_{tj} + \log f_{tj}),\qquad
@@ -67,6 +67,8 @@ class GLMMixtureObjective:
         ``"poisson"`` or ``"binomial"``.
     k, n : int
         Experts, and the :math:`n` of :math:`L` (the number of rows, not the sum of the weights).
+    offset : Tensor or None
+        A known term :math:`o_t` (A, n) of every expert's linear predictor (coefficient fixed at 1).
     """
 
     Zg: torch.Tensor
@@ -78,6 +80,7 @@ class GLMMixtureObjective:
     response: str
     k: int
     n: int
+    offset: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         y, m = self.y, self.trials
@@ -101,6 +104,8 @@ class GLMMixtureObjective:
         eta = torch.bmm(theta[:, ng:ng + ne].reshape(A, k, pe), self.Ze)
         if self.Zs is not None:
             eta = eta + torch.bmm(theta[:, ng + ne:].unsqueeze(1), self.Zs)
+        if self.offset is not None:
+            eta = eta + self.offset.unsqueeze(1)
         y = self.y.unsqueeze(1)
         if self.response == "poisson":
             mu = torch.exp(eta)

@@ -62,7 +62,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from ..gates import GATES
@@ -118,11 +120,17 @@ class ParamLayout:
     learn_temperature : bool
         Add :math:`\log\tau` as the last gate term (module docstring); ValueError for a gate whose temperature
         is not identified.
+    offset_column : int, optional
+        An input column :math:`o_t` that enters every expert's linear predictor with coefficient fixed at 1,
+        :math:`\eta_{ti} = b_i + a_i^\top x_t + o_t` (an offset, e.g. :math:`\log` exposure for Poisson counts;
+        McCullagh & Nelder 1989, §6.2.3): not in :math:`\theta`; :meth:`unpack` writes the 1.  Not a gate,
+        expert or shared column (their defaults leave it out).  Needs input-dependent experts.
     """
 
     def __init__(self, spec: MoE, feature_names: Sequence[str] | None = None, *,
                  gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
-                 shared_columns: Sequence[int] | None = None, learn_temperature: bool = False) -> None:
+                 shared_columns: Sequence[int] | None = None, learn_temperature: bool = False,
+                 offset_column: int | None = None) -> None:
         self.learn_temperature = check_learn_temperature(spec, learn_temperature)
         self.spec = spec
         self.k, self.d = spec.k, spec.d
@@ -135,14 +143,26 @@ class ParamLayout:
         if self.shared_columns and not spec.family.input_dependent:
             raise ValueError(f"shared_columns={list(self.shared_columns)} needs experts with slopes; "
                              f"expert={spec.expert!r} has none. Use expert='linear' or drop shared_columns.")
-        if expert_columns is None and self.shared_columns:
-            expert_columns = [j for j in range(self.d) if j not in self.shared_columns]
+        self.offset_column = None if offset_column is None else _offset_column(offset_column, self.d)
+        if self.offset_column is not None and not spec.family.input_dependent:
+            raise ValueError(f"offset_column={self.offset_column} needs experts with a linear predictor in x; "
+                             f"expert={spec.expert!r} has none. Use expert='linear' or drop the offset.")
+        off = () if self.offset_column is None else (self.offset_column,)
+        if expert_columns is None and (self.shared_columns or off):
+            expert_columns = [j for j in range(self.d) if j not in self.shared_columns and j not in off]
+        if gate_columns is None and off:
+            gate_columns = [j for j in range(self.d) if j not in off]
         self.gate_columns = _columns("gate_columns", gate_columns, self.d)
         self.expert_columns = _columns("expert_columns", expert_columns, self.d)
         both = sorted(set(self.shared_columns) & set(self.expert_columns))
         if both:
             raise ValueError(f"columns {both} are in both expert_columns and shared_columns; a column's expert "
                              "coefficient is either expert-specific or shared. Remove it from one of them.")
+        for name, cols in (("gate_columns", self.gate_columns), ("expert_columns", self.expert_columns),
+                           ("shared_columns", self.shared_columns)):
+            if off and off[0] in cols:
+                raise ValueError(f"the offset column {off[0]} is also in {name}; an offset's coefficient is fixed at "
+                                 f"1, not estimated. Remove it from {name}.")
         gauge = spec.gating.gauge
         self.gauge = "intercept" if gauge == "row" and not spec.gating.row_shift_global else gauge
         self.ref_fixed = self.gauge == "row"
@@ -243,6 +263,8 @@ class ParamLayout:
             cols = torch.as_tensor(self.shared_columns, dtype=torch.long, device=theta.device)
             ew = ew.index_copy(-1, cols, gamma)
             start += self.n_shared
+        if self.offset_column is not None:
+            ew = ew.index_fill(-1, torch.tensor([self.offset_column], device=theta.device), 1.0)
         if self.dispersion:
             sd = torch.exp(theta[..., start:])
         else:  # GLM experts: dispersion fixed at 1, carried as a constant block
@@ -320,6 +342,12 @@ def check_learn_temperature(spec: MoE, learn_temperature: bool) -> bool:
             f"(learn_temperature=False, MoE(temperature=...)): the gate parameters then absorb its scale. Or use a "
             f"gate that identifies it: {ok}.")
     return learn_temperature
+
+
+def _offset_column(column: Any, d: int) -> int:
+    if isinstance(column, bool) or not isinstance(column, (int, np.integer)) or not 0 <= int(column) < d:
+        raise ValueError(f"offset_column must be a column index in [0, {d}), got {column!r}.")
+    return int(column)
 
 
 def _columns(name: str, columns: Sequence[int] | None, d: int) -> tuple[int, ...]:

@@ -219,7 +219,8 @@ def _glm_kernel_terms(glm: Family, y: torch.Tensor, eta: torch.Tensor, tau: torc
 
 def glm_expert_step(glm: Family, Ze: torch.Tensor, ZZ: torch.Tensor | None, y: torch.Tensor, tau: torch.Tensor,
                     beta: torch.Tensor, eta: torch.Tensor, mu: torch.Tensor, prox: float,
-                    trials: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    trials: torch.Tensor | None = None, offset: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""One proximal IRLS (Newton) step with step halving on every GLM expert, in the (A, k, n) layout.
 
     The same step as :func:`moestat.families.irls_weighted` with ``max_iter=1`` (the EM expert M-step), fused for
@@ -235,7 +236,8 @@ def glm_expert_step(glm: Family, Ze: torch.Tensor, ZZ: torch.Tensor | None, y: t
     never decreases, this is a generalised M-step (Dempster, Laird & Rubin 1977, JRSS-B, §3).
 
     Shapes: ``Ze`` (A, p, n), ``ZZ`` (A, n, p*p) or None, ``y`` (A, n), ``tau`` (A, k, n), ``beta`` (A, k, p),
-    ``eta`` / ``mu`` (A, k, n) at ``beta``, ``trials`` (A, n).  Returns the new ``beta`` and its linear predictor.
+    ``eta`` / ``mu`` (A, k, n) at ``beta``, ``trials`` (A, n), ``offset`` (A, n) (added to every candidate's linear
+    predictor; ``eta`` includes it).  Returns the new ``beta`` and its linear predictor.
     """
     terms = _glm_kernel_terms(glm, y, eta, tau, trials, mu)
     q, scale = terms.sum(-1), terms.abs().sum(-1)
@@ -257,7 +259,7 @@ def glm_expert_step(glm: Family, Ze: torch.Tensor, ZZ: torch.Tensor | None, y: t
         if not bool(todo.any()):
             break
         cand = beta + t * delta
-        eta_c = torch.bmm(cand, Ze)
+        eta_c = torch.bmm(cand, Ze) if offset is None else torch.bmm(cand, Ze) + offset.unsqueeze(1)
         qc = _glm_kernel_terms(glm, y, eta_c, tau, trials).sum(-1)
         if prox:
             qc = qc - 0.5 * prox * ((cand - beta0) ** 2).sum(-1)
@@ -314,7 +316,8 @@ def _shared_objective(glm: Family | None, y: torch.Tensor, eta: torch.Tensor, ta
 
 def shared_newton_step(Ze: torch.Tensor, Zs: torch.Tensor, y: torch.Tensor, tau: torch.Tensor, beta: torch.Tensor,
                        gamma: torch.Tensor, prox: float, *, glm: Family | None = None, var: torch.Tensor | None = None,
-                       trials: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       trials: torch.Tensor | None = None, offset: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Joint expert M-step with coefficients :math:`\gamma` shared by all experts (flexmix's ``FLXMRglmfix``).
 
     The linear predictor of expert :math:`j` is :math:`\eta_{tj} = z_t^\top\beta_j + s_t^\top\gamma`, so the M-step
@@ -347,9 +350,11 @@ def shared_newton_step(Ze: torch.Tensor, Zs: torch.Tensor, y: torch.Tensor, tau:
 Vert^2` (``prox``) is zero
     at the start, as in :func:`em_fit`.  Shapes (A pairs): ``Ze`` (A, p, n), ``Zs`` (A, q, n), ``y`` (A, n),
     ``tau`` (A, k, n) (responsibilities times case weights), ``beta`` (A, k, p), ``gamma`` (A, q), ``var`` (A, k),
-    ``trials`` (A, n).  Returns the new ``beta`` and ``gamma``.
+    ``trials`` (A, n), ``offset`` (A, n) (a known term of every expert's linear predictor).  Returns the new
+    ``beta`` and ``gamma``.
     """
-    eta = torch.bmm(beta, Ze) + torch.bmm(gamma.unsqueeze(1), Zs)
+    off = 0.0 if offset is None else offset.unsqueeze(1)
+    eta = torch.bmm(beta, Ze) + torch.bmm(gamma.unsqueeze(1), Zs) + off
     if glm is None:
         if var is None:
             raise ValueError("shared_newton_step with Gaussian experts needs var=, the current variances (A, k).")
@@ -388,7 +393,7 @@ Vert^2` (``prox``) is zero
         if not bool(todo.any()):
             break
         cb, cs = beta + t * d_b, gamma + t * d_s
-        qc = _shared_objective(glm, y, torch.bmm(cb, Ze) + torch.bmm(cs.unsqueeze(1), Zs), tau, wt, trials)
+        qc = _shared_objective(glm, y, torch.bmm(cb, Ze) + torch.bmm(cs.unsqueeze(1), Zs) + off, tau, wt, trials)
         qc = qc - 0.5 * prox * t * t * step_sq
         acc = todo & torch.isfinite(qc) & (qc >= q0)
         beta = torch.where(acc[:, None, None], cb, beta)
@@ -524,7 +529,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
            expert_columns: Sequence[int] | None = None, weights: torch.Tensor | None = None,
            shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
            callback: Callable[[int, torch.Tensor], None] | None = None,
-           layout: ParamLayout | None = None, accelerate: bool = True) -> EMState:
+           layout: ParamLayout | None = None, accelerate: bool = True,
+           offset_column: int | None = None) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
@@ -538,6 +544,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ``shared_columns`` are input columns whose expert slope :math:`\gamma` is common to all experts; the expert
     M-step then solves for every expert's own coefficients and :math:`\gamma` jointly (:func:`shared_newton_step`).
     ``trials`` (R, n) are binomial trials :math:`m_t` (binomial experts; ``y`` is then the proportion of successes).
+    ``offset_column``: the input column :math:`o_t` added to every expert's linear predictor with coefficient 1
+    (:class:`moestat.fit._layout.ParamLayout`); for Gaussian experts that is EM on :math:`y_t - o_t`, for GLM experts
+    the offset enters the IRLS step's linear predictor.
     ``callback(iteration, keep)``, if given, is called after every E-step with the mask of the active pairs that
     iterate on (:func:`moestat.fit_mle`'s progress bar); it cannot change the fit.  ``layout`` (every gate but
     softmax): the :class:`moestat.fit._layout.ParamLayout` whose gate terms the gradient gate step moves
@@ -576,10 +585,14 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     B = R * S
     dependent = spec.family.input_dependent
     # flat (replicate, restart) pairs; each iteration works on the still-active pairs only
-    gcols = list(range(d)) if gate_columns is None else list(gate_columns)
+    oc = [] if offset_column is None else [offset_column]
+    gcols = [j for j in range(d) if j not in oc] if gate_columns is None else list(gate_columns)
     scols = [] if shared_columns is None else list(shared_columns)
-    ecols = [j for j in range(d) if j not in scols] if expert_columns is None else list(expert_columns)
+    ecols = [j for j in range(d) if j not in scols + oc] if expert_columns is None else list(expert_columns)
     same_cols = gcols == ecols
+    if oc and spec.has_noise_sd:  # N(y; eta + o, var) = N(y - o; eta, var): EM on the response net of the offset
+        y = y - X[..., offset_column]
+    of = X[..., offset_column].repeat_interleave(S, dim=0) if oc and not spec.has_noise_sd else None
     yf = y.repeat_interleave(S, dim=0)
     floor_f = var_floor.repeat_interleave(S, dim=0)
     wf = None if weights is None else weights.repeat_interleave(S, dim=0)
@@ -629,6 +642,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             ew[..., ecols] = beta[..., 1:]
         if gamma is not None:
             ew[..., scols] = gamma.unsqueeze(-2).expand(*beta.shape[:-1], len(scols))
+        if oc:
+            ew[..., oc] = 1.0
         if generic and layout is not None:
             gb, gw = layout.unpack_gate(theta_g)
             return BlockParams(gb, gw, ew, beta[..., 0], var.sqrt())
@@ -638,7 +653,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         gw[..., gcols] = g[..., 1:]
         return BlockParams(g[..., 0], gw, ew, beta[..., 0], var.sqrt())
 
-    ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa, ma, Zsa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf, mf, Zs
+    ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa, ma, Zsa, oa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf, mf, Zs, of
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()
     gm_a = None if gamma is None else gamma.clone()
     Xa = Xg
@@ -650,7 +665,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
 
     def linear_predictor() -> torch.Tensor:
         eta = torch.bmm(beta_a, Zea)
-        return eta if gm_a is None else eta + torch.bmm(gm_a.unsqueeze(1), Zsa)
+        eta = eta if gm_a is None else eta + torch.bmm(gm_a.unsqueeze(1), Zsa)
+        return eta if oa is None else eta + oa.unsqueeze(1)
 
     def expert_log_density() -> torch.Tensor:
         """Log expert densities (A, k, n) at the current expert parameters (as in the E-step)."""
@@ -764,6 +780,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             Xa = None if Xa is None else Xa[keep]
             wa = None if wa is None else wa[keep]
             ma = None if ma is None else ma[keep]
+            oa = None if oa is None else oa[keep]
             Zea = Zga if dependent and same_cols else Zea[keep]
             ZZga = None if ZZga is None else ZZga[keep]
             ZZea = (ZZga if same_cols else (None if ZZea is None else ZZea[keep])) if dependent else None
@@ -784,7 +801,8 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if gm_a is not None and Zsa is not None:
             # shared slopes: one joint (proximal) Newton step on every expert's coefficients and gamma; exact
             # weighted least squares for Gaussian experts (at the current variances), step-halved IRLS for GLMs
-            beta_a, gm_a = shared_newton_step(Zea, Zsa, ya, tau, beta_a, gm_a, eps, glm=glm, var=var_a, trials=ma)
+            beta_a, gm_a = shared_newton_step(Zea, Zsa, ya, tau, beta_a, gm_a, eps, glm=glm, var=var_a, trials=ma,
+                                              offset=oa)
             if glm is None:
                 resid = ya.unsqueeze(1) - linear_predictor()
                 ssq = (tau * resid * resid).sum(-1)
@@ -792,10 +810,11 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         elif glm is not None and eta_a is not None and mu_a is not None and _GLM_NEWTON_STEPS == 1:
             # GLM experts: a proximal IRLS (Newton) step on each expert's weighted log-likelihood, which never
             # lowers it (step halving): a generalised M-step; fused with the E-step's linear predictor
-            beta_a, eta_a = glm_expert_step(glm, Zea, ZZea, ya, tau, beta_a, eta_a, mu_a, eps, trials=ma)
+            beta_a, eta_a = glm_expert_step(glm, Zea, ZZea, ya, tau, beta_a, eta_a, mu_a, eps, trials=ma, offset=oa)
         elif glm is not None:
             beta_a = irls_weighted(Zea.transpose(1, 2), ya, tau.transpose(1, 2).unsqueeze(1), beta_a.unsqueeze(1),
-                                   glm, max_iter=_GLM_NEWTON_STEPS, prox=eps, trials=ma).squeeze(1)
+                                   glm, max_iter=_GLM_NEWTON_STEPS, prox=eps, trials=ma,
+                                   offset=None if oa is None else oa[:, None, :, None]).squeeze(1)
         else:
             # expert M-step: proximal weighted least squares, then the floored proximal variance update
             gram = _weighted_gram(tau, Zea, ZZea) + eps_eye

@@ -16,6 +16,9 @@ placed after the experts' own, whose expert coefficient is one :math:`\gamma` co
 (``shared_columns``; :class:`moestat.fit._layout.ParamLayout` writes it into every expert's slope row):
 :math:`\eta_{tj} = b_j + a_j^\top x_t + \gamma^\top z_t`.  The union's column order is experts', shared, then
 gate-only columns.
+
+An offset (``offset="np.log(exposure)"``) is the last column of the union, with every expert's coefficient fixed at 1
+and no gate coefficient (``offset_column``): :math:`\eta_{tj} = b_j + a_j^\top x_t + o_t`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class FormulaInputs:
         The columns of ``X`` with one coefficient common to all experts (empty without ``shared``).
     trials : ndarray (n,) or None
         Binomial trials of the rows kept.
+    offset_column : int or None
+        The column of ``X`` holding the offset (the last one), or None.
     """
 
     X: np.ndarray
@@ -59,22 +64,24 @@ class FormulaInputs:
     design: ModelDesign
     shared_columns: tuple[int, ...] = ()
     trials: np.ndarray | None = None
+    offset_column: int | None = None
 
 
 def _union_names(design: ModelDesign) -> tuple[list[str], list[int]]:
-    """Union column names (experts', shared, gate-only) and, for each gate-only column, its index in
-    ``design.X_gate``."""
+    """Union column names (experts', shared, gate-only, then ``offset(...)``) and, for each gate-only column, its
+    index in ``design.X_gate``."""
     names = list(design.expert_names) + list(design.shared_names)
     extra = [j for j, g in enumerate(design.gate_names) if g not in names]
-    return names + [design.gate_names[j] for j in extra], extra
+    offset = [f"offset({design.offset_formula})"] if design.offset_formula is not None else []
+    return names + [design.gate_names[j] for j in extra] + offset, extra
 
 
-def union_matrix(design: ModelDesign, X: np.ndarray, X_gate: np.ndarray, X_shared: np.ndarray | None = None
-                 ) -> np.ndarray:
-    """``[X, X_shared, X_gate[:, gate-only columns]]``: the inputs of the union MoE."""
+def union_matrix(design: ModelDesign, X: np.ndarray, X_gate: np.ndarray, X_shared: np.ndarray | None = None,
+                 offset: np.ndarray | None = None) -> np.ndarray:
+    """``[X, X_shared, X_gate[:, gate-only columns], offset]``: the inputs of the union MoE."""
     _, extra = _union_names(design)
     parts = [X] + ([X_shared] if X_shared is not None and X_shared.shape[1] else []) + \
-        ([X_gate[:, extra]] if extra else [])
+        ([X_gate[:, extra]] if extra else []) + ([offset[:, None]] if offset is not None else [])
     return np.ascontiguousarray(np.concatenate(parts, axis=1)) if len(parts) > 1 else X
 
 
@@ -98,12 +105,12 @@ def _trials(trials: Any, data: Any, design: ModelDesign) -> np.ndarray | None:
 
 def formula_inputs(formula: str, data: Any, *, gate_formula: str | None = None, weights: Any = None,
                    missing: str = "raise", context: dict[str, Any] | None = None, shared: str | None = None,
-                   trials: Any = None) -> FormulaInputs:
+                   trials: Any = None, offset: str | None = None) -> FormulaInputs:
     """Build the design (:func:`moestat.build_design`) and the union MoE's arrays.
 
     ``shared`` (``"~ z"``) adds covariates with one coefficient common to all experts; ``trials`` (a column name
     of ``data`` or an array with one entry per row) are binomial trials, subset to the rows the design keeps (they
-    must have no missing values).
+    must have no missing values); ``offset`` (``"np.log(exposure)"``) is the last column, with coefficient 1.
 
     Raises
     ------
@@ -111,7 +118,7 @@ def formula_inputs(formula: str, data: Any, *, gate_formula: str | None = None, 
         If a formula removes the intercept (moestat's gates and experts always have one).
     """
     design = build_design(formula, data, gate_formula=gate_formula, shared=shared, weights=weights,
-                          missing=missing, context=context)
+                          missing=missing, context=context, offset=offset)
     if not design.expert_intercept:
         raise ValueError(f"formula={formula!r} removes the intercept ('0 +' or '- 1'); moestat's experts always "
                          "have one: drop the '0 +' / '- 1'.")
@@ -126,6 +133,6 @@ def formula_inputs(formula: str, data: Any, *, gate_formula: str | None = None, 
     d_e = len(design.expert_names)
     expert_cols = tuple(range(d_e))
     shared_cols = tuple(range(d_e, d_e + len(design.shared_names)))
-    X = union_matrix(design, design.X, design.X_gate, design.X_shared)
+    X = union_matrix(design, design.X, design.X_gate, design.X_shared, design.offset)
     return FormulaInputs(X, design.y, design.weights, names, gate_cols, expert_cols, design, shared_cols,
-                         _trials(trials, data, design))
+                         _trials(trials, data, design), None if design.offset is None else len(names) - 1)

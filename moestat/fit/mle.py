@@ -178,14 +178,16 @@ def subset_size(spec: MoE, expert_columns: Sequence[int] | None, d: int, n: int)
 
 
 def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
-                  expert_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None) -> BlockParams:
+                  expert_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
+                  offset_column: int | None = None) -> BlockParams:
     r"""Starts fitted through the random subsets ``idx`` (R, S, k, m) of the data X (R, n, d): shape (R, S, ...).
 
     Each expert is the least-squares fit through its ``m`` observations (weight 1, every other observation weight
     :math:`0.01\,m/n`), with :math:`\sigma_i^2` its mean squared residual over all data and an equal-weight gate
     (all gate coefficients 0; the activation gate's intercepts all 0.5, :data:`_EQUAL_WEIGHT_INTERCEPT`); GLM
-    experts take a few ridge IRLS steps instead (a subset of ``p + 1`` points may separate).  Arguments as
-    :func:`random_starts`.
+    experts take a few ridge IRLS steps instead (a subset of ``p + 1`` points may separate).  An ``offset_column``
+    enters every expert's linear predictor with coefficient 1 (Gaussian experts: the fit of :math:`y - o`).
+    Arguments as :func:`random_starts`.
     """
     R, n, d = X.shape
     S, k, m = idx.shape[1:]
@@ -195,18 +197,23 @@ def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
     w = torch.full((R, S, k, n), 0.01 * m / n, dtype=X.dtype, device=X.device)
     w.scatter_(-1, torch.as_tensor(idx, device=X.device), 1.0)
     w = w.transpose(-1, -2)
+    off = None if offset_column is None else X[..., offset_column]
     if spec.has_noise_sd:
-        beta = weighted_ls(Z, y, w, torch.zeros(R, S, k, p, dtype=X.dtype, device=X.device), 1e-10)
+        yo = y if off is None else y - off
+        beta = weighted_ls(Z, yo, w, torch.zeros(R, S, k, p, dtype=X.dtype, device=X.device), 1e-10)
         mu = torch.einsum("rnp,rskp->rsnk", Z, beta)
-        var = ((y[:, None, :, None] - mu) ** 2).mean(-2)
+        var = ((yo[:, None, :, None] - mu) ** 2).mean(-2)
     else:  # GLM experts: a few IRLS steps on the subset weights (ridge: a subset of p + 1 points may separate)
-        beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6, trials=trials), spec.glm,
-                             max_iter=10, ridge=1e-6, trials=trials)
+        o4 = None if off is None else off[:, None, :, None]
+        beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6, trials=trials, offset=o4),
+                             spec.glm, max_iter=10, ridge=1e-6, trials=trials, offset=o4)
         var = torch.ones(R, S, k, dtype=X.dtype, device=X.device)
     gb = torch.full((R, S, k), _EQUAL_WEIGHT_INTERCEPT.get(spec.gate, 0.0), dtype=X.dtype, device=X.device)
     ew = torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
     if spec.family.input_dependent:
         ew[..., cols] = beta[..., 1:]
+    if offset_column is not None:
+        ew[..., offset_column] = 1.0
     return BlockParams(gb, torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device), ew, beta[..., 0], var.sqrt())
 
 
@@ -329,7 +336,7 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
                 cache["objective"] = GLMMixtureObjective(
                     Zr[:, columns["gate"]], Zr[:, columns["expert"]],
                     Zr[:, columns["shared"]] if columns["shared"] else None, cache["y"], cache["m"], cache["w"],
-                    spec.response, k, n)
+                    spec.response, k, n, None if layout.offset_column is None else Zr[:, 1 + layout.offset_column])
             if callback is not None:
                 callback(cache["n_real"])
         return cache["n_real"]
@@ -552,7 +559,7 @@ class _Problems:
             sel = torch.as_tensor(rand, device=X.device)
             idx = self.subsets[r[rand], s[rand] - U][:, None]
             parts.append((rand, subset_starts(spec, X[sel], y[sel], idx, layout.expert_design_columns,
-                                              None if trials is None else trials[sel])))
+                                              None if trials is None else trials[sel], layout.offset_column)))
         if layout.learn_temperature:  # starts without a temperature start at the spec's
             for _, b in parts:
                 if b.temperature is None:
@@ -652,7 +659,7 @@ def _em_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list[np
         st = em_fit(spec, Xb, yb, init, var_floor=fl**2, tol=tol, max_iter=max_iter, gate_steps=gate_steps,
                     gate_solver=gate_solver, gate_columns=layout.gate_columns, expert_columns=layout.expert_columns,
                     weights=wb, shared_columns=layout.shared_columns, trials=mb, callback=report,
-                    layout=layout)
+                    layout=layout, offset_column=layout.offset_column)
         at = torch.as_tensor(q, device=probs.X.device)
         out.put(at, st.params, st.loglik, st.converged, st.n_iter)
         hist.append(st.history[:, :, 0])
@@ -741,6 +748,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
             gate_columns: Sequence[int] | None = None, expert_columns: Sequence[int] | None = None,
             family: str | None = None, method: str = "em", shared: str | None = None,
             shared_columns: Sequence[int] | None = None, trials=None, learn_temperature: bool = False,
+            offset: str | None = None, offset_column: int | None = None,
             restarts: int = 5, init="random", tol: float = 1e-8,
             max_iter: int | None = None, sd_floor: float = 1e-3, gate_solver: str = "newton", gate_steps: int = 1,
             gtol: float = 1e-7, device: str = "auto", dtype=None, seed=None,
@@ -803,6 +811,14 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         (statsmodels' ``GLM(y, X, Binomial(), var_weights=m)`` convention).  The log-likelihood is the full binomial
         log-pmf, :math:`\log\binom{m_t}{m_ty_t}` included (so it is not the Bernoulli log-likelihood of the rows
         expanded into trials, which lacks that constant).
+    offset : str, optional
+        Formula interface: a column of ``data`` or an expression of columns (``"np.log(exposure)"``) added to every
+        expert's linear predictor with coefficient fixed at 1, :math:`\eta_{ti} = b_i + a_i^\top x_t + o_t`: an
+        exposure for Poisson counts (rates per unit of :math:`e^{o_t}`), or a known part of the mean (R's
+        ``offset()``, statsmodels' ``offset=``).  It is a column of the fit's inputs (``offset(...)``) with no
+        coefficient in :math:`\theta`; ``predict`` and the other methods read it from a new frame by name.
+    offset_column : int, optional
+        Array interface: the column of ``X`` holding the offset (it is then neither a gate nor an expert column).
     learn_temperature : bool
         Fit the gate temperature :math:`\tau` jointly with the other parameters, as the term
         ``gate:log_temperature`` (:math:`\log\tau`, so :math:`\tau > 0`; starting at ``spec.temperature`` or at an
@@ -911,7 +927,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                                                                       gate_formula=gate_formula, weights=weights,
                                                                       missing=missing, gate_columns=gate_columns,
                                                                       expert_columns=expert_columns, shared=shared,
-                                                                      shared_columns=shared_columns, trials=trials)
+                                                                      shared_columns=shared_columns, trials=trials,
+                                                                      offset=offset, offset_column=offset_column)
     trials = columns[4]
     if design is not None:
         feature_names = columns[0]
@@ -926,10 +943,13 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     if not (tol > 0 and gtol > 0 and sd_floor > 0):
         raise ValueError(f"tol, gtol and sd_floor must be > 0, got tol={tol}, gtol={gtol}, sd_floor={sd_floor}.")
     _check_method(spec, method, gate_solver, columns[1], learn_temperature)
+    if columns[5] is not None and spec.gate in _ALL_COLUMN_GATES:
+        raise ValueError(f"an offset with gate={spec.gate!r}: this gate's distances and norms read every input column, "
+                         "the offset's too. Use a gate affine in x (softmax, sigmoid, ...) or drop the offset.")
     max_iter = check_int("max_iter", max_iter if max_iter is not None else (2000 if method == "em" else 500))
     check_choice("underdetermined", underdetermined, ("raise", "warn"))
     layout = ParamLayout(spec, feature_names, gate_columns=columns[1], expert_columns=columns[2],
-                         shared_columns=columns[3], learn_temperature=learn_temperature)
+                         shared_columns=columns[3], learn_temperature=learn_temperature, offset_column=columns[5])
     m_n = _check_trials(trials, spec, X)
     Xn, yn, single = _check_data(spec, X, y, underdetermined, layout, m_n)
     R = Xn.shape[0]
@@ -950,6 +970,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     # equivariant), so the estimate does not depend on the inputs' units; standard errors are then computed on the
     # user's scale at that estimate
     in_scale = input_scale(Xn) if spec.gating.input_affine else None  # exact only for gates affine in x
+    if in_scale is not None and layout.offset_column is not None:
+        in_scale[layout.offset_column] = 1.0  # the offset's coefficient is fixed at 1: its column is not rescaled
     s_t = None if in_scale is None else to_tensor(in_scale, device=dev, dtype=dt)
     X_fit = Xt if s_t is None else Xt / s_t
     ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
@@ -1002,6 +1024,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None, "memory_budget": budget}
     if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
         settings["learn_temperature"] = True
+    if columns[5] is not None:  # likewise an offset
+        settings["offset"] = offset if design is not None else f"column {columns[5]}"
     fit = MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],
                   converged=conv[r_idx, best], n_iter=n_iter[r_idx, best], restart_loglik=ll.detach(),
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
@@ -1034,11 +1058,14 @@ def _check_method(spec: MoE, method: str, gate_solver: str, gate_columns: Sequen
 def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, data: Any, k: int | None,
                     gate_formula: str | None, weights: Any, missing: str, gate_columns: Sequence[int] | None = None,
                     expert_columns: Sequence[int] | None = None, shared: str | None = None,
-                    shared_columns: Sequence[int] | None = None, trials: Any = None
-                    ) -> tuple[MoE, Any, Any, Any, Any, tuple, int]:
-    """``(spec, X, y, weights, design, (names, gate_columns, expert_columns, shared_columns, trials), n_dropped)``
-    for either interface."""
+                    shared_columns: Sequence[int] | None = None, trials: Any = None, offset: str | None = None,
+                    offset_column: int | None = None) -> tuple[MoE, Any, Any, Any, Any, tuple, int]:
+    """``(spec, X, y, weights, design, (names, gate_columns, expert_columns, shared_columns, trials, offset_column),
+    n_dropped)`` for either interface."""
     if formula is None:
+        if offset is not None:
+            raise TypeError(f"offset={offset!r} names a column or expression, which needs formula= and data=; with "
+                            "arrays put the offset in a column of X and pass offset_column=<its index>.")
         if isinstance(trials, str):
             raise TypeError(f"trials={trials!r} names a column, which needs formula= and data=; with arrays pass "
                             "the numbers of trials as an array.")
@@ -1056,7 +1083,11 @@ def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, da
             raise TypeError("missing='drop' with trials= is for formula fits; drop the rows with missing values from "
                             "X, y and trials yourself.")
         X, y, weights, n_dropped = _drop_missing(X, y, weights, missing)
-        return spec, X, y, weights, None, (None, gate_columns, expert_columns, shared_columns, trials), n_dropped
+        return (spec, X, y, weights, None, (None, gate_columns, expert_columns, shared_columns, trials, offset_column),
+                n_dropped)
+    if offset_column is not None:
+        raise TypeError("offset_column= is for arrays; a formula fit names its offset with offset='column' or "
+                        "offset='np.log(exposure)'.")
     if gate_columns is not None or expert_columns is not None or shared_columns is not None:
         raise TypeError("gate_columns/expert_columns/shared_columns are for arrays; a formula fit sets them with "
                         "gate_formula= and shared=.")
@@ -1071,11 +1102,12 @@ def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, da
     if spec is not None and k is not None and k != spec.k:
         raise ValueError(f"k={k} disagrees with spec.k={spec.k}; pass one of them.")
     inputs = formula_inputs(formula, data, gate_formula=gate_formula, weights=weights, missing=missing, shared=shared,
-                            trials=trials)
+                            trials=trials, offset=offset)
     d = inputs.X.shape[1]
     spec = MoE(k=check_int("k", k), d=d) if spec is None else dataclasses.replace(spec, d=d)
     return (spec, inputs.X, inputs.y, inputs.weights, inputs.design,
-            (inputs.names, inputs.gate_columns, inputs.expert_columns, inputs.shared_columns or None, inputs.trials),
+            (inputs.names, inputs.gate_columns, inputs.expert_columns, inputs.shared_columns or None, inputs.trials,
+             inputs.offset_column),
             inputs.design.n_dropped)
 
 

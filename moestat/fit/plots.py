@@ -40,14 +40,17 @@ def _covariates(fit: MLEFit) -> list[str]:
     if fit.design is None:
         return list(fit.layout.feature_names)
     cols = fit.design._specs.columns
-    used = [c for part in ("expert", "gate", "shared") for c in cols.get(part, [])]
+    used = [c for part in ("expert", "gate", "shared", "offset") for c in cols.get(part, [])]
     response = set(cols.get("response", []))
     return [c for c in dict.fromkeys(used) if c not in response]
 
 
 def _training_frame(fit: MLEFit, rep: int, covariates: list[str]) -> pd.DataFrame:
     """A formula fit's data rebuilt from its design when every covariate is itself a column of the design."""
-    names = fit.layout.feature_names
+    names = list(fit.layout.feature_names)
+    offset = fit.design.offset_formula
+    if offset is not None and offset in fit.design.data_columns:  # an offset that is a column is kept as it is
+        names[names.index(f"offset({offset})")] = offset
     absent = [c for c in covariates if c not in names]
     if absent:
         raise ValueError(f"the fit does not keep the raw column(s) {absent} (the formula transforms them); pass "
@@ -138,7 +141,8 @@ def plot_fit(fit: MLEFit, x: str | int | None = None, *, ax: Any = None, at: Map
         Where to draw: a pair (means, gate), or one Axes for the means panel only.  Default: a new figure.
     at : mapping, optional
         Values at which the other covariates are held (default: their means; the most frequent level of a
-        categorical covariate).
+        categorical covariate).  The columns of an offset are covariates too: ``at={"exposure": 1}`` draws the
+        experts' rates per unit of exposure.
     data : DataFrame, optional
         A formula fit's data (needed when the formula transforms a covariate, e.g. ``np.log(x)``, since the fit
         keeps only its design); its rows are the points drawn.

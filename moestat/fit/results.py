@@ -865,7 +865,7 @@ class MLEFit(FitResult):
         if self.design is not None:
             m = self.design.transform(X)
             kept = None if bool(np.all(m.kept)) else np.asarray(m.kept)
-            return union_matrix(self.design, m.X, m.X_gate, m.X_shared), kept, m.y
+            return union_matrix(self.design, m.X, m.X_gate, m.X_shared, m.offset), kept, m.y
         names = self.layout.feature_names
         missing = [c for c in names if c not in X.columns]
         if missing:
@@ -1330,6 +1330,9 @@ class MLEFit(FitResult):
             notes.append("case weights: the log-likelihood is sum_t c_t log p(y_t | x_t); Observations is sum_t c_t.")
         if self.spec.gate in ("softmax", "topk"):
             notes.append(f"gate coefficients are relative to expert {self.spec.k - 1} (reference, fixed at 0).")
+        if self.layout.offset_column is not None:
+            notes.append(f"offset: {self.layout.feature_names[self.layout.offset_column]} is added to every expert's "
+                         "linear predictor with coefficient 1.")
         if self.spec.gate == "sigmoid":
             notes.append("sigmoid gates are normalised over experts in the density: pi_i = s_i / sum_j s_j.")
         if self._singular()[rep]:

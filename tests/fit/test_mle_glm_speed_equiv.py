@@ -180,17 +180,19 @@ def _two_class_poisson(n: int = 200, seed: int = 17) -> pd.DataFrame:
     return pd.DataFrame({"y": y.astype(float), "x": x})
 
 
-def _reference_step(glm, Ze, ZZ, y, tau, beta, eta, mu, prox, trials=None):
+def _reference_step(glm, Ze, ZZ, y, tau, beta, eta, mu, prox, trials=None, offset=None):
+    o4 = None if offset is None else offset[:, None, :, None]
     new = irls_weighted(Ze.transpose(1, 2), y, tau.transpose(1, 2).unsqueeze(1), beta.unsqueeze(1), glm,
-                        max_iter=1, prox=prox, trials=trials).squeeze(1)
-    return new, torch.bmm(new, Ze)
+                        max_iter=1, prox=prox, trials=trials, offset=o4).squeeze(1)
+    return new, torch.bmm(new, Ze) if offset is None else torch.bmm(new, Ze) + offset.unsqueeze(1)
 
 
-@pytest.mark.parametrize("formula", ["y ~ x", "y ~ x + I(x**2)"])
-def test_fit_mle_fused_paths_reach_the_reference_maximum(formula, monkeypatch):
+@pytest.mark.parametrize("formula, offset", [("y ~ x", None), ("y ~ x + I(x**2)", None), ("y ~ x", "np.log(t)")])
+def test_fit_mle_fused_paths_reach_the_reference_maximum(formula, offset, monkeypatch):
     df = _two_class_poisson()
+    df["t"] = np.random.default_rng(2).uniform(0.5, 2.0, len(df))  # an exposure, for the offset case
     kwargs = dict(formula=formula, data=df, k=2, family="poisson", gate_formula="~ 1", tol=1e-8, max_iter=2000,
-                  restarts=10, seed=1)
+                  restarts=10, seed=1, offset=offset)
     fast = ms.fit_mle(**kwargs)
     monkeypatch.setattr(em, "glm_expert_step", _reference_step)  # EM's step by irls_weighted, as before
     monkeypatch.setattr(mle, "direct_glm", lambda spec, layout: False)  # L-BFGS gradient by autograd
