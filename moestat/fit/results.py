@@ -968,7 +968,7 @@ class MLEFit(FitResult):
             ``missing="drop"`` returns NaN for a row of the frame with a missing value, so the result keeps one row
             per row of ``X`` (R's ``na.exclude``; also :meth:`gate_probs`, :meth:`expert_means`, :meth:`posterior`
             and :meth:`simulate`); with ``missing="raise"`` such a row raises.
-        kind : {"mean", "variance", "quantile", "interval"}
+        kind : {"mean", "variance", "quantile", "interval", "mean_se", "mean_ci"}
             ``"mean"``: the conditional mean :math:`E[y\mid x] = \sum_i\tilde\pi_i(x)h(x;\eta_i)` (for sigmoid
             gates with the *normalised* weights of the density, not :meth:`moestat.MoE.mean`).
             ``"variance"``: the conditional variance :math:`\mathrm{Var}[y\mid x] = \sum_i\tilde\pi_i(x)(v_i +
@@ -995,7 +995,7 @@ class MLEFit(FitResult):
             The probabilities of ``kind="quantile"``.
         confidence_level : float in (0, 1)
             The coverage of ``kind="interval"`` (a prediction interval for a new response, not a confidence
-            interval for a parameter).
+            interval for a parameter) and of ``kind="mean_ci"`` (a confidence interval for the mean).
         trials : array (m,), optional
             A fit with binomial trials: the new rows' numbers of trials, needed by ``"variance"``, ``"quantile"``
             and ``"interval"`` (which are then proportions of successes); the mean proportion does not depend on
