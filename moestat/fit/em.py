@@ -353,8 +353,11 @@ Vert^2` (``prox``) is zero
     ``trials`` (A, n), ``offset`` (A, n) (a known term of every expert's linear predictor).  Returns the new
     ``beta`` and ``gamma``.
     """
-    off = 0.0 if offset is None else offset.unsqueeze(1)
-    eta = torch.bmm(beta, Ze) + torch.bmm(gamma.unsqueeze(1), Zs) + off
+    def linear(b: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        eta = torch.bmm(b, Ze) + torch.bmm(g.unsqueeze(1), Zs)
+        return eta if offset is None else eta + offset.unsqueeze(1)
+
+    eta = linear(beta, gamma)
     if glm is None:
         if var is None:
             raise ValueError("shared_newton_step with Gaussian experts needs var=, the current variances (A, k).")
@@ -393,7 +396,7 @@ Vert^2` (``prox``) is zero
         if not bool(todo.any()):
             break
         cb, cs = beta + t * d_b, gamma + t * d_s
-        qc = _shared_objective(glm, y, torch.bmm(cb, Ze) + torch.bmm(cs.unsqueeze(1), Zs) + off, tau, wt, trials)
+        qc = _shared_objective(glm, y, linear(cb, cs), tau, wt, trials)
         qc = qc - 0.5 * prox * t * t * step_sq
         acc = todo & torch.isfinite(qc) & (qc >= q0)
         beta = torch.where(acc[:, None, None], cb, beta)
