@@ -131,8 +131,10 @@ def _check_data(spec: MoE, X, y, underdetermined: str = "raise", layout: ParamLa
     elif (sd <= 1e-12 * (1.0 + np.abs(yn).max(axis=1))).any():
         raise ValueError("y is constant (zero variance) in at least one replicate; a Gaussian MoE cannot be "
                          "fitted to a constant response.")
-    if spec.family.input_dependent:
-        Z = np.concatenate([np.ones((*Xn.shape[:2], 1)), Xn], axis=-1)
+    if spec.family.input_dependent:  # an offset column is not estimated: it may be constant or repeat a covariate
+        off = None if layout is None else layout.offset_column
+        Z = np.concatenate([np.ones((*Xn.shape[:2], 1)), np.delete(Xn, off, axis=-1) if off is not None else Xn],
+                           axis=-1)
         sv = np.linalg.svd(Z, compute_uv=False)
         if (sv[:, -1] <= 1e-10 * sv[:, 0]).any():
             raise ValueError("X is rank deficient: with the intercept, some column is constant or collinear with "

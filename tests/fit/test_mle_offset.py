@@ -153,3 +153,17 @@ def test_plot_holds_the_offset_like_a_covariate(frame):
     with pytest.raises(ValueError, match=r"raw column\(s\) \['t'\]"):
         ms.fit_mle(formula="c ~ x", data=frame, k=1, family="poisson", offset="np.log(t)", restarts=1,
                    seed=0).plot("x")
+
+
+def test_an_offset_may_repeat_a_covariate_or_be_constant(frame):
+    """The offset is not estimated, so the design's rank check leaves it out: log(t) as a covariate and as the offset
+    is the covariate's slope shifted by 1, and a constant offset shifts the intercepts."""
+    a = ms.fit_mle(formula="c ~ x + np.log(t)", data=frame, k=1, family="poisson", offset="np.log(t)", restarts=1,
+                   seed=0)
+    b = ms.fit_mle(formula="c ~ x + np.log(t)", data=frame, k=1, family="poisson", restarts=1, seed=0)
+    assert float(a.loglik) == pytest.approx(float(b.loglik), rel=1e-10)
+    np.testing.assert_allclose(np.asarray(a.theta) + [0.0, 0.0, 1.0], b.theta, rtol=1e-6, atol=1e-7)
+    c = ms.fit_mle(formula="c ~ x", data=frame.assign(two=2.0), k=1, family="poisson", offset="two", restarts=1,
+                   seed=0)
+    d = ms.fit_mle(formula="c ~ x", data=frame, k=1, family="poisson", restarts=1, seed=0)
+    np.testing.assert_allclose(np.asarray(c.theta) + [2.0, 0.0], d.theta, rtol=1e-6, atol=1e-7)
