@@ -152,8 +152,8 @@ def _fit_data(fit: MLEFit, X: Any, y: Any, trials: Any) -> dict[str, Any]:
     w, mu, sd = fit._predictive_at(Xt)
     ys = to_numpy(yt)  # (R, m), checked finite and one per used row of X
     # a copy: a pandas column is a read-only view (copy-on-write), which torch warns about
-    m_t = fit._new_trials(None if trials is None else np.array(trials, dtype=float), w.shape[1], "predictive_checks",
-                          kept)
+    m_t = fit._trials_at(X, None if trials is None else np.array(trials, dtype=float), w.shape[1],
+                         "predictive_checks", kept)
     m = None if m_t is None else to_numpy(m_t)
     ll = np.array([_mixture_loglik(ys[r], w[r], mu[r], sd[r], fit.spec.response, None if m is None else m[r])
                    for r in range(R)])

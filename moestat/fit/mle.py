@@ -931,6 +931,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                                                                       expert_columns=expert_columns, shared=shared,
                                                                       shared_columns=shared_columns, trials=trials,
                                                                       offset=offset, offset_column=offset_column)
+    trials_column = trials if design is not None and isinstance(trials, str) else None
     trials = columns[4]
     if design is not None:
         feature_names = columns[0]
@@ -1033,6 +1034,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                   best_restart=best, sd_floor=floor, single=single, settings=settings,
                   history=None if history is None else history[:, r_idx, best], weights=w_t, design=design,
                   response_name=y_name if design is None else design.response_name, trials=m_t)
+    fit.trials_column = trials_column
     fit._warn_degenerate()
     return fit
 

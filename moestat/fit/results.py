@@ -330,6 +330,8 @@ class MLEFit(FitResult):
         self._hess: torch.Tensor | None = None
         self._scores: torch.Tensor | None = None
         self._warned_singular = False
+        #: a formula fit's trials column (``trials="m"``): new frames holding it give their rows' trials
+        self.trials_column: str | None = None
         if not self._converged.all():
             bad = np.flatnonzero(~self._converged).tolist()
             warn_user(f"the best start did not converge within max_iter={settings['max_iter']} for "
@@ -1101,7 +1103,7 @@ class MLEFit(FitResult):
             ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
             streams = ss.spawn(self.n_reps)
         w, mu, sd, kept = self._predictive_kept(X)
-        m_t = self._m if X is None and trials is None else self._new_trials(trials, w.shape[1], "simulate", kept)
+        m_t = self._trials_at(X, trials, w.shape[1], "simulate", kept)
         m = None if m_t is None else to_numpy(m_t)
         draws = np.stack([sample_mixture(self.spec.response, w[r], mu[r], sd[r, 0], n_draws,
                                          np.random.default_rng(s), None if m is None else m[r])
@@ -1123,7 +1125,7 @@ class MLEFit(FitResult):
             raise TypeError(f"{what}(X) needs y=, the responses of the rows of X"
                             + (f" (or a frame X holding the response column {self.response_name!r})"
                                if self.design is not None else "") + ".")
-        m = self._new_trials(trials, Xt.shape[1], what, kept)
+        m = self._trials_at(X, trials, Xt.shape[1], what, kept)
         return to_numpy(self._posterior_t(Xt, yt, m)), kept
 
     def _new_trials(self, trials: Any, m_rows: int, what: str, kept: np.ndarray | None = None
@@ -1150,10 +1152,14 @@ class MLEFit(FitResult):
 
     def _trials_at(self, X: Any, trials: Any, m_rows: int, what: str, kept: np.ndarray | None = None
                    ) -> torch.Tensor | None:
-        """The trials of the rows of ``X``: the training trials when ``X`` is None (and no ``trials`` are given),
-        else :meth:`_new_trials`."""
+        """The trials of the rows of ``X``: the training trials when ``X`` is None (and no ``trials`` are given);
+        for a formula fit whose trials were a column of its data, that column of a frame ``X`` (one value per row of
+        ``X``, as an offset is read); else :meth:`_new_trials`."""
         if X is None and trials is None:
             return self._m
+        column = self.trials_column
+        if trials is None and column is not None and isinstance(X, (pd.DataFrame, Mapping)) and column in X:
+            trials = np.asarray(X[column], dtype=float)
         return self._new_trials(trials, m_rows, what, kept)
 
     @property

@@ -162,8 +162,8 @@ def test_an_offset_may_repeat_a_covariate_or_be_constant(frame):
                    seed=0)
     b = ms.fit_mle(formula="c ~ x + np.log(t)", data=frame, k=1, family="poisson", restarts=1, seed=0)
     assert float(a.loglik) == pytest.approx(float(b.loglik), rel=1e-10)
-    np.testing.assert_allclose(np.asarray(a.theta) + [0.0, 0.0, 1.0], b.theta, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(a.theta) + np.array([0.0, 0.0, 1.0]), b.theta, rtol=1e-6, atol=1e-7)
     c = ms.fit_mle(formula="c ~ x", data=frame.assign(two=2.0), k=1, family="poisson", offset="two", restarts=1,
                    seed=0)
     d = ms.fit_mle(formula="c ~ x", data=frame, k=1, family="poisson", restarts=1, seed=0)
-    np.testing.assert_allclose(np.asarray(c.theta) + [2.0, 0.0], d.theta, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(c.theta) + np.array([2.0, 0.0]), d.theta, rtol=1e-6, atol=1e-7)

@@ -79,8 +79,11 @@ def test_k1_closed_forms_for_each_family():
     mu = b.fittedvalues
     np.testing.assert_allclose(b.predict(None, "variance"), mu * (1 - mu) / m, rtol=1e-12)
     np.testing.assert_allclose(b.predict(df, "variance", trials=m), mu * (1 - mu) / m, rtol=1e-12)
+    # a new frame holding the fit's trials column gives its rows' trials, as an offset is read by name
+    np.testing.assert_array_equal(b.predict(df, "variance"), b.predict(df, "variance", trials=m))
+    np.testing.assert_array_equal(b.posterior(df), b.posterior(df, trials=m))
     with pytest.raises(TypeError, match="needs trials="):
-        b.predict(df, "variance")
+        b.predict(df.drop(columns="m"), "variance")
     # the training inputs use the training trials for every kind (quantiles and intervals too)
     assert b.predict(None, "interval").shape == (500, 2)
     np.testing.assert_allclose(b.resid_pearson, (df["yb"] - mu) / np.sqrt(mu * (1 - mu) / m), rtol=1e-10)

@@ -89,7 +89,10 @@ def test_trials_in_predict_simulate_posterior():
     assert not np.isin(draws, [0.0, 1.0]).all()  # proportions, not Bernoulli draws
     new = df.head(5)
     with pytest.raises(TypeError, match="needs trials="):
-        fit.simulate(new)
+        fit.simulate(new.drop(columns="m"))
+    # a frame holding the trials column ("m") gives its rows' trials, as trials=new["m"] does
+    np.testing.assert_array_equal(fit.simulate(new, n_draws=4, seed=2), fit.simulate(new, n_draws=4, seed=2,
+                                                                                      trials=new["m"]))
     sims = fit.simulate(new, n_draws=20000, seed=1, trials=new["m"])
     mean = fit.predict(new)
     assert np.all(np.abs(sims.mean(0) - mean) < 5 * 0.5 / np.sqrt(20000))  # 5 MC SEs (a proportion's sd <= 0.5)
