@@ -1334,7 +1334,7 @@ class MLEFit(FitResult):
         notes = []
         if self.weighted:
             notes.append("case weights: the log-likelihood is sum_t c_t log p(y_t | x_t); Observations is sum_t c_t.")
-        if self.spec.gate in ("softmax", "topk"):
+        if self.spec.gate in ("softmax", "topk") and self.spec.k > 1:  # one expert has no gate coefficients
             notes.append(f"gate coefficients are relative to expert {self.spec.k - 1} (reference, fixed at 0).")
         if self.layout.offset_column is not None:
             notes.append(f"offset: {self.layout.feature_names[self.layout.offset_column]} is added to every expert's "
