@@ -464,7 +464,7 @@ def mle_estimator(spec: MoE, X: np.ndarray, y: np.ndarray, *, truth: Truth | Non
             info.update(parameter_columns(fit, truth, kind))
         elif kind != "none":
             kind = "none (fit not comparable to the truth)"
-    skip = {"seed_entropy", "seed_spawn_key", "device", "threads"}
+    skip = {"seed_entropy", "seed_spawn_key", "device", "threads", "wall_time"}  # the cell times the fit itself
     settings.update({k: v for k, v in fit.settings.items() if k not in skip and k not in settings})
     settings["se"] = kind
     return Estimate(fit.params.numpy(), np.atleast_1d(np.asarray(fit.objective, dtype=float)),

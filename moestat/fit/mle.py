@@ -920,6 +920,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     >>> fit = ms.fit_mle(spec, data.X[0], data.y[0], seed=1)
     >>> fit.summary()  # doctest: +SKIP
     """
+    t_start = time.perf_counter()
     check_choice("missing", missing, ("raise", "drop"))
     budget = memory_bytes(memory_budget)
     if feature_names is None and isinstance(X, pd.DataFrame):
@@ -1024,7 +1025,8 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "seed_entropy": ss.entropy, "seed_spawn_key": list(ss.spawn_key),
                 "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
                 "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
-                "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None, "memory_budget": budget}
+                "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None, "memory_budget": budget,
+                "wall_time": time.perf_counter() - t_start}
     if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
         settings["learn_temperature"] = True
     if columns[5] is not None:  # likewise an offset

@@ -396,7 +396,8 @@ class MLEFit(FitResult):
 
     @property
     def wall_time(self) -> float:
-        """Seconds spent fitting (``settings["wall_time"]``; NaN if not recorded)."""
+        """Seconds :func:`moestat.fit_mle` took, from its call to the result (formula, starts and optimisation;
+        ``settings["wall_time"]``; NaN for a result built otherwise)."""
         return float(self.settings.get("wall_time", float("nan")))
 
     def select(self, rep: int | Sequence[int] | np.ndarray) -> MLEFit:

@@ -103,3 +103,10 @@ def test_batched_shapes_and_missing_rows():
     assert var.shape == (300,) and np.isnan(var[[4, 9]]).all() and np.isfinite(np.delete(var, [4, 9])).all()
     with pytest.raises(TypeError, match="q= is for kind='quantile'"):
         f.predict(df, "variance", q=0.5)
+
+
+def test_wall_time_is_recorded():
+    """fit_mle records the seconds it took (FitResult's wall_time); it was NaN."""
+    data = ms.simulate(SPEC, TRUTH, n=300, seed=1, model="mixture")
+    fit = _fit(SPEC, data.X[0], data.y[0])
+    assert 0 < fit.wall_time < 60 and fit.settings["wall_time"] == fit.wall_time
