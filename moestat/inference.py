@@ -54,7 +54,7 @@ from ._validation import (
 from .exceptions import DegenerateFitWarning, warn_user
 from .fit._layout import ParamLayout
 from .fit.formula_fit import formula_inputs
-from .fit.mle import _check_data, _check_trials, fit_mle
+from .fit.mle import _check_data, _check_no_offset, _check_trials, fit_mle
 from .fit.results import MLEConvergenceWarning, MLEFit, SingularInformationWarning, sample_mixture
 from .gates import log_mixture_weights
 from .metrics.matching import optimal_assignment
@@ -523,9 +523,7 @@ def _resolve_data(X, y, *, formula: str | None, data, gate_formula: str | None, 
     kw = dict(fit_kwargs)
     offset = kw.pop("offset", None)
     if formula is None:
-        if offset is not None:
-            raise TypeError(f"offset={offset!r} names a column or expression, which needs formula= and data=; with "
-                            "arrays put the offset in a column of X and pass offset_column=<its index>.")
+        _check_no_offset(offset)
         for name, value in (("data", data), ("gate_formula", gate_formula), ("shared", shared)):
             if value is not None:
                 hint = " (with arrays, shared_columns=[...] names the shared columns of X)" if name == "shared" else ""

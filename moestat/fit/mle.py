@@ -1069,9 +1069,7 @@ def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, da
     """``(spec, X, y, weights, design, (names, gate_columns, expert_columns, shared_columns, trials, offset_column),
     n_dropped)`` for either interface."""
     if formula is None:
-        if offset is not None:
-            raise TypeError(f"offset={offset!r} names a column or expression, which needs formula= and data=; with "
-                            "arrays put the offset in a column of X and pass offset_column=<its index>.")
+        _check_no_offset(offset)
         if isinstance(trials, str):
             raise TypeError(f"trials={trials!r} names a column, which needs formula= and data=; with arrays pass "
                             "the numbers of trials as an array.")
@@ -1115,6 +1113,13 @@ def _resolve_inputs(spec: MoE | None, X: Any, y: Any, *, formula: str | None, da
             (inputs.names, inputs.gate_columns, inputs.expert_columns, inputs.shared_columns or None, inputs.trials,
              inputs.offset_column),
             inputs.design.n_dropped)
+
+
+def _check_no_offset(offset: Any) -> None:
+    """An offset named by a column or expression needs a formula fit (TypeError naming the array interface's way)."""
+    if offset is not None:
+        raise TypeError(f"offset={offset!r} names a column or expression, which needs formula= and data=; with "
+                        "arrays put the offset in a column of X and pass offset_column=<its index>.")
 
 
 def _check_trials(trials: Any, spec: MoE, X: Any) -> np.ndarray | None:

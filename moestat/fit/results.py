@@ -907,12 +907,12 @@ class MLEFit(FitResult):
                             dtype=self._theta.dtype, device=self._theta.device)
         layout = self.layout
 
-        def mean(theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        def mean(theta: torch.Tensor, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             b = layout.unpack(theta)
-            return (self._weights_t(b, X) * self._means_t(b, X)).sum(-1)
+            m = (self._weights_t(b, X) * self._means_t(b, X)).sum(-1)
+            return m, m  # the value rides along as the auxiliary output: one forward pass for both
 
-        m = torch.func.vmap(mean)(self._theta, Xt)
-        G = torch.func.vmap(torch.func.jacfwd(mean))(self._theta, Xt)  # (R, m, P)
+        G, m = torch.func.vmap(torch.func.jacfwd(mean, has_aux=True))(self._theta, Xt)  # (R, m, P), (R, m)
         var = torch.einsum("rmp,rpq,rmq->rm", G, V, G)
         return to_numpy(m), np.sqrt(np.clip(to_numpy(var), 0, None))
 
@@ -1014,18 +1014,18 @@ class MLEFit(FitResult):
             fit adds a leading replicate axis.
         """
         check_choice("kind", kind, ("mean", "variance", "quantile", "interval", "mean_se", "mean_ci"))
+        if q is not None and kind != "quantile":
+            hint = "an interval takes confidence_level=, e.g. confidence_level=0.9" if kind == "interval" else \
+                "drop it, or pass kind='quantile'"
+            raise TypeError(f"q= is for kind='quantile'; {hint}.")
         if kind in ("mean_se", "mean_ci"):
-            return self._predict_mean_uncertainty(X, kind, q, confidence_level, cov)
+            return self._predict_mean_uncertainty(X, kind, confidence_level, cov)
         if kind == "mean":
-            if q is not None:
-                raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
             w, mu, _, kept = self._predictive_kept(X)
             if trials is not None:
                 self._new_trials(trials, w.shape[1], "predict", kept)  # checked, unused: the mean is free of m
             return self._out(self._pad((w * mu).sum(-1), kept))
         if kind == "variance":
-            if q is not None:
-                raise TypeError("q= is for kind='quantile'; drop it, or pass kind='quantile'.")
             w, mu, sd, kept = self._predictive_kept(X)
             m = self._trials_at(X, trials, w.shape[1], "predict", kept)
             _, var, _ = mixture_moments(w, mu, sd, self.spec.response, None if m is None else to_numpy(m))
@@ -1035,9 +1035,6 @@ class MLEFit(FitResult):
                 raise TypeError("kind='quantile' needs q=, the probabilities, e.g. predict(X, 'quantile', q=0.9).")
             probs = _check_probabilities("q", q)
         else:
-            if q is not None:
-                raise TypeError("q= is for kind='quantile'; an interval takes confidence_level=, e.g. "
-                                "confidence_level=0.9.")
             _check_level(confidence_level)
             probs = np.array([(1 - confidence_level) / 2, (1 + confidence_level) / 2])
         w, mu, sd, kept = self._predictive_kept(X)
@@ -1047,10 +1044,8 @@ class MLEFit(FitResult):
             out = out[..., 0]
         return self._out(self._pad(out, kept))
 
-    def _predict_mean_uncertainty(self, X: Any, kind: str, q: Any, level: float, cov: str) -> Any:
+    def _predict_mean_uncertainty(self, X: Any, kind: str, level: float, cov: str) -> Any:
         """:meth:`predict`'s ``"mean_se"`` and ``"mean_ci"``."""
-        if q is not None:
-            raise TypeError(f"q= is for kind='quantile'; drop it from kind={kind!r}.")
         check_choice("cov", cov, COV_KINDS)
         _check_level(level)
         Xt, _, kept = (self._X, None, None) if X is None else self._data_kept(X)
@@ -1163,17 +1158,23 @@ class MLEFit(FitResult):
             trials = np.asarray(X[column], dtype=float)
         return self._new_trials(trials, m_rows, what, kept)
 
+    def _training_moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and variance (R, n) of the fitted mixture at the training rows (their trials included)."""
+        w, mu, sd = self._predictive(None)
+        mean, var, _ = mixture_moments(w, mu, sd, self.spec.response, None if self._m is None else to_numpy(self._m))
+        return mean, var
+
     @property
     def fittedvalues(self) -> Any:
         r"""The fitted conditional means at the training rows, :math:`\hat y_t = E[y\mid x_t]`
         (``predict(None)``), (n,) or (R, n); for binomial trials, proportions of successes."""
-        return self.predict(None)
+        return self._out(self._training_moments()[0])
 
     @property
     def resid(self) -> Any:
         r"""Response residuals :math:`y_t - \hat y_t` at the training rows, (n,) or (R, n) (statsmodels'
         ``resid_response``); case weights do not scale them."""
-        return self._out(to_numpy(self._y) - np.asarray(self.predict(None)).reshape(self.n_reps, -1))
+        return self._out(to_numpy(self._y) - self._training_moments()[0])
 
     @property
     def resid_pearson(self) -> Any:
@@ -1181,8 +1182,8 @@ class MLEFit(FitResult):
         (n,) or (R, n): about mean 0 and variance 1 when the model holds.  Their sum of squares over
         :math:`n - \mathrm{df}` is the Pearson dispersion of :func:`moestat.fit.checks.predictive_checks`
         (McCullagh & Nelder 1989, §2.4.2)."""
-        var = np.asarray(self.predict(None, "variance")).reshape(self.n_reps, -1)
-        return self._out(np.asarray(self.resid).reshape(self.n_reps, -1) / np.sqrt(var))
+        mean, var = self._training_moments()
+        return self._out((to_numpy(self._y) - mean) / np.sqrt(var))
 
     def posterior_frame(self, X: Any = None, y: Any = None, trials: Any = None) -> pd.DataFrame:
         r"""Posterior expert probabilities as a tidy frame, with the MAP expert.
