@@ -79,7 +79,8 @@ def test_help_everywhere(argv, capsys):
 
 
 def test_console_entry_point_via_subprocess(study_toml, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     run = subprocess.run([sys.executable, "-m", "moestat", "--version"], env=env, capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.startswith("moestat ")
     out = tmp_path / "sub"

@@ -367,7 +367,7 @@ def test_bootstrap_progress_reports_its_stages(gauss, capsys):
 
 
 def test_select_k_and_lrt_progress(gauss, capsys, monkeypatch):
-    X, y = gauss._X[0].numpy(), gauss._y[0].numpy()
+    X, y = gauss._X[0].cpu().numpy(), gauss._y[0].cpu().numpy()
     ms.select_k(X, y, ks=(1, 2), restarts=1, seed=0, progress=True)
     err = capsys.readouterr().err
     assert "select_k" in err and "k=2" in err
@@ -387,7 +387,7 @@ def test_read_only_inputs_give_no_torch_warning(gauss):
     """pandas 3 hands out read-only arrays (columns, df.to_numpy()); torch warns when it wraps one without a copy."""
     import warnings
 
-    X = gauss._X[0].numpy().copy()
+    X = gauss._X[0].cpu().numpy().copy()
     X.flags.writeable = False
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)

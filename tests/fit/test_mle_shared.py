@@ -152,7 +152,7 @@ def test_loglik_matches_the_model_and_the_gradient_in_gamma_matches_finite_diffe
     assert model_loglik(np.asarray(fit.theta)) == pytest.approx(fit.loglik, abs=1e-8)
     theta = np.asarray(fit.theta) + 0.05  # off the optimum, where the gradient is not zero
     # the gradient path's objective: log_components of the unpacked layout (mle.gradient_fit), by autograd
-    t = torch.tensor(theta[None], requires_grad=True)
+    t = torch.tensor(theta[None], device=fit._X.device, requires_grad=True)  # the fit's device (CUDA under "auto")
     Zt = design(fit._X, True).transpose(1, 2)
     torch.logsumexp(log_components(spec, fit.layout.unpack(t), Zt, fit._y), dim=1).sum().backward()
     h = 1e-5

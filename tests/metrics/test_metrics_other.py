@@ -82,7 +82,7 @@ def test_parameter_errors_hand_case():
     assert len(e) == 3 * 5 + 2
     over = e[(e.specified == "over")]
     assert set(over.fitted_atom) == {-1, 0, 1} and set(over.cell_size) == {2}
-    get = e.set_index(["fitted_atom", "block"])["error"]
+    get = e.set_index(["fitted_atom", "block"])["error"].to_dict()  # a dict: a scalar per key in every pandas
     assert get[(0, "gate_weight")] == pytest.approx(0.1)
     assert get[(0, "expert")] == pytest.approx(0.2)
     assert get[(1, "expert_weight")] == pytest.approx(0.1)

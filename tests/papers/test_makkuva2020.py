@@ -82,6 +82,8 @@ def test_rate_table_exponents_are_the_ols_slopes_and_test_one_half():
 # ----------------------------------------------------------------------------- the cell
 
 def _ctx(data: dict, options: dict, n: int = 400, reps: int = 2) -> CellContext:
+    # device="cpu" here and in the hand-written calls the cells are compared with bit for bit: under "auto" those
+    # would run on a GPU, whose reductions round differently (1e-16 apart on an H200)
     ss = np.random.SeedSequence(5, spawn_key=(0, 1, n))
     return CellContext(truth_cfg={"label": "t", "data": data}, fit_cfg={"label": "f", "options": options}, n=n,
                        reps=reps, data_seed=ss, fit_seed=np.random.SeedSequence(6), metric_seed=ss, device="cpu")
@@ -97,7 +99,8 @@ def test_cell_matches_the_library_calls_it_stands_for():
     out = paper.gated_nn_cell(_ctx(data, {"method": "tensor", "restarts": 3, **TENSOR}))
     # the same fit written out by hand: simulate, shared starts, fit_tensor, the library's error metrics
     sim = ms.simulate_gated_nn(n=400, reps=2, seed=11, d=6, k=2)
-    fit = ms.fit_tensor(sim.X, sim.y, 2, sigma=0.05, restarts=3, init=gated_starts(2, 3, 2, 6, seed=12), **TENSOR)
+    fit = ms.fit_tensor(sim.X, sim.y, 2, sigma=0.05, restarts=3, init=gated_starts(2, 3, 2, 6, seed=12), device="cpu",
+                        **TENSOR)
     want = pd.concat([_wide(regressor_error(fit.regressors, sim.truth.regressors)),
                       _wide(gating_error(fit.gate_weight, sim.truth.gate_weight, A_hat=fit.regressors,
                                          A_star=sim.truth.regressors))], axis=1)
@@ -117,7 +120,7 @@ def test_n_grid_offsets_every_seed_and_gate_fits_use_their_own_start_seed():
     out = paper.gated_nn_cell(_ctx(data, {"method": "gate", "experts": "truth", "restarts": 2, "start_seed": 40,
                                           "gate_iters": 4}))
     sim = ms.simulate_gated_nn(n=400, reps=2, seed=21, d=6, k=2)  # n = 400 is the second n: seed + 1
-    fit = fit_gate(sim.X, sim.y, sim.truth.regressors, sigma=0.05, restarts=2, gate_iters=4, seed=41)
+    fit = fit_gate(sim.X, sim.y, sim.truth.regressors, sigma=0.05, restarts=2, gate_iters=4, seed=41, device="cpu")
     got = out.pieces["restarts"].set_index(["rep", "restart"])["gate_l2"]
     want = _wide(fit.errors(sim.truth, restarts=True))["gate_l2"]
     np.testing.assert_array_equal(got.to_numpy(), want.loc[got.index].to_numpy())
@@ -130,7 +133,8 @@ def test_offset_starts_false_keeps_one_start_seed_for_every_n_and_still_offsets_
     data = {"d": 6, "k": 2, "seed": 20, "start_seed": 30, "ns": [300, 400], "offset_starts": False}
     out = paper.gated_nn_cell(_ctx(data, {"method": "tensor", "restarts": 2, **TENSOR}))
     sim = ms.simulate_gated_nn(n=400, reps=2, seed=21, d=6, k=2)
-    fit = ms.fit_tensor(sim.X, sim.y, 2, sigma=0.05, restarts=2, init=gated_starts(2, 2, 2, 6, seed=30), **TENSOR)
+    fit = ms.fit_tensor(sim.X, sim.y, 2, sigma=0.05, restarts=2, init=gated_starts(2, 2, 2, 6, seed=30), device="cpu",
+                        **TENSOR)
     np.testing.assert_array_equal(out.frame.set_index("rep")["objective"], fit.objective)
     with pytest.raises(ValueError, match="offset_starts"):
         paper.gated_nn_cell(_ctx({**data, "offset_starts": "no"}, {"method": "tensor", "restarts": 1, **TENSOR}))
@@ -143,8 +147,8 @@ def test_gate_on_least_squares_experts_refits_them_from_the_truths_starts():
                                           "start_seed": 9, "gate_iters": 3, "record_every": 1}, reps=1))
     sim = ms.simulate_gated_nn(n=400, reps=1, seed=3, d=6, k=2)
     A = ms.fit_l2_gated(sim.X, sim.y, 2, sigma=0.05, restarts=2, init=gated_starts(1, 2, 2, 6, seed=4),
-                        **l2).restart_regressors
-    fit = fit_gate(sim.X, sim.y, A, sigma=0.05, gate_iters=3, seed=9)
+                        device="cpu", **l2).restart_regressors
+    fit = fit_gate(sim.X, sim.y, A, sigma=0.05, gate_iters=3, seed=9, device="cpu")
     np.testing.assert_array_equal(out.frame["gate_l2"], _wide(fit.errors(sim.truth))["gate_l2"])
     hist = out.pieces["history"]
     assert {"E_reg", "gate_l2", "loss"} <= set(hist["metric"]) and hist["iter"].max() == 3
@@ -155,7 +159,8 @@ def test_cell_without_seeds_uses_the_study_streams():
     ctx = _ctx({"d": 6}, {})
     sim = ms.simulate_gated_nn(n=400, reps=2, seed=ctx.data_seed, d=6)
     starts = np.random.SeedSequence(ctx.data_seed.entropy, spawn_key=(*ctx.data_seed.spawn_key, 2**31 - 1))
-    fit = ms.fit_em_gated(sim.X, sim.y, 2, sigma=0.05, restarts=1, iters=2, init=gated_starts(2, 1, 2, 6, starts))
+    fit = ms.fit_em_gated(sim.X, sim.y, 2, sigma=0.05, restarts=1, iters=2, init=gated_starts(2, 1, 2, 6, starts),
+                          device="cpu")
     np.testing.assert_array_equal(out.frame["E_reg"], _wide(fit.errors(sim.truth))["E_reg"])
 
 
