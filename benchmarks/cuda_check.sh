@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The CUDA checks, in one script for a GPU machine: CPU-vs-CUDA equality tests, the kernel and fit benchmarks
-# on CUDA and on the same machine's CPU, then the whole test suite with device="auto" resolving to CUDA.
+# The CUDA checks, in one script for a GPU machine lent for a few minutes: the CPU-vs-CUDA equality tests, the
+# converged least-squares fit of R replicates against one on CUDA, the flagship study at full size on CUDA, then
+# the whole test suite with device="auto" resolving to CUDA (given the time left before DEADLINE seconds).
 #
-#   bash benchmarks/cuda_check.sh [LOG_DIR]        (default out/cuda-check; each part has its own time limit)
+#   bash benchmarks/cuda_check.sh [LOG_DIR]        (default out/cuda-check; one log per part, each part with
+#                                                   its own time limit; the suite log lists every test's result
+#                                                   as it finishes, so a part cut short still reports)
 #
-# Needs a python3 with moestat's dependencies and a CUDA build of torch; nothing is downloaded.
+# Needs a python3 with moestat's dependencies and a CUDA build of torch; nothing is downloaded.  Without
+# cvxpy the tests of the exact gate solver are deselected; without mkdocs, the docs-site build test.
 set -u
 LOG=${1:-out/cuda-check}
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+DEADLINE=${DEADLINE:-540}  # seconds from the start by which the suite must end
 
 part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to $LOG/NAME.log, report the exit status
   local name=$1 limit=$2
@@ -17,23 +22,44 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to $LOG/NAM
   local t0=$SECONDS
   timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
   local rc=$?
-  echo "== $name: rc $rc, $((SECONDS - t0)) s"
+  echo "== $name: rc $rc, $((SECONDS - t0)) s (limit $limit s)"
   tail -n "${TAIL:-25}" "$LOG/$name.log"
 }
 
-nvidia-smi -L
-$PY -c "import torch, numpy, pandas; print('torch', torch.__version__, 'numpy', numpy.__version__, 'pandas',
+{
+  nvidia-smi -L
+  $PY -c "import torch, numpy, pandas; print('torch', torch.__version__, 'numpy', numpy.__version__, 'pandas',
 pandas.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+  $PY -c "import cvxpy; print('cvxpy', cvxpy.__version__)" 2>&1 | tail -1
+  nproc
+} > "$LOG/env.log" 2>&1
+cat "$LOG/env.log"
+SELECT=(--ignore tests/test_docs_site.py)
+$PY -c "import cvxpy" 2>/dev/null || SELECT+=(-k "not cvxpy")
 
-part cuda_tests 150 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py
-TAIL=14 part bench_kernel_cuda64 60 $PY benchmarks/lse_batched.py --parts kernel --device cuda \
-  --ns 10000,160000 --reps 20
-TAIL=14 part bench_kernel_cuda32 60 $PY benchmarks/lse_batched.py --parts kernel --device cuda \
-  --dtype float32 --ns 10000,160000 --reps 20
-TAIL=8 part bench_scaling 60 $PY benchmarks/lse_batched.py --parts scaling --devices cuda --reps 20
-# -k: cvxpy (the exact gate solver, CPU only) need not be installed on a GPU image
-part suite_auto_cuda "${SUITE_LIMIT:-150}" $PY -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" -rf \
-  -k "not cvxpy"
-if [ -n "${VIGNETTE:-}" ]; then
-  TAIL=6 part vignette_quick "$VIGNETTE" $PY -m moestat vignette run sigmoid-vs-softmax --quick --out /tmp/cuda-check-vignette
+part cuda_tests "${CUDA_TESTS_LIMIT:-100}" $PY -m pytest -q -p no:cacheprovider -rf tests/test_cuda.py
+TAIL=16 part converged "${CONVERGED_LIMIT:-110}" $PY benchmarks/lse_batched.py --parts converged --devices cuda \
+  --ns 1000,10000 --reps 20
+rm -rf /tmp/cuda-check-fig1
+TAIL=6 part study_full "${STUDY_LIMIT:-170}" $PY benchmarks/study_fig1.py --full --device cuda \
+  --out /tmp/cuda-check-fig1
+# cells finished (all of them, or those done when the limit struck), and their own wall times by n
+$PY - >>"$LOG/study_full.log" 2>&1 <<'EOF'
+import glob
+import pandas as pd
+files = glob.glob("/tmp/cuda-check-fig1/cells/*.parquet")
+print(f"cells finished: {len(files)}")
+if files:
+    frame = pd.concat(pd.read_parquet(f) for f in files)
+    print(frame.groupby("n")["wall_time"].agg(["count", "sum"]).to_string())
+EOF
+tail -n 12 "$LOG/study_full.log"
+left=$((DEADLINE - SECONDS))
+if [ "$left" -gt 30 ]; then
+  part suite_auto_cuda "$left" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-14}" -v -rf \
+    -o console_output_style=classic "${SELECT[@]}"
+  grep -c " PASSED" "$LOG/suite_auto_cuda.log" | sed 's/^/passed so far: /'
+  grep -E " FAILED| ERROR" "$LOG/suite_auto_cuda.log" | head -40
+else
+  echo "== suite_auto_cuda: skipped, $left s left before the deadline"
 fi
