@@ -673,7 +673,7 @@ def _read_pickle(path: Path) -> Any:
 
 
 def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restarts: int, max_iter: int,
-             init_scale: float, tol_l2: float, box: Any, device: str) -> tuple[Any, int]:
+             init_scale: float, tol_l2: float, box: Any, device: str, optimizer: str = "auto") -> tuple[Any, int]:
     r""":func:`moestat.estimate_gbar` for the cell's truth and fitted k, kept in the study's :class:`StudyCache`
     (``ctx.cache``; without one, in a cache of ``ctx.cache_dir`` for this call).
 
@@ -688,20 +688,21 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
                       for b in ("gate_bias", "gate_weight", "expert_weight", "expert_bias"))
     spec = ctx.truth_spec
     key = (spec.gate, spec.expert, spec.d, spec.k, truth_key, ctx.fit_spec.k, None if dup is None else tuple(dup),
-           _hashable(box), n_mc, restarts, max_iter, init_scale, tol_l2, seed)
+           _hashable(box), n_mc, restarts, max_iter, init_scale, tol_l2, seed, optimizer)
     extra = ctx.fit_spec.k - spec.k
     cache = ctx.cache if ctx.cache is not None else StudyCache(ctx.cache_dir)
     name = f"gbar-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
     result = cache.get(name, lambda: estimate_gbar(
         spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
         duplicate=None if dup is None else list(dup)[:extra], seed=seed, init_scale=init_scale, max_iter=max_iter,
-        tol_l2=tol_l2, box=box, device=device))
+        tol_l2=tol_l2, box=box, device=device, optimizer=optimizer))
     return result, seed
 
 
 def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
                       gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
-                      gbar_box: Any = "fit", gbar_device: str = "cpu") -> dict[str, np.ndarray]:
+                      gbar_box: Any = "fit", gbar_device: str = "cpu", gbar_optimizer: str = "auto"
+                      ) -> dict[str, np.ndarray]:
     r"""The Voronoi loss each theory uses for the fitted gate (:func:`moestat.metrics.theory_loss`), in one column
     ``loss`` (kind in ``loss_kind``), with the regime-2 G-bar estimated and cached here.
 
@@ -714,9 +715,11 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
       :func:`moestat.estimate_gbar` (nguyen2024 Thm 5; docs/representations.md), ``loss_kind = "D3 estimated G-bar"``.
       :math:`\bar{\mathcal G}` is computed once per (truth, fitted k, duplicated atoms, box, settings) and kept
       (the study's :class:`StudyCache`): ``gbar_n_mc`` noise-free Monte-Carlo inputs from :math:`U[-1,1]^d`,
-      ``gbar_restarts`` starts duplicating the fit's duplicated atom, L-BFGS for at most ``gbar_max_iter``
-      iterations inside ``gbar_box`` (``"fit"``: the fit's own box — needed for gelu, whose copies could otherwise
-      escape to infinity), on ``gbar_device`` (CPU by default: float64, bit-reproducible).  The starts
+      ``gbar_restarts`` starts duplicating the fit's duplicated atom, ``gbar_optimizer`` (``"auto"``: trust-region
+      Newton for these small problems, run to convergence; ``"lbfgs"`` stops on its cap in the flat valleys of
+      sigmoid-gelu splits) for at most ``gbar_max_iter`` iterations inside ``gbar_box`` (``"fit"``: the fit's own
+      box — needed for gelu, whose copies could otherwise escape to infinity), on ``gbar_device`` (CPU by
+      default: float64, bit-reproducible).  The starts
       duplicate only the fit's duplicated atoms, so the infimum is over the near-minimisers of the basin the
       near-truth LSE starts in.  Its settings, seed and held-out :math:`L^2(\mu)` distance
       :math:`\min_G \|f_G - f_{G^*}\|` become columns ``gbar_*``.
@@ -730,7 +733,8 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
         return {"loss": value, "loss_kind": np.full(R, kind, dtype=object)}
     box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
     res, seed = gbar_for(ctx, dup, n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
-                         init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device)
+                         init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device,
+                         optimizer=gbar_optimizer)
     value, kind = theory_loss(ctx.fit.params, ctx.truth, ctx.fit_spec, ctx.truth_spec, dup, gbar=res.near_minimisers)
     cols: dict[str, np.ndarray] = {"loss": value, "loss_kind": np.full(R, kind, dtype=object)}
     scalars = {"gbar_l2": float(res.l2[0]), "gbar_n_near": int(res.near.sum()), "gbar_n_mc": gbar_n_mc,
@@ -743,8 +747,8 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
 
 def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
                           gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
-                          gbar_box: Any = "fit", gbar_device: str = "cpu", basin: str = "auto",
-                          basin_tol: float = 1e-3) -> dict[str, np.ndarray]:
+                          gbar_box: Any = "fit", gbar_device: str = "cpu", gbar_optimizer: str = "auto",
+                          basin: str = "auto", basin_tol: float = 1e-3) -> dict[str, np.ndarray]:
     r"""Errors against the nearest exact representation of the truth (:func:`moestat.representation_errors`).
 
     Columns: ``over_param``, ``exact_param``, ``param`` (first-order parameter errors of the atoms a
@@ -757,14 +761,14 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
     :func:`moestat.estimate_gbar` are the candidates (cached per truth and fit, options ``gbar_*`` as for the
     ``loss`` metric).
 
-    ``basin="auto"`` (default) also adds the near-exact limits of the weight-split basins where the split is
+    ``basin="auto"`` (default) also adds the converged limits of the weight-split basins where the split is
     not itself exact (a sigmoid gate with experts other than relu and linear): :func:`moestat.estimate_gbar`
-    with one split of every true atom (``2 k*`` starts), keeping the limits within ``basin_tol`` of
-    :math:`f_{G^*}` in :math:`L^2(\mu)`.  Their gap to :math:`f_{G^*}` (1e-6 to 1e-4 for the gelu truths of
-    the gate-comparison preset) is far below the statistical resolution :math:`\sqrt{\nu P/n}` of any
-    feasible n, so the data cannot tell them from exact representations; scored against exact
-    representations only, a fit in such a basin would show a floor, not a rate (docs/representations.md).
-    ``basin="exact"`` uses the exact representations only.
+    with one split of every true atom (``2 k*`` starts, ``gbar_optimizer``), keeping the limits within
+    ``basin_tol`` of :math:`f_{G^*}` in :math:`L^2(\mu)`.  For the gelu truths of the gate-comparison preset at
+    gate variance 1 the splits run, converged, into the dead-atom family (the limits are exact representations
+    with a dying extra atom); at small gate variances they stop 1e-7 to 1e-6 from :math:`f_{G^*}` with every
+    atom alive, far below the statistical resolution :math:`\sqrt{\nu P/n}` of any feasible n
+    (docs/representations.md).  ``basin="exact"`` uses the exact representations only.
     """
     from .metrics.representations import representation_errors
 
@@ -778,7 +782,8 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
             raise
         box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
         gb, _ = gbar_for(ctx, _duplicates(ctx), n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
-                         init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device)
+                         init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device,
+                         optimizer=gbar_optimizer)
         res = representation_errors(fit, truth, X=X_mc, gbar=gb.near_minimisers)
     else:
         if basin not in ("auto", "exact"):
@@ -786,7 +791,8 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
         if basin == "auto" and ctx.truth_spec.gate == "sigmoid" and ctx.truth_spec.expert not in ("relu", "linear"):
             box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
             gb, _ = gbar_for(ctx, None, n_mc=gbar_n_mc, restarts=2 * ctx.truth_spec.k, max_iter=gbar_max_iter,
-                             init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device)
+                             init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device,
+                             optimizer=gbar_optimizer)
             near = np.flatnonzero(np.asarray(gb.l2) <= basin_tol)
             if len(near):
                 res = representation_errors(fit, truth, X=X_mc, gbar=gb.params.select(near))
