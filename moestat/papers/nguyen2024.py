@@ -243,12 +243,12 @@ THEORY: list[tuple[Any, ...]] = [
      "additive splits are exact; first-order identifiability fails at copies with equal experts"),
     ("nguyen2024", "Thm 5 (limit not exact)", "sigmoid", "2", "gelu", "gelu|tanh|sigmoid",
      "over-specified atoms vs the exact set", "over_param", "n",
-     "no rate at feasible n: the split basin is a valley into the dead-atom family, flatter than the resolution",
+     "no theorem: the split runs into the dead-atom family, outside Thm 5's compact setting",
      np.nan, None, "decay", "no_rate",
      "for phi(0) = 0 the only exact k*+1 representations have a dead extra atom; run to convergence, a weight "
-     "split runs into them along a valley whose L2 fall (< 3e-4 for the gate-comparison gelu truths) no feasible "
-     "n resolves, so where a fit stops along it is set by the noise; Thm 5's misspecified limit (response D3) "
-     "needs a parameter set that keeps experts away from zero"),
+     "split of the gate-comparison gelu truths runs into them along a flat valley (L2 fall < 3e-4); Thm 5's "
+     "misspecified limit (response D3) needs a parameter set that keeps the copy alive, and no theorem gives "
+     "the rate towards the dead-atom family"),
     ("nguyen2024", "Thm 5", "sigmoid", "2", "gelu", "gelu|tanh|sigmoid", "all atoms vs the misspecified limit",
      "D3", "n", "(log n / n)^{1/2}", 0.5, "power_log", "decay", "upper_bound", "measured against estimate_gbar"),
     ("nguyen2024", "Thm 5", "sigmoid", "2", "weakly_identifiable", "relu|gelu|linear",

@@ -15,18 +15,21 @@ def _truth() -> ms.Params:
                      np.array([[1.0, 0.5], [-0.7, 1.1]]), np.array([0.3, -0.2]))
 
 
-def test_gelu_gbar_stays_away_from_zero():
-    """GELU experts with a compact box: the gate cannot switch a copy off (beta0 is boxed), and
-    no exact split exists as for relu.  The box does not exclude a zero expert (a = 0, b = 0 gives
-    GELU(0) = 0), which reproduces f_{G*} with k atoms, so the population infimum itself can be 0; the
-    near-truth starts that duplicate atom 0 do not reach it.  The check is that the budget that reaches
-    ~1e-9 for relu experts stays above 1e-5 from these starts (an optimiser cannot prove a lower bound)."""
+def test_gelu_gbar_in_a_tight_box_is_a_converged_limit_on_the_boundary():
+    """GELU experts in a tight box (|theta| <= 2): the gate cannot switch a copy off (beta0 is boxed), and no exact
+    split exists as for relu.  The box does not exclude a zero expert (a = 0, b = 0 gives GELU(0) = 0), so the
+    population infimum over all k-atom measures can be 0, but from the starts that duplicate atom 0 every fit
+    converges (Newton, the default) to one limit 5.7e-5 from f*, with a gate intercept on the box: the compact
+    parameter set of nguyen2024 Theorem 5 is what makes this limit misspecified (in the flagship's box of 10 the
+    splits run on into the dead-atom family instead; benchmarks/gbar_convergence.py)."""
     spec = ms.MoE(gate="sigmoid", expert="gelu", k=2, d=2)
     res = estimate_gbar(spec, _truth(), 3, n_mc=4000, restarts=4, duplicate=[0], seed=0, init_scale=0.3,
                         max_iter=1500, box=2.0, tol_l2=1e-3)
     assert res.params.n_reps == 4 and res.params.k == 3
     assert np.all(np.diff(res.l2) >= 0)
-    assert res.l2[0] > 1e-5
+    assert res.converged.all() and res.l2[0] > 1e-5  # measured 5.72e-5 from all four starts
+    assert np.ptp(res.l2) < 1e-9  # one limit: the four distances agree to 1.5e-14
+    assert np.isclose(np.abs(res.params.select(0).gate_bias).max(), 2.0)  # on the box
     # held-out and fitting-sample distances agree up to Monte-Carlo error (n_mc = 4000)
     np.testing.assert_allclose(res.l2, res.l2_fit, rtol=0.3)
     for name in ("gate_bias", "gate_weight", "expert_weight", "expert_bias"):

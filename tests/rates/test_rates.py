@@ -440,7 +440,7 @@ def test_predicted_rate_looks_up_gate_expert_response_and_regime():
     # regime 1 (a zero-slope atom duplicated) at 1/4 for gelu, softmax at 1/4 (relu, gelu) or 1/log n (linear)
     assert ms.predicted_rate("sigmoid", "relu", "over_param", regime=2) == "(log n / n)^{1/2}"
     assert ms.predicted_rate("sigmoid", "gelu", "over_param", regime=1) == "(log n / n)^{1/4}"
-    assert ms.predicted_rate("sigmoid", "gelu", "over_param").startswith("no rate at feasible n: the split basin")
+    assert ms.predicted_rate("sigmoid", "gelu", "over_param").startswith("no theorem: the split runs into the dead")
     assert ms.predicted_rate("sigmoid", "relu", "over_param", regime=1).startswith("no theorem")
     assert ms.predicted_rate("softmax", "relu", "over_param", regime=1) == "(log n / n)^{1/4}"
     assert ms.predicted_rate("softmax", "linear", "over_param") == "1 / log n"
