@@ -765,10 +765,11 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
     not itself exact (a sigmoid gate with experts other than relu and linear): :func:`moestat.estimate_gbar`
     with one split of every true atom (``2 k*`` starts, ``gbar_optimizer``), keeping the limits within
     ``basin_tol`` of :math:`f_{G^*}` in :math:`L^2(\mu)`.  For the gelu truths of the gate-comparison preset at
-    gate variance 1 the splits run, converged, into the dead-atom family (the limits are exact representations
-    with a dying extra atom); at small gate variances they stop 1e-7 to 1e-6 from :math:`f_{G^*}` with every
-    atom alive, far below the statistical resolution :math:`\sqrt{\nu P/n}` of any feasible n
-    (docs/representations.md).  ``basin="exact"`` uses the exact representations only.
+    gate variance 1 the converged splits switch their extra atom off as far as the box allows (a zero expert,
+    or a gate intercept on the box), within about 1e-6 of :math:`f_{G^*}`; at small gate variances they stop
+    1e-7 to 1e-6 from :math:`f_{G^*}` with every atom alive.  Both are far below the statistical resolution
+    :math:`\sqrt{\nu P/n}` of any feasible n (docs/representations.md).  ``basin="exact"`` uses the exact
+    representations only.
     """
     from .metrics.representations import representation_errors
 
