@@ -4,8 +4,9 @@
    on R = 1 and R replicates at ``--n``, timed per iteration, then the R-replicate fit under ``torch.profiler``:
    the operators with the most self time on the host and on the device, and the host-device synchronisations.
 2. ``--parts gbar``: :func:`moestat.estimate_gbar` for one truth of the sigmoid-vs-softmax vignette (gelu experts,
-   sigmoid gate, d = 3, k = k* + 1, the study's settings: 20,000 Monte-Carlo inputs, 4 starts, at most 1,000 L-BFGS
-   iterations, box 10) on each device of ``--devices``: wall time, and how far the devices' distances differ.
+   sigmoid gate, d = 3, k = k* + 1, the study's settings: 20,000 Monte-Carlo inputs, 4 starts, at most 1,000
+   iterations of ``--gbar-optimizer``, box 10) on each device of ``--devices``: wall time, and how far the devices'
+   distances differ.
 
     PYTHONPATH=. python benchmarks/gpu_profile.py --devices cpu,cuda [--parts newton,gbar]
 
@@ -60,7 +61,7 @@ def newton_part(device: str, n: int, R: int) -> None:
     print(f"host-device synchronisations and scalar reads: {syncs}", flush=True)
 
 
-def gbar_part(devices: list[str]) -> None:
+def gbar_part(devices: list[str], optimizer: str) -> None:
     truth = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=3, seed=0)
     k = truth.spec.k + 1
     dup = [int(v) for v in truth.info["duplicate"]][:1]
@@ -69,7 +70,7 @@ def gbar_part(devices: list[str]) -> None:
         _sync(device)
         t0 = time.perf_counter()
         gb = ms.estimate_gbar(truth.spec, truth.params, k, n_mc=20_000, restarts=4, duplicate=dup, seed=7,
-                              max_iter=1000, box=10.0, device=device)
+                              max_iter=1000, box=10.0, device=device, optimizer=optimizer)
         _sync(device)
         wall = time.perf_counter() - t0
         results[device] = gb
@@ -87,12 +88,14 @@ def main() -> None:
     ap.add_argument("--parts", default="newton,gbar")
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--gbar-optimizer", default="auto",
+                    help="estimate_gbar's optimizer (the H200 figures of 2026-11-26: lbfgs, then the default)")
     args = ap.parse_args()
     devices = args.devices.split(",")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"GPU {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}", flush=True)
     if "gbar" in args.parts:
-        gbar_part(devices)
+        gbar_part(devices, args.gbar_optimizer)
     if "newton" in args.parts:
         newton_part(devices[-1], args.n, args.reps)
 
