@@ -32,7 +32,7 @@
 #    from the winning start, the lowest objective reported) at $\nu_g \in \{0.01/d, 0.1/d, 1/d\}$ and
 #    at that vignette's $\nu_g = 1 = 3/d$ (the reference). The functionals are the representation
 #    errors of docs/representations.md — `over_param`, `exact_param` against the nearest exact
-#    representation or near-exact weight-split basin limit, and `l2` — with truth as the resampling
+#    representation or converged weight-split basin limit, and `l2` — with truth as the resampling
 #    unit of every interval; each smaller $\nu_g$ is compared with the reference, paired over truth
 #    seeds (a seed gives the same inputs and noise at every $\nu_g$, and the same standard-normal draw
 #    with the gates scaled by $\sqrt{\nu_g}$ unless the acceptance rules reject it: at the reference,
