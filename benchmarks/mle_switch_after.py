@@ -47,7 +47,7 @@ from sklearn.datasets import load_diabetes
 import moestat as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mle_vs_flexmix_glm import R_DATA, write_data  # flexmix's NPreg, with the gate covariate z
+from mle_vs_flexmix_glm import R_DATA, cpu_timed_fits, write_data  # flexmix's NPreg, with the gate covariate z
 
 SETTINGS = (30, 100, 300, None)
 
@@ -194,24 +194,13 @@ def main() -> None:
         for switch in SETTINGS:
             for seed in (0, 1):
                 kw = dict(table[name], restarts=10, seed=seed, switch_after=switch, progress=False)
-                ms.fit_mle(**kw)  # warm-up
-                times = []
-                for _ in range(3):
-                    t0 = time.process_time()
-                    fit = ms.fit_mle(**kw)
-                    times.append(time.process_time() - t0)
+                fit, times = cpu_timed_fits(kw, 3)
                 print(f"{name:24s} {switch!s:>12s} {seed:4d} {1e3 * min(times):8.0f} {float(fit.loglik):16.4f}",
                       flush=True)
         if args.standardised and table[name].get("family", "gaussian") == "gaussian":
             case, shift = standardised(table[name])
             for seed in (0, 1):
-                kw = dict(case, restarts=10, seed=seed, progress=False)
-                ms.fit_mle(**kw)
-                times = []
-                for _ in range(3):
-                    t0 = time.process_time()
-                    fit = ms.fit_mle(**kw)
-                    times.append(time.process_time() - t0)
+                fit, times = cpu_timed_fits(dict(case, restarts=10, seed=seed, progress=False), 3)
                 print(f"{name:24s} {'30, std. y':>12s} {seed:4d} {1e3 * min(times):8.0f} "
                       f"{float(fit.loglik) - shift:16.4f}", flush=True)
 
