@@ -41,6 +41,16 @@ def smallest_atom_contribution(spec: ms.MoE, params: ms.Params, X: np.ndarray) -
     return min(terms)
 
 
+def summary_row(params: ms.Params, converged: np.ndarray, wall: float, truth, X_test: np.ndarray) -> dict:
+    """Distances of the fits ``params`` (batched, k* + 1 atoms) to the truth on ``X_test``, their convergence, and
+    the smallest atom contribution of the closest fit."""
+    fit_spec = truth.spec.with_k(truth.spec.k + 1)
+    l2 = np.atleast_1d(ms.l2_distance(fit_spec, params, truth.params, X_test, spec_b=truth.spec))
+    best = params.select(int(np.argmin(l2)))
+    return {"min_l2": l2.min(), "max_l2": l2.max(), "converged": f"{int(np.sum(converged))}/{len(l2)}",
+            "smallest_atom_contribution": smallest_atom_contribution(fit_spec, best, X_test), "wall_s": round(wall, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=10)
@@ -54,26 +64,15 @@ def main() -> None:
     for seed in range(args.seeds):
         truth = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=3, seed=seed, gate_var=args.gate_var)
         spec, k = truth.spec, truth.spec.k + 1
-        f_star = np.asarray(spec.mean(truth.params, X_test))
         fit_spec = spec.with_k(k)
-
-        def record(how: str, params: ms.Params, converged: np.ndarray, wall: float, seed: int = seed,
-                   fit_spec: ms.MoE = fit_spec, f_star: np.ndarray = f_star) -> None:
-            l2 = np.array([np.sqrt(np.mean((np.asarray(fit_spec.mean(params.select(s), X_test)) - f_star) ** 2))
-                           for s in range(params.n_reps)])
-            best = params.select(int(np.argmin(l2)))
-            rows.append({"gate_var": args.gate_var, "seed": seed, "optimizer": how, "min_l2": l2.min(),
-                         "max_l2": l2.max(),
-                         "converged": f"{int(np.sum(converged))}/{len(l2)}",
-                         "smallest_atom_contribution": smallest_atom_contribution(fit_spec, best, X_test),
-                         "wall_s": round(wall, 2)})
-            print(rows[-1], flush=True)
 
         for optimizer in ("lbfgs", "newton"):
             t0 = time.perf_counter()
             gb = ms.estimate_gbar(spec, truth.params, k, n_mc=20_000, restarts=spec.k, seed=0, optimizer=optimizer,
                                   device="cpu")
-            record(optimizer, gb.params, gb.converged, time.perf_counter() - t0)
+            rows.append({"gate_var": args.gate_var, "seed": seed, "optimizer": optimizer,
+                         **summary_row(gb.params, gb.converged, time.perf_counter() - t0, truth, X_test)})
+            print(rows[-1], flush=True)
             if optimizer == "lbfgs":
                 lbfgs_ends = gb.params
         # Newton from the L-BFGS end points, on estimate_gbar's own fitting sample (same seed, same draw)
@@ -83,8 +82,11 @@ def main() -> None:
         t0 = time.perf_counter()
         fits = [ms.fit_lse(fit_spec, X, y, init=lbfgs_ends.select(s), optimizer="newton", max_iter=1000,
                            condition=False, device="cpu") for s in range(lbfgs_ends.n_reps)]
-        record("newton from lbfgs", ms.Params.stack([f.params.select(0) for f in fits]),
-               np.array([f.converged[0] for f in fits]), time.perf_counter() - t0)
+        stacked = ms.Params.stack([f.params.select(0) for f in fits])
+        rows.append({"gate_var": args.gate_var, "seed": seed, "optimizer": "newton from lbfgs",
+                     **summary_row(stacked, np.array([f.converged[0] for f in fits]),
+                                   time.perf_counter() - t0, truth, X_test)})
+        print(rows[-1], flush=True)
     frame = pd.DataFrame(rows)
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.out:
