@@ -25,6 +25,10 @@ Parts (``--parts``), all ratios measured in the same run:
     One exact-Hessian assembly (``LSProblem.gauss_newton(exact=True)``) for A = 1 and A = R problems: the
     per-problem cost ratio (A = R time / R / A = 1 time; below 1 means batching pays) and page faults per call, in
     this process and with the malloc settings above.
+``step``
+    The linear algebra of one damped Newton step on R Hessians of F = 2k(d+1) parameters: batched LAPACK
+    calls on the (R, F, F) batch (as ``newton`` ran them before) against the one-problem-at-a-time path it takes
+    on a CPU since issue 21 (``fit._optim._damped_solve``); both give the same steps.
 ``kmeans``
     ``fit.init.kmeans_init`` (since issue 21 the Lloyd iterations of all replicates and starts run at once, in
     ``fit.init.lloyd_labels``) and the replicate-by-replicate Lloyd loop it replaced, from the same initial
@@ -54,6 +58,7 @@ import torch
 
 import moestat as ms
 from moestat.fit._objective import LSProblem, MeanKernel
+from moestat.fit._optim import _damped_solve, _take_accepted
 from moestat.fit.init import _replicate_rngs, kmeans_init, lloyd_labels
 from moestat.fit.lse import _free_mask
 
@@ -212,6 +217,38 @@ def kernel_rows(args) -> list[dict]:
     return rows
 
 
+def step_rows(args) -> list[dict]:
+    """One damped Newton step's linear algebra on A = R exact Hessians of the flagship size (F = 2k(d+1)): the
+    batched LAPACK calls (``cholesky_ex`` and ``cholesky_solve`` on the (A, F, F) batch, and the ``torch.where``
+    that kept the accepted problems' Hessians, as ``newton`` ran them before issue 21's fix) against the per-problem
+    path ``_damped_solve`` takes on a CPU now.  Both give the same bits (checked)."""
+    R, F = args.reps, 2 * args.k * (args.d + 1)
+    gen = torch.Generator().manual_seed(0)
+    J = torch.randn(R, 2 * F, F, dtype=torch.float64, generator=gen)
+    H = J.transpose(1, 2) @ J / F
+    Dreg = H.diagonal(dim1=1, dim2=2).clone()
+    lam = torch.full((R,), 1e-3, dtype=torch.float64)
+    b = torch.randn(R, F, dtype=torch.float64, generator=gen)
+    accept = torch.ones(R, dtype=torch.bool)
+    accept[0] = False  # one rejected step, as after a failed trial
+    H_new, H_old = H.clone(), H.flip(0)  # the fresh Hessians of an iteration and those they replace
+
+    def batched_step():
+        L, _ = torch.linalg.cholesky_ex(H + torch.diag_embed(lam.unsqueeze(1) * Dreg))
+        step = torch.cholesky_solve(-b.unsqueeze(-1), L).squeeze(-1)
+        return step, torch.where(accept.view(-1, 1, 1), H_new, H_old)
+
+    def per_problem_step():
+        return _damped_solve(H, b, lam, Dreg, tries=1)[0], _take_accepted(accept, H_new, H_old, int(accept.sum()))
+
+    same = bool(torch.equal(batched_step()[0], per_problem_step()[0]))
+    reps = 3 if args.quick else 10
+    t_batched, t_loop = lower_decile(batched_step, reps)[0], lower_decile(per_problem_step, reps)[0]
+    return [{"A": R, "F": F, "batched ms per problem": 1e3 * t_batched / R,
+             "per-problem ms per problem": 1e3 * t_loop / R, "batched / per-problem": t_batched / t_loop,
+             "same steps": same}]
+
+
 def lloyd_loop(Zs: np.ndarray, centres: np.ndarray, n_iter: int) -> np.ndarray:
     """``kmeans_init``'s Lloyd iterations as they ran before issue 21, one data set at a time (the reference of
     the batched :func:`moestat.fit.init.lloyd_labels`)."""
@@ -249,11 +286,12 @@ def kmeans_rows(args) -> list[dict]:
 
 
 PARTS = {"fit": fit_rows, "flagship": flagship_rows, "where": where_rows, "kernel": kernel_rows,
-         "kmeans": kmeans_rows}
+         "step": step_rows, "kmeans": kmeans_rows}
 TITLES = {"fit": "batched fit vs loop of single-replicate fits (fit_lse defaults)",
           "flagship": "the lse_batched.py --quick loop workload, fit_lse's default optimiser",
           "where": "where the time goes (cProfile, one batched fit vs one loop)",
           "kernel": "one exact Hessian + gradient (LSProblem.gauss_newton), A = 1 vs A = R problems",
+          "step": "a damped Newton step's linear algebra on R Hessians: batched LAPACK calls vs one problem at a time",
           "kmeans": "k-means starts: kmeans_init, the old Lloyd loop and the batched Lloyd iterations"}
 #: Parts also run in a child process with :data:`MALLOC_ENV`, and the columns taken from it.
 WITH_MALLOC = {"fit": ("speed-up", "speed-up (CPU time)", "faults batched"),

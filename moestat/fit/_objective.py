@@ -358,7 +358,7 @@ class MeanKernel:
             gi, gj = torch.triu_indices(k, k, device=X.device)
             gg = pi[:, :, gi] * pi[:, :, gj]
             gg.mul_(hf[:, :, gi] + hf[:, :, gj]).neg_()
-            gg[:, :, gi == gj] += pi * hf
+            gg[:, :, eye * k - eye * (eye - 1) // 2] += pi * hf  # where gi == gj: an index, not a mask (no sync)
             del hf
             dhj = slope if dh is None else dh.unsqueeze(2)
             ge = (pi.unsqueeze(3) * pi.unsqueeze(2)).mul_(dhj).neg_()  # (G, s, k, k, n): -pi_i pi_j h'_j
@@ -516,6 +516,7 @@ class LSProblem:
         self.rep_of = torch.arange(R * S, device=X.device) // S
         self.n_evals = 0
         self._pairs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._assembly_idx: dict[torch.device, torch.Tensor] = {}
         self.set_active(torch.arange(R * S, device=X.device))
 
     # ------------------------------------------------------------ active set
@@ -565,8 +566,8 @@ class LSProblem:
             self._pairs = (tables[0], tables[1])
         return self._pairs
 
-    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int | None = None, exact: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gauss_newton(self, theta: torch.Tensor, *, max_bytes: int | None = None, exact: bool = False,
+                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Objective (A,), :math:`H = J^\top J/n` (A, F, F) and :math:`b = J^\top r/n` (A, F).
 
         With ``exact=True`` H is half the exact Hessian of the objective,
@@ -591,6 +592,9 @@ class LSProblem:
         the device idle.  H is then gathered from the packed sums straight into its (A, F, F) output
         (:meth:`_assemble`), so beyond the outputs and the (A, 2k(2k+1)/2, (d+1)(d+2)/2) accumulator a call
         allocates about ``max_bytes`` whatever n (before issue 21, which counted the pair products only: up to 7x).
+        ``out``, a spare (A, F, F) tensor (an earlier H no longer needed), receives H instead of a fresh allocation:
+        on a CPU a fresh batch of 20 Hessians of 594 parameters (56 MB) is mapped from the system page by page
+        (about 1 ms per problem), where one H alone is reused from the heap.
         """
         self.n_evals += 1
         if isinstance(self.kernel, ReferenceKernel):
@@ -619,7 +623,7 @@ class LSProblem:
             del uu, xx
             b.baddbmm_(u.mul_(r.unsqueeze(2)).view(G, s * two_k, c), Xc)
             loss.add_((r * r).sum(2).reshape(A))
-        H = self._assemble(M.view(A, mu, mx).div_(n), max_bytes)
+        H = self._assemble(M.view(A, mu, mx).div_(n), max_bytes, out)
         b = b.reshape(A, self.P)[:, self.free_idx]
         return loss / n, H, b / n
 
@@ -632,12 +636,16 @@ class LSProblem:
         per_row = (G * s * kernel.hessian_row_elems(exact) + G * (p + p * (p + 1) // 2)) * itemsize
         return max(1, min(self.n, max_bytes // max(1, per_row)))
 
-    def _assemble(self, M: torch.Tensor, max_bytes: int) -> torch.Tensor:
+    def _assemble(self, M: torch.Tensor, max_bytes: int, out: torch.Tensor | None = None) -> torch.Tensor:
         r"""H (A, F, F) over the free coordinates from the packed pair sums M (A, m_u, m_x):
         :math:`H_{a,(i,l),(j,l')} = M_{a,\,\mathrm{pos}_u(i,j),\,\mathrm{pos}_x(l,l')}` (coordinate f = i(d+1) + l).
 
-        One gather straight into the output, a block of rows at a time, with flat indices of at most
-        ``max_bytes`` (two int64 tables per block): no (A, P, P) temporaries besides H itself.
+        One gather straight into the output (``out`` when it has H's shape), with flat indices of at most
+        ``max_bytes`` (two int64 tables per block of rows): no (A, P, P) temporaries besides H itself.  When the
+        whole (F, F) index fits, it is built once per device and kept (:meth:`_assembly_index`); on a CPU each
+        problem is then gathered by itself, a one-dimensional ``index_select`` (A = 20, F = 594: 0.2 ms per
+        problem, against 1.7 ms for one ``index_select`` along the second axis of the batch and 1.4 ms to
+        rebuild the index).
         """
         A, mu, mx = M.shape
         u_pair, x_pair = self._pair_tables(M.device)
@@ -645,15 +653,33 @@ class LSProblem:
         F = i.numel()
         flat = M.view(A, mu * mx)
         rows = max(1, min(F, max_bytes // (2 * 8 * F)))
+        fits = out is not None and out.shape == (A, F, F) and out.dtype == M.dtype and out.is_contiguous()
+        H = out if fits else M.new_empty(A, F, F)
         if rows == F:  # one block: the gather's (A, F F) output is H
-            return torch.index_select(flat, 1, u_pair[i][:, i].mul_(mx).add_(x_pair[l][:, l]).view(-1)).view(A, F, F)
-        H = M.new_empty(A, F, F)
+            idx = self._assembly_index(M.device, mx)
+            if M.device.type != "cpu":
+                return torch.index_select(flat, 1, idx, out=H.view(A, F * F)).view(A, F, F)
+            for a in range(A):
+                torch.index_select(flat[a], 0, idx, out=H[a].view(-1))
+            return H
         for lo in range(0, F, rows):
             ii, ll = i[lo : lo + rows], l[lo : lo + rows]
             idx = u_pair[ii][:, i].mul_(mx).add_(x_pair[ll][:, l]).view(-1)
             for a in range(A):
                 torch.index_select(flat[a], 0, idx, out=H[a, lo : lo + rows].view(-1))
         return H
+
+    def _assembly_index(self, device: torch.device, mx: int) -> torch.Tensor:
+        """The flat (F F,) positions in the packed pair sums (A, m_u m_x) of H's entries, row-major (built on first
+        use on ``device`` and kept: F = 594 takes 2.8 MB)."""
+        idx = self._assembly_idx.get(device)
+        if idx is None:
+            u_pair, x_pair = self._pair_tables(device)
+            free = self.free_idx.to(device)
+            i, l = free // self.p, free % self.p
+            idx = u_pair[i][:, i].mul_(mx).add_(x_pair[l][:, l]).view(-1)
+            self._assembly_idx[device] = idx
+        return idx
 
     def _gauss_newton_reference(self, theta: torch.Tensor, exact: bool
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
