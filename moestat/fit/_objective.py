@@ -62,6 +62,11 @@ FUSED_GATES = ("softmax", "sigmoid", "topk")
 #: Largest workspace (bytes) of one chunk of observations on a GPU (eager kernel, Gauss-Newton pair products).
 CUDA_WORKSPACE_BYTES = 2**30
 
+#: On a CPU, a batch of F x F matrices larger than this (A F^2 doubles) is factored, solved and assembled one problem
+#: at a time: batched LAPACK calls and gathers then work out of cache (flagship size, A = 20, F = 594: 3.5x slower
+#: per problem), while below it one batched call beats a Python loop (A = 200, F = 18: 12x faster).
+CPU_PER_PROBLEM_BYTES = 2**23
+
 
 def kernel_mode(compile: bool | str) -> str:
     """Normalise ``fit_lse(compile=...)``: False/"eager", "native", True/"auto"."""
@@ -642,10 +647,10 @@ class LSProblem:
 
         One gather straight into the output (``out`` when it has H's shape), with flat indices of at most
         ``max_bytes`` (two int64 tables per block of rows): no (A, P, P) temporaries besides H itself.  When the
-        whole (F, F) index fits, it is built once per device and kept (:meth:`_assembly_index`); on a CPU each
-        problem is then gathered by itself, a one-dimensional ``index_select`` (A = 20, F = 594: 0.2 ms per
-        problem, against 1.7 ms for one ``index_select`` along the second axis of the batch and 1.4 ms to
-        rebuild the index).
+        whole (F, F) index fits, it is built once per device and kept (:meth:`_assembly_index`); on a CPU, above
+        :data:`CPU_PER_PROBLEM_BYTES`, each problem is then gathered by itself, a one-dimensional ``index_select``
+        (A = 20, F = 594: 0.2 ms per problem, against 1.7 ms for one ``index_select`` along the second axis of the
+        batch and 1.4 ms to rebuild the index).
         """
         A, mu, mx = M.shape
         u_pair, x_pair = self._pair_tables(M.device)
@@ -657,7 +662,7 @@ class LSProblem:
         H = out if fits else M.new_empty(A, F, F)
         if rows == F:  # one block: the gather's (A, F F) output is H
             idx = self._assembly_index(M.device, mx)
-            if M.device.type != "cpu":
+            if M.device.type != "cpu" or A * F * F * M.element_size() <= CPU_PER_PROBLEM_BYTES:
                 return torch.index_select(flat, 1, idx, out=H.view(A, F * F)).view(A, F, F)
             for a in range(A):
                 torch.index_select(flat[a], 0, idx, out=H[a].view(-1))

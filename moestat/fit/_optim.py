@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._random import randperm
-from ._objective import LSProblem
+from ._objective import CPU_PER_PROBLEM_BYTES, LSProblem
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
           6: "damping", 7: "budget", 8: "saddle", 9: "stall", 10: "kink"}
@@ -423,15 +423,16 @@ def _damped_solve(H: torch.Tensor, b: torch.Tensor, lam: torch.Tensor, Dreg: tor
     raising each problem's :math:`\lambda` tenfold (up to ``tries`` times) while its matrix is not positive
     definite.  Returns ``(delta, lam)``; a step that stays undefined is 0.
 
-    On a CPU the problems are factored and solved one at a time: each F x F matrix then stays in cache, where the
-    batched LAPACK calls copy all A of them to column-major scratch and back (A = 20, F = 594: 2.4 ms per problem
-    against 8.5 ms, the same bits; ``benchmarks/lse_batch_profile.py --parts step``).  On a GPU one batched call
-    factors all problems, and only those whose factorisation failed are factored again.  ``per_problem`` picks the
-    path (default: one at a time on a CPU).
+    On a CPU a large batch is factored and solved one problem at a time: each F x F matrix then stays in cache,
+    where the batched LAPACK calls copy all A of them to column-major scratch and back (A = 20, F = 594: 2.4 ms per
+    problem against 8.5 ms, the same bits; ``benchmarks/lse_batch_profile.py --parts step``).  On a GPU one batched call
+    factors all problems, and only those whose factorisation failed are factored again; so does a CPU for a batch
+    of at most :data:`~moestat.fit._objective.CPU_PER_PROBLEM_BYTES` (small problems: one call beats a loop, A =
+    200, F = 18: 0.27 ms against 3.4 ms).  ``per_problem`` picks the path (default: by device and size).
     """
     lam = lam.clone()
     if per_problem is None:
-        per_problem = H.device.type == "cpu"
+        per_problem = H.device.type == "cpu" and H.numel() * H.element_size() > CPU_PER_PROBLEM_BYTES
     if per_problem:
         delta = torch.empty_like(b)
         for a in range(H.shape[0]):
