@@ -89,7 +89,9 @@ def test_basin_gap_separates_exact_splits_and_reports_the_optimisers_convergence
     stopped = ms.design_check(truths[1:], [1e3, 1e5], min_truths=1, n_mc=10_000, basin_optimizer="lbfgs")
     row = stopped.query("check == 'basin_gap'").iloc[0]
     assert row["note"].startswith("floor") and "0/2 starts converged" in row["note"] and not row["passed"]
-    assert gelu["value"] < 0.01 * row["value"]  # measured 7.7e-8 against 3.6e-5 where L-BFGS stopped
+    # where L-BFGS stops on its cap depends on rounding: measured 7.7e-8 against 3.6e-5 on the CPU, 8.6e-8 against
+    # 2.8e-6 on an H200 (device "auto"); ten times is a margin both clear
+    assert gelu["value"] < 0.1 * row["value"]
 
 
 def test_basin_gap_is_exact_when_the_duplicated_atom_has_a_constant_gate():
