@@ -102,6 +102,7 @@ class MeanKernel:
         self.act2: Callable | None = None
         self._ws: dict = {}
         self._pair_pos: dict = {}
+        self._curvature_idx: dict = {}
 
     @classmethod
     def from_spec(cls, spec: MoE, *, compile: bool | str = False, chunk_bytes: int = 2**21,
@@ -322,6 +323,25 @@ class MeanKernel:
             self._pair_pos[device] = table
         return table
 
+    def _curvature_indices(self, device: torch.device) -> dict:
+        """The index tensors of :meth:`exact_curvature_rows` (built once per device): ``eye`` (k,), the gate pairs
+        ``gi, gj`` (``torch.triu_indices(k, k)``), the diagonal pairs among them ``gg_diagonal``, and the pair-row
+        positions of W's non-zero blocks: ``sigmoid`` (gate-gate diagonal, gate-expert diagonal), ``softmax``
+        (gate-gate pairs, all gate-expert pairs) and ``act2`` (expert-expert diagonal)."""
+        ix = self._curvature_idx.get(device)
+        if ix is None:
+            k = self.k
+            pos = self._pair_positions(device)
+            eye = torch.arange(k, device=device)
+            gi, gj = torch.triu_indices(k, k, device=device)
+            ei, ej = torch.meshgrid(eye, eye, indexing="ij")
+            ix = {"eye": eye, "gi": gi, "gj": gj, "gg_diagonal": eye * k - eye * (eye - 1) // 2,
+                  "sigmoid": (pos[eye, eye], pos[eye, k + eye]),
+                  "softmax": (pos[gi, gj], pos[ei.reshape(-1), k + ej.reshape(-1)]),
+                  "act2": pos[k + eye, k + eye]}
+            self._curvature_idx[device] = ix
+        return ix
+
     def exact_curvature_rows(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Residuals r (G, s, n), :math:`u = \partial f/\partial Z` (G, s, 2k, n) and the unordered pair rows
@@ -350,31 +370,30 @@ class MeanKernel:
         pi, h, dh, f = self._forward(theta, X, ws)
         ze = ws["Z"].view(G, s, 2 * k, n)[:, :, k:]
         r = torch.sub(f, y.unsqueeze(1), out=ws["r"])
-        pos = self._pair_positions(X.device)
-        eye = torch.arange(k, device=X.device)
+        ix = self._curvature_indices(X.device)
+        eye = ix["eye"]
         slope = 1.0 if dh is None else dh  # linear experts: h' = 1
         if self.gate == "sigmoid":
             d1 = pi * (1.0 - pi)
             blocks = [(d1 * (1.0 - 2.0 * pi)).mul_(h).div_(tau**2), d1.mul_(slope).div_(tau)]
-            where = [pos[eye, eye], pos[eye, k + eye]]
+            where = list(ix["sigmoid"])
             del d1
         else:
             hf = h - f.unsqueeze(2)
-            gi, gj = torch.triu_indices(k, k, device=X.device)
+            gi, gj = ix["gi"], ix["gj"]
             gg = pi[:, :, gi] * pi[:, :, gj]
             gg.mul_(hf[:, :, gi] + hf[:, :, gj]).neg_()
-            gg[:, :, eye * k - eye * (eye - 1) // 2] += pi * hf  # where gi == gj: an index, not a mask (no sync)
+            gg[:, :, ix["gg_diagonal"]] += pi * hf  # where gi == gj: an index, not a mask (no sync)
             del hf
             dhj = slope if dh is None else dh.unsqueeze(2)
             ge = (pi.unsqueeze(3) * pi.unsqueeze(2)).mul_(dhj).neg_()  # (G, s, k, k, n): -pi_i pi_j h'_j
             ge[:, :, eye, eye] += pi * slope
             blocks = [gg.div_(tau**2), ge.view(G, s, k * k, n).div_(tau)]
-            ei, ej = torch.meshgrid(eye, eye, indexing="ij")
-            where = [pos[gi, gj], pos[ei.reshape(-1), k + ej.reshape(-1)]]
+            where = list(ix["softmax"])
             del gg, ge
         if self.act2 is not None:
             blocks.append(pi * self.act2(ze))
-            where.append(pos[k + eye, k + eye])
+            where.append(ix["act2"])
         U = self._dfdz(pi, h, dh, f, None, ws["U"])  # overwrites pi under softmax: W is formed above
         C = _pair_products(U.view(G * s, 2 * k, n))
         rr = r.view(G * s, 1, n)
@@ -653,9 +672,7 @@ class LSProblem:
         batch and 1.4 ms to rebuild the index).
         """
         A, mu, mx = M.shape
-        u_pair, x_pair = self._pair_tables(M.device)
-        i, l = self.free_idx // self.p, self.free_idx % self.p
-        F = i.numel()
+        F = self.free_idx.numel()
         flat = M.view(A, mu * mx)
         rows = max(1, min(F, max_bytes // (2 * 8 * F)))
         fits = out is not None and out.shape == (A, F, F) and out.dtype == M.dtype and out.is_contiguous()
@@ -667,6 +684,8 @@ class LSProblem:
             for a in range(A):
                 torch.index_select(flat[a], 0, idx, out=H[a].view(-1))
             return H
+        u_pair, x_pair = self._pair_tables(M.device)
+        i, l = self.free_idx // self.p, self.free_idx % self.p
         for lo in range(0, F, rows):
             ii, ll = i[lo : lo + rows], l[lo : lo + rows]
             idx = u_pair[ii][:, i].mul_(mx).add_(x_pair[ll][:, l]).view(-1)
