@@ -68,6 +68,12 @@ CUDA_WORKSPACE_BYTES = 2**30
 CPU_PER_PROBLEM_BYTES = 2**23
 
 
+def per_problem_on_cpu(batch: torch.Tensor) -> bool:
+    """Whether a batch of matrices (A, F, F) is handled one problem at a time: on a CPU, above
+    :data:`CPU_PER_PROBLEM_BYTES`."""
+    return batch.device.type == "cpu" and batch.numel() * batch.element_size() > CPU_PER_PROBLEM_BYTES
+
+
 def kernel_mode(compile: bool | str) -> str:
     """Normalise ``fit_lse(compile=...)``: False/"eager", "native", True/"auto"."""
     if compile is True or compile == "auto":
@@ -679,16 +685,13 @@ class LSProblem:
         H = out if fits else M.new_empty(A, F, F)
         if rows == F:  # one block: the gather's (A, F F) output is H
             idx = self._assembly_index(M.device, mx)
-            if M.device.type != "cpu" or A * F * F * M.element_size() <= CPU_PER_PROBLEM_BYTES:
+            if not per_problem_on_cpu(H):
                 return torch.index_select(flat, 1, idx, out=H.view(A, F * F)).view(A, F, F)
             for a in range(A):
                 torch.index_select(flat[a], 0, idx, out=H[a].view(-1))
             return H
-        u_pair, x_pair = self._pair_tables(M.device)
-        i, l = self.free_idx // self.p, self.free_idx % self.p
         for lo in range(0, F, rows):
-            ii, ll = i[lo : lo + rows], l[lo : lo + rows]
-            idx = u_pair[ii][:, i].mul_(mx).add_(x_pair[ll][:, l]).view(-1)
+            idx = self._flat_positions(M.device, mx, lo, lo + rows)
             for a in range(A):
                 torch.index_select(flat[a], 0, idx, out=H[a, lo : lo + rows].view(-1))
         return H
@@ -698,12 +701,16 @@ class LSProblem:
         use on ``device`` and kept: F = 594 takes 2.8 MB)."""
         idx = self._assembly_idx.get(device)
         if idx is None:
-            u_pair, x_pair = self._pair_tables(device)
-            free = self.free_idx.to(device)
-            i, l = free // self.p, free % self.p
-            idx = u_pair[i][:, i].mul_(mx).add_(x_pair[l][:, l]).view(-1)
-            self._assembly_idx[device] = idx
+            idx = self._assembly_idx[device] = self._flat_positions(device, mx, 0, self.free_idx.numel())
         return idx
+
+    def _flat_positions(self, device: torch.device, mx: int, lo: int, hi: int) -> torch.Tensor:
+        r"""Flat positions in the packed pair sums of H's rows ``lo:hi`` (all F columns), row-major:
+        :math:`\mathrm{pos}_u(i, j)\,m_x + \mathrm{pos}_x(l, l')` for free coordinates f = i(d+1) + l."""
+        u_pair, x_pair = self._pair_tables(device)
+        free = self.free_idx.to(device)
+        i, l = free // self.p, free % self.p
+        return u_pair[i[lo:hi]][:, i].mul_(mx).add_(x_pair[l[lo:hi]][:, l]).view(-1)
 
     def _gauss_newton_reference(self, theta: torch.Tensor, exact: bool
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

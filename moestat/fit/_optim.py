@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._random import randperm
-from ._objective import CPU_PER_PROBLEM_BYTES, LSProblem
+from ._objective import LSProblem, per_problem_on_cpu
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
           6: "damping", 7: "budget", 8: "saddle", 9: "stall", 10: "kink"}
@@ -432,7 +432,7 @@ def _damped_solve(H: torch.Tensor, b: torch.Tensor, lam: torch.Tensor, Dreg: tor
     """
     lam = lam.clone()
     if per_problem is None:
-        per_problem = H.device.type == "cpu" and H.numel() * H.element_size() > CPU_PER_PROBLEM_BYTES
+        per_problem = per_problem_on_cpu(H)
     if per_problem:
         delta = torch.empty_like(b)
         for a in range(H.shape[0]):
@@ -477,18 +477,14 @@ def _damped_trial(problem: LSProblem, theta: torch.Tensor, fidx: torch.Tensor, H
 
 def _take_accepted(accept: torch.Tensor, new: torch.Tensor, old: torch.Tensor, n_accepted: int) -> torch.Tensor:
     """``torch.where(accept, new, old)`` along the first axis, writing the rejected problems' rows into ``new``
-    (few, usually none) instead of allocating a third batch of F x F matrices; ``old`` may then be reused."""
+    (few, usually none) instead of allocating a third batch of F x F matrices; ``old`` is then free, and the
+    optimisers hand it to the next :meth:`LSProblem.gauss_newton` as its output buffer (which ignores it once
+    the active set, and so the shape, has changed)."""
     if n_accepted == accept.numel():
         return new
     rejected = torch.nonzero(~accept).squeeze(1)
     new[rejected] = old[rejected]
     return new
-
-
-def _spare(H: torch.Tensor, old: torch.Tensor) -> torch.Tensor | None:
-    """The Hessian batch ``old`` that an iteration replaced by ``H``, as the output buffer of the next
-    :meth:`LSProblem.gauss_newton` (None if it is ``H`` itself or has another shape)."""
-    return old if old is not H and old.shape == H.shape else None
 
 
 def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, tol: float = 1e-12,
@@ -544,7 +540,6 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
         if n_accepted:
             _, H_new, b_new = problem.gauss_newton(theta, out=spare)
             H, spare = _take_accepted(accept, H_new, H, n_accepted), H
-            spare = _spare(H, spare)
             b = torch.where(accept.unsqueeze(1), b_new, b)
         f = f_new
         status = torch.zeros(A, dtype=torch.long, device=dev)
@@ -640,7 +635,6 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
             f_new, H_new, b_new = problem.gauss_newton(theta, exact=True, out=spare)
             f = torch.where(accept, f_new, f)
             H, spare = _take_accepted(accept, H_new, H, n_accepted), H
-            spare = _spare(H, spare)
             b = torch.where(accept.unsqueeze(1), b_new, b)
         past = [*past[-stall_window:], f.clone()]
     return tr.close()
