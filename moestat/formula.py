@@ -96,14 +96,16 @@ def _has_intercept(rhs: Any) -> bool:
     return any(str(term) == "1" for term in rhs)
 
 
-def _factor_names(expr: str) -> tuple[set[str], set[str]]:
-    """Names an expression reads as values and names it calls or dereferences (functions, modules)."""
+@functools.lru_cache(maxsize=1024)
+def _factor_names(expr: str) -> tuple[frozenset[str], frozenset[str]]:
+    """Names an expression reads as values and names it calls or dereferences (functions, modules); once per
+    distinct expression."""
     values = set(_BACKTICK.findall(expr))
     code = _BACKTICK.sub("_bq_", expr)  # a quoted name is a value; a placeholder keeps the expression parseable
     try:
         tree = ast.parse(code, mode="eval")
     except SyntaxError:
-        return values, set()
+        return frozenset(values), frozenset()
     functions: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -116,7 +118,7 @@ def _factor_names(expr: str) -> tuple[set[str], set[str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id not in functions and node.id != "_bq_":
             values.add(node.id)
-    return values, functions
+    return frozenset(values), frozenset(functions)
 
 
 def _formula_names(terms: Any) -> tuple[set[str], set[str]]:
@@ -266,6 +268,32 @@ def _materialize(argument: str, text: str, spec: Any, frame: pd.DataFrame, conte
         if not issubclass(w.category, RuntimeWarning):  # NaN/inf from a transform: _numeric raises a clearer error
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return out
+
+
+def _materialize_parts(parts: dict[str, tuple[str, str, Any]], frame: pd.DataFrame, context: dict[str, Any]
+                       ) -> dict[str, Any]:
+    """Model matrices of every formula part, ``{part: (argument, text, parsed)}``, from one formulaic call.
+
+    formulaic then evaluates each factor once for all parts and pools their per-call set-up (a quarter to a third of
+    the time of one call per part on a few hundred rows).  The matrices and model specs are those of one call per
+    part.  If the joint call fails or warns of data it cannot encode, the parts are materialised one at a time, so
+    the error names the argument whose formula caused it (:func:`_materialize`).
+    """
+    caught: list[warnings.WarningMessage] | None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            joint = Formula(**{name: parsed for name, (_, _, parsed) in parts.items()})
+            out = model_matrix(joint, frame, context=context, na_action="ignore", output="numpy")
+        except FormulaicError:
+            caught = None
+    if caught is None or any(type(w.message).__name__ == "DataMismatchWarning" for w in caught):
+        return {name: _materialize(argument, text, parsed, frame, context)
+                for name, (argument, text, parsed) in parts.items()}
+    for w in caught:
+        if not issubclass(w.category, RuntimeWarning):  # NaN/inf from a transform: _numeric raises a clearer error
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return {name: getattr(out, name) for name in parts}
 
 
 def _numeric(argument: str, text: str, mm: Any, *, drop_intercept: bool) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -610,20 +638,25 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
     w = None if w_all is None else w_all[keep]
     if w is not None:
         _validate_weights(w)
-    mms = _materialize("formula", formula, parsed, sub, ctx)
-    y, response_name = _response(formula, mms.lhs)
-    X, expert_names = _numeric("formula", formula, mms.rhs, drop_intercept=True)
+    parts = {"lhs": ("formula", formula, parsed.lhs), "rhs": ("formula", formula, parsed.rhs)}
+    for name, text, part in (("gate", gate_formula, gate_parsed), ("shared", shared, shared_parsed),
+                             ("offset", offset, offset_parsed)):
+        if part is not None:
+            parts[name] = (name if name != "gate" else "gate_formula", str(text), part)
+    mms = _materialize_parts(parts, sub, ctx)
+    y, response_name = _response(formula, mms["lhs"])
+    X, expert_names = _numeric("formula", formula, mms["rhs"], drop_intercept=True)
     gate_spec = X_gate = None
     gate_names, gate_intercept = expert_names, _has_intercept(parsed.rhs)
     if gate_parsed is not None:
-        mm = _materialize("gate_formula", str(gate_formula), gate_parsed, sub, ctx)
+        mm = mms["gate"]
         gate_spec = mm.model_spec
         X_gate, gate_names = _numeric("gate_formula", str(gate_formula), mm, drop_intercept=True)
         gate_intercept = _has_intercept(gate_parsed)
     shared_spec = X_shared = None
     shared_names: tuple[str, ...] = ()
     if shared_parsed is not None:
-        mm = _materialize("shared", str(shared), shared_parsed, sub, ctx)
+        mm = mms["shared"]
         shared_spec = mm.model_spec
         X_shared, shared_names = _numeric("shared", str(shared), mm, drop_intercept=True)
         both = sorted(set(shared_names) & set(expert_names))
@@ -632,14 +665,14 @@ def build_design(formula: str, data: Any, *, gate_formula: str | None = None, sh
                              "expert-specific or shared. Remove it from one of them.")
     offset_spec = off = None
     if offset_parsed is not None:
-        mm = _materialize("offset", str(offset), offset_parsed, sub, ctx)
+        mm = mms["offset"]
         offset_spec = mm.model_spec
         off_matrix, off_names = _numeric("offset", str(offset), mm, drop_intercept=True)
         if off_matrix.shape[1] != 1:
             raise ValueError(f"offset={offset!r} must give one numeric column; it gives {list(off_names)} (a "
                              "categorical term?). Pass a numeric column or expression, e.g. 'np.log(exposure)'.")
         off = off_matrix[:, 0]
-    specs = _Specs(mms.lhs.model_spec, mms.rhs.model_spec, gate_spec, shared_spec, columns, ctx, offset_spec)
+    specs = _Specs(mms["lhs"].model_spec, mms["rhs"].model_spec, gate_spec, shared_spec, columns, ctx, offset_spec)
     return ModelDesign(formula=formula, gate_formula=gate_formula, shared_formula=shared, response_name=response_name,
                        y=y, X=X, expert_names=expert_names, expert_intercept=_has_intercept(parsed.rhs),
                        X_gate=X if X_gate is None else X_gate, gate_names=gate_names, gate_intercept=gate_intercept,

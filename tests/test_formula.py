@@ -298,3 +298,26 @@ def test_missing_values_in_a_duplicated_column_name_are_found():
     assert keep.tolist() == [i != 3 for i in range(12)]
     with pytest.raises(ValueError, match="missing values"):
         _missing_rows("data", df, ["x"], "raise")
+
+
+def test_one_joint_materialisation_equals_one_call_per_part_and_errors_still_name_their_argument():
+    """build_design evaluates every formula part in one formulaic call; each part's matrix and its model spec (used
+    on new data) must equal those of materialising that part alone, and a part that fails names its argument."""
+    from moestat.formula import _formula, _materialize
+
+    df = _frame(12, seed=2)
+    d = build_design("y ~ x + I(x**2) + C(g)", df, gate_formula="~ w1 + C(g)", shared="~ w2")
+    alone = {name: _materialize(name, text, _formula(text), df, {})
+             for name, text in (("formula", "y ~ x + I(x**2) + C(g)"), ("gate_formula", "~ w1 + C(g)"),
+                                ("shared", "~ w2"))}
+    np.testing.assert_array_equal(d.X, np.asarray(alone["formula"].rhs)[:, 1:])
+    np.testing.assert_array_equal(d.y, np.asarray(alone["formula"].lhs)[:, 0])
+    np.testing.assert_array_equal(d.X_gate, np.asarray(alone["gate_formula"])[:, 1:])
+    np.testing.assert_array_equal(d.X_shared, np.asarray(alone["shared"])[:, 1:])
+    new = _frame(6, seed=3)
+    np.testing.assert_array_equal(d.transform(new).X_gate,
+                                  np.asarray(alone["gate_formula"].model_spec.get_model_matrix(new))[:, 1:])
+    for kwargs, argument in (({"gate_formula": "~ w1 + I(w1 / 'a')"}, "gate_formula"),
+                             ({"shared": "~ I(w2 / 'a')"}, "shared")):
+        with pytest.raises(ValueError, match=rf"^{argument}=.* could not be evaluated on the data"):
+            build_design("y ~ x", df, **kwargs)
