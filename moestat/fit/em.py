@@ -159,12 +159,12 @@ def _newton_gate_step(Zt: torch.Tensor, ZZ: torch.Tensor | None, tau: torch.Tens
         H = _weighted_gram(W.reshape(B, km1 * km1, -1), Zt, ZZ).view(B, km1, km1, p, p)
         H = H.permute(0, 1, 3, 2, 4).reshape(B, m, m)
     diag = H.diagonal(dim1=-2, dim2=-1)
-    diag.add_(diag.mean(-1, keepdim=True).clamp_min_(1e-300).mul_(1e-10).add_(1e-9 * Zt.shape[-1]))
-    delta = torch.linalg.solve(H, grad.unsqueeze(-1)).reshape(B, km1, p)
+    diag.add_(diag.mean(-1, keepdim=True).mul_(1e-10).add_(1e-9 * Zt.shape[-1]))  # diag(H) >= 0
+    delta = torch.linalg.solve_ex(H, grad.unsqueeze(-1))[0].reshape(B, km1, p)
     full = theta + delta
     logw1 = torch.log_softmax(_gate_logits(full, Zt), dim=1)
     q1 = (tau * logw1).sum((1, 2))
-    ok = torch.isfinite(q1) & (q1 >= q0)
+    ok = q1 >= q0  # False where q1 is NaN; q1 <= 0 is never +inf
     if bool(ok.all()):  # the usual case for a concave objective: the full Newton step is accepted
         return full, logw1
     theta = torch.where(ok[:, None, None], full, theta).clone()
@@ -625,7 +625,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     if dependent:
         beta = torch.cat([flat.expert_bias.unsqueeze(-1), flat.expert_weight[..., ecols]], dim=-1).contiguous()
     else:
-        beta = flat.expert_bias.unsqueeze(-1).contiguous()
+        beta = flat.expert_bias.unsqueeze(-1).clone()  # a copy: the final write-back must not reach init
     p_e = beta.shape[-1]
     # shared slopes: the mean over experts projects a start onto the constraint (all experts equal)
     gamma = flat.expert_weight[..., scols].mean(-2).contiguous() if scols else None
@@ -656,6 +656,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         gw[..., gcols] = g[..., 1:]
         return BlockParams(g[..., 0], gw, ew, beta[..., 0], var.sqrt())
 
+    def unflat(a: torch.Tensor) -> torch.Tensor:
+        return a.reshape(R, S, *a.shape[1:])
+
     ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa, ma, Zsa, oa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf, mf, Zs, of
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()
     gm_a = None if gamma is None else gamma.clone()
@@ -683,10 +686,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     fused = glm is not None and gm_a is None
     eta_a: torch.Tensor | None = None  # linear predictor (A, k, n) at beta_a, when the last M-step computed it
     lg_a = torch.lgamma(ya + 1.0) if fused and glm is not None and glm.name == "poisson" else None
+    resid_a: torch.Tensor | None = None  # Gaussian experts: y - eta (A, k, n) at beta_a, from the last M-step
+
     def e_step() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(log joint (A, k, n), linear predictor, mean) at the current parameters; GLM experts reuse ``eta_a``."""
+        """(log joint (A, k, n), linear predictor, mean) at the current parameters; GLM experts reuse ``eta_a``,
+        Gaussian experts the M-step's residuals ``resid_a``."""
         if glm is None:
-            resid = ya.unsqueeze(1) - linear_predictor()
+            resid = ya.unsqueeze(1) - linear_predictor() if resid_a is None else resid_a
             return logw + normal_log_density(resid, var=var_a.unsqueeze(-1)), None, None
         if fused:
             eta = linear_predictor() if eta_a is None else eta_a
@@ -745,7 +751,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             refused = ~(torch.isfinite(ll) & (ll >= ll_mid))
             if bool(refused.any()):  # back to theta_2 where the jump lowered the likelihood
                 tg_a, beta_a, var_a, gm_a, logw = adopt(torch.where(refused[:, None], sq2, pack()))
-                eta_a = None
+                eta_a = resid_a = None
                 logc, eta_a, mu_a = e_step()
                 lse = torch.logsumexp(logc, dim=1)
                 ll = lse.sum(-1) if wa is None else (lse * wa).sum(-1)
@@ -789,6 +795,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             ZZea = (ZZga if same_cols else (None if ZZea is None else ZZea[keep])) if dependent else None
             tg_a, beta_a, var_a = tg_a[keep], beta_a[keep], var_a[keep]
             eta_a = None if eta_a is None else eta_a[keep]
+            resid_a = None if resid_a is None else resid_a[keep]
             mu_a = None if mu_a is None else mu_a[keep]
             lg_a = None if lg_a is None else lg_a[keep]
             sq0, sq1, ll_mid = (None if a is None else a[keep] for a in (sq0, sq1, ll_mid))
@@ -822,9 +829,9 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
             # expert M-step: proximal weighted least squares, then the floored proximal variance update
             gram = _weighted_gram(tau, Zea, ZZea) + eps_eye
             rhs = torch.bmm(tau, Zya) + eps * beta_a
-            beta_a = torch.linalg.solve(gram, rhs.unsqueeze(-1)).squeeze(-1)
-            resid = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)
-            ssq = (tau * resid * resid).sum(-1)
+            beta_a = torch.linalg.solve_ex(gram, rhs.unsqueeze(-1))[0].squeeze(-1)
+            resid_a = ya.unsqueeze(1) - torch.bmm(beta_a, Zea)  # the next E-step's residuals unless a jump moves beta
+            ssq = (tau * resid_a * resid_a).sum(-1)
             var_a = torch.maximum((ssq + eps * var_a) / (tau.sum(-1) + eps), fl.unsqueeze(-1))
         if k > 1:
             if Xa is not None and layout is not None:
@@ -840,13 +847,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if accel and phase == 1 and sq0 is not None and sq1 is not None:
             sq2 = pack()
             r, v = sq1 - sq0, sq2 - 2.0 * sq1 + sq0
-            rn, vn = r.norm(dim=1), v.norm(dim=1)
-            alpha = torch.where(vn > 0, -rn / vn.clamp_min(torch.finfo(r.dtype).tiny), -torch.ones_like(rn))
+            rn, vn = torch.linalg.vector_norm(r, dim=1), torch.linalg.vector_norm(v, dim=1)
+            alpha = torch.where(vn > 0, -rn / vn, -1.0)
             alpha = alpha.clamp_max(-1.0).unsqueeze(1)
             jump = sq0 - 2.0 * alpha * r + alpha * alpha * v
             jump = torch.where(torch.isfinite(jump).all(1, keepdim=True), jump, sq2)
             tg_a, beta_a, var_a, gm_a, logw = adopt(jump)
-            eta_a = None
+            eta_a = resid_a = None
         if accel:
             phase = (phase + 1) % 3
         ll_prev = ll
@@ -854,9 +861,6 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     theta_g[idx], beta[idx], var[idx] = tg_a, beta_a, var_a
     if gamma is not None:
         gamma[idx] = gm_a
-
-    def unflat(a: torch.Tensor) -> torch.Tensor:
-        return a.reshape(R, S, *a.shape[1:])
 
     hist = torch.stack(history).reshape(len(history), R, S)
     return EMState(blocks(theta_g, beta, var).map(unflat), unflat(ll_all), unflat(converged), unflat(n_iter), hist)

@@ -61,3 +61,16 @@ def test_spec_by_name_runs_the_same_fit():
     named = em_fit(spec=GAUSS, X=X, y=y, init=init, var_floor=floor, tol=1e-10, max_iter=50)
     torch.testing.assert_close(named.loglik, positional.loglik, rtol=0, atol=0)
     assert not named.loglik.is_inference()
+
+
+def test_the_starts_are_not_modified():
+    """em_fit writes its estimates into its own arrays, never into ``init`` (constant experts' coefficients were a
+    view of it, so the caller's starts came back as the estimates)."""
+    data = ms.simulate(GAUSS, TRUTH, n=300, reps=2, seed=3, model="mixture")
+    X, y = torch.as_tensor(data.X), torch.as_tensor(data.y)
+    for spec in (GAUSS, ms.MoE(gate="softmax", expert="constant", k=2, d=1)):
+        init = random_starts(spec, X, y, 3, np.random.SeedSequence(3).spawn(2))
+        before = init.map(torch.clone)
+        em_fit(spec, X, y, init, var_floor=(1e-3 * y.std(1)) ** 2, tol=1e-10, max_iter=20)
+        for f in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
+            assert torch.equal(getattr(init, f), getattr(before, f)), (spec.expert, f)
