@@ -32,6 +32,7 @@ from ..exceptions import warn_user
 from ..experts import ExpertFamily, registered_families
 
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
+EM_SOURCE = Path(__file__).with_name("_em_native.cpp")
 
 #: Largest number of experts the kernel takes (its per-observation work arrays are sized at compile time).
 MAX_K = 32
@@ -95,29 +96,46 @@ def _isa() -> str:
     return capability if capability in _ISA_FLAGS else "scalar"
 
 
+def _build(stem: str, code: str) -> ModuleType:
+    """Compile (first call on a machine) and import the extension of C++ source ``code``; its name carries ``stem``,
+    the instruction set, the torch version and a hash of the code, so a changed source builds a new extension."""
+    from torch.utils import cpp_extension
+
+    try:  # the ninja wheel's binary, also when the interpreter's bin folder is not on PATH
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except ImportError:
+        pass
+    isa = _isa()
+    # at::parallel_for is an OpenMP pragma in a header: without -fopenmp the kernel would run on one thread
+    openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
+    flags = ["-O3", *_ISA_FLAGS.get(isa, []), *openmp]
+    digest = hashlib.sha256(code.encode()).hexdigest()[:12]
+    name = f"moestat_{stem}_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}_{digest}"
+    module: ModuleType = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+        name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp, verbose=False)
+    return module
+
+
 @functools.cache
 def load() -> ModuleType | None:
-    """Build (first call on a machine) and import the extension; None, with a warning, if that fails."""
+    """Build (first call on a machine) and import the least-squares extension; None, with a warning, if that fails."""
     try:
-        from torch.utils import cpp_extension
-
-        try:  # the ninja wheel's binary, also when the interpreter's bin folder is not on PATH
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        except ImportError:
-            pass
-        isa = _isa()
-        # at::parallel_for is an OpenMP pragma in a header: without -fopenmp the kernel would run on one thread
-        openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
-        flags = ["-O3", *_ISA_FLAGS.get(isa, []), *openmp]
-        code = source()
-        digest = hashlib.sha256(code.encode()).hexdigest()[:12]  # a changed formula builds a new extension
-        name = f"moestat_lsq_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}_{digest}"
-        module: ModuleType = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
-            name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp, verbose=False)
-        return module
+        return _build("lsq", source())
     except Exception as err:  # any build or import failure means: use another kernel
         warn_user(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
                       "using the eager kernel instead.", UserWarning)
+        return None
+
+
+@functools.cache
+def load_em() -> ModuleType | None:
+    """Build (first call on a machine) and import the EM extension (``_em_native.cpp``: EM for Gaussian experts with
+    a softmax gate, :func:`moestat.fit.em.em_fit` with ``native=True``); None, with a warning, if that fails."""
+    try:
+        return _build("em", EM_SOURCE.read_text())
+    except Exception as err:  # any build or import failure means: use the tensor loop
+        warn_user(f"moestat's native EM kernel could not be built ({type(err).__name__}: {err}); using the tensor "
+                  "loop instead.", UserWarning)
         return None

@@ -60,6 +60,7 @@ import torch
 from ..families import _MAX_HALVINGS, _ROUNDING, Family, irls_weighted
 from ..gates import log_mixture_weights
 from ..model import MoE, normal_log_density
+from . import _native
 from ._layout import BlockParams, ParamLayout
 
 P = ParamSpec("P")
@@ -429,6 +430,14 @@ def expected_gate_loglik(tau: torch.Tensor, logw: torch.Tensor) -> torch.Tensor:
     return torch.where(tau > 0, tau * logw, torch.zeros_like(logw)).sum((-1, -2))
 
 
+def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
+                   shared_columns: Sequence[int] | None = None) -> bool:
+    """Whether :func:`em_fit` can run in the fused C++ kernel: a CPU, float64, Gaussian experts (linear or constant),
+    a softmax gate, Newton gate steps and no shared slopes (a C++ compiler is needed as well)."""
+    return (X.device.type == "cpu" and X.dtype == torch.float64 and spec.gate == "softmax" and spec.has_noise_sd
+            and spec.expert in ("linear", "constant") and gate_solver == "newton" and not shared_columns)
+
+
 def _observed_loglik(logw: torch.Tensor, log_expert: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     r""":math:`\ell = \sum_t c_t\log\sum_i\tilde\pi_i(x_t)\,f_i(y_t\mid x_t)` (A,) from log gate weights and log
     expert densities (A, k, n); case weights ``weights`` (A, n) or None (all one)."""
@@ -533,7 +542,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
            shared_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
            callback: Callable[[int, torch.Tensor], None] | None = None,
            layout: ParamLayout | None = None, accelerate: bool = True,
-           offset_column: int | None = None) -> EMState:
+           offset_column: int | None = None, native: bool = False) -> EMState:
     r"""Run batched EM from ``init`` (leading axes (R, S)) on data X (R, n, d), y (R, n).
 
     Convergence of a (replicate, restart) pair: :math:`|\ell_t - \ell_{t-1}| \le
@@ -573,6 +582,12 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     when :math:`(d+1)^2` is small; the gate Hessian reuses the same products.  A softmax-gated fit runs in
     ``torch.inference_mode`` and returns ordinary (cloned) tensors (:func:`_without_autograd`); pairs' iteration
     counts and convergence flags are written in the iterations where some pair stops.
+
+    ``native=True``: where :func:`native_applies` (a CPU, float64, Gaussian experts, a softmax gate, Newton gate
+    steps, no shared slopes), the whole loop runs in the fused C++ kernel ``moestat/fit/_em_native.cpp``, one pair
+    after another with each pair's arrays in cache, and no tensor operation per step: the same iteration, stopping
+    rule and SQUAREM cycle, solved by Cholesky instead of LU (the estimates agree with the tensor loop's to rounding).
+    ``callback`` is then called once, at the end.  Elsewhere, or without a C++ compiler, the tensor loop runs.
     """
     generic = spec.gate != "softmax"  # gradient gate step (gradient_gate_step) instead of IRLS
     sparse = spec.gate == "topk" or (spec.gate == "normalized_sigmoid" and spec.top_k is not None)
@@ -658,6 +673,17 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
 
     def unflat(a: torch.Tensor) -> torch.Tensor:
         return a.reshape(R, S, *a.shape[1:])
+
+    applies = native and native_applies(spec, X, gate_solver, shared_columns) and _native.compiler_available()
+    kernel = _native.load_em() if applies else None
+    if kernel is not None:
+        tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n = kernel.em_gaussian_softmax(
+            yf, yf.new_empty(0) if wf is None else wf, Zg, Ze, theta_g, beta, var, floor_f, float(tol), int(max_iter),
+            float(eps), int(gate_steps), bool(accelerate))
+        if callback is not None:
+            callback(int(it_n.max()), torch.zeros_like(conv_n))
+        return EMState(blocks(tg_n, beta_n, var_n).map(unflat), unflat(ll_n), unflat(conv_n), unflat(it_n),
+                       hist_n.reshape(hist_n.shape[0], R, S))
 
     ya, Zga, Zea, ZZga, ZZea, Zya, fl, wa, ma, Zsa, oa = yf, Zg, Ze, ZZg, ZZe, Zy, floor_f, wf, mf, Zs, of
     tg_a, beta_a, var_a = theta_g.clone(), beta.clone(), var.clone()

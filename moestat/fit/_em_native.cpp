@@ -1,0 +1,396 @@
+// EM for Gaussian experts with a softmax gate, one fused loop per (replicate, restart) pair
+// (moestat/fit/_native.py builds it; moestat/fit/em.py calls it with compile=True).
+//
+// The iteration is em_fit's tensor loop (moestat/fit/em.py), written for one pair at a time so that a pair's
+// arrays (k x n) stay in cache and no tensor operation is dispatched per step:
+//   E-step      c_jt = log pi_j(x_t) - (y_t - mu_jt)^2 / (2 var_j) - log(2 pi var_j) / 2,
+//               lse_t = log sum_j exp(c_jt), tau_jt = exp(c_jt - lse_t), l = sum_t w_t lse_t;
+//   stopping    |l - l_prev| <= tol (1 + |l|), tested after EM steps only (not after a SQUAREM jump);
+//   experts     (sum_t w tau z z' + eps I) beta_j = sum_t w tau z y + eps beta_j,
+//               var_j = max((sum_t w tau r^2 + eps var_j) / (sum_t w tau + eps), floor);
+//   gate        damped Newton (IRLS) steps on sum_t sum_j w tau log pi_j, halving up to 11 times, never lowering it;
+//   SQUAREM     scheme S3 every three iterations, a jump refused where it lowers l below l(theta_1).
+// Linear systems are solved by Cholesky (the proximal Gram matrix and the damped gate Hessian are positive
+// definite); a system that is not (NaN data) gives NaN parameters, a non-finite l, and the pair stops unconverged.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using V = at::vec::Vectorized<double>;
+constexpr int64_t W = V::size();
+constexpr double HALF_LOG_2PI = 0.918938533204672741780329736406;
+constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double INF = std::numeric_limits<double>::infinity();
+constexpr int LINE_SEARCH = 12;  // step sizes 1, 1/2, ..., 2^-11, as _LINE_SEARCH in em.py
+
+double hsum(const V& v) {
+  double buf[W];
+  v.store(buf);
+  double s = 0.0;
+  for (int64_t i = 0; i < W; ++i) s += buf[i];
+  return s;
+}
+
+// sum_t a_t b_t c_t (c may be null: sum_t a_t b_t)
+double dot3(const double* a, const double* b, const double* c, int64_t n) {
+  V acc(0.0);
+  for (int64_t t = 0; t < n; t += W) {
+    const int64_t m = std::min<int64_t>(W, n - t);
+    V x = V::loadu(a + t, m) * V::loadu(b + t, m);
+    if (c != nullptr) x = x * V::loadu(c + t, m);
+    acc = acc + x;
+  }
+  return hsum(acc);
+}
+
+// Solve A x = b for a symmetric positive definite A (m x m, row-major, overwritten by its Cholesky factor);
+// b is overwritten by x.  Not positive definite: x = NaN.
+void chol_solve(double* A, double* b, int64_t m) {
+  for (int64_t j = 0; j < m; ++j) {
+    double d = A[j * m + j];
+    for (int64_t l = 0; l < j; ++l) d -= A[j * m + l] * A[j * m + l];
+    if (!(d > 0.0)) {
+      std::fill(b, b + m, NaN);
+      return;
+    }
+    d = std::sqrt(d);
+    A[j * m + j] = d;
+    for (int64_t i = j + 1; i < m; ++i) {
+      double s = A[i * m + j];
+      for (int64_t l = 0; l < j; ++l) s -= A[i * m + l] * A[j * m + l];
+      A[i * m + j] = s / d;
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    double s = b[i];
+    for (int64_t l = 0; l < i; ++l) s -= A[i * m + l] * b[l];
+    b[i] = s / A[i * m + i];
+  }
+  for (int64_t i = m - 1; i >= 0; --i) {
+    double s = b[i];
+    for (int64_t l = i + 1; l < m; ++l) s -= A[l * m + i] * b[l];
+    b[i] = s / A[i * m + i];
+  }
+}
+
+struct Pair {
+  // data (views into the batch)
+  const double* y;   // n
+  const double* w;   // n or null (case weights)
+  const double* Zg;  // pg x n, first row the intercept
+  const double* Ze;  // pe x n
+  int64_t n, k, km1, pg, pe;
+  double floor, eps;
+  // parameters
+  std::vector<double> tg, beta, var;  // (k-1) x pg, k x pe, k
+  // work arrays
+  std::vector<double> logw, resid, tau, lw1, tw;  // k x n each
+  bool resid_valid = false;
+
+  // log gate weights (k x n) of the gate rows th ((k-1) x pg; reference expert k-1 has logit 0)
+  void gate_log_weights(const double* th, double* out) const {
+    for (int64_t j = 0; j < km1; ++j) {
+      double* row = out + j * n;
+      std::fill(row, row + n, 0.0);
+      for (int64_t a = 0; a < pg; ++a) {
+        const V c(th[j * pg + a]);
+        const double* z = Zg + a * n;
+        for (int64_t t = 0; t < n; t += W) {
+          const int64_t m = std::min<int64_t>(W, n - t);
+          (V::loadu(row + t, m) + c * V::loadu(z + t, m)).store(row + t, m);
+        }
+      }
+    }
+    double* ref = out + km1 * n;
+    for (int64_t t = 0; t < n; t += W) {
+      const int64_t m = std::min<int64_t>(W, n - t);
+      V mx(0.0);
+      for (int64_t j = 0; j < km1; ++j) mx = at::vec::maximum(mx, V::loadu(out + j * n + t, m));
+      V s = (V(0.0) - mx).exp();
+      for (int64_t j = 0; j < km1; ++j) s = s + (V::loadu(out + j * n + t, m) - mx).exp();
+      const V lse = s.log() + mx;
+      for (int64_t j = 0; j < km1; ++j) (V::loadu(out + j * n + t, m) - lse).store(out + j * n + t, m);
+      (V(0.0) - lse).store(ref + t, m);
+    }
+  }
+
+  // E-step: tau (k x n, unweighted), returns l
+  double e_step() {
+    if (!resid_valid) {
+      for (int64_t j = 0; j < k; ++j) expert_residual(j);
+      resid_valid = true;
+    }
+    std::vector<double> cst(k), inv(k);
+    for (int64_t j = 0; j < k; ++j) cst[j] = 0.5 * std::log(var[j]) + HALF_LOG_2PI;
+    V acc(0.0);
+    const V inf(INF), half(-0.5);
+    for (int64_t t = 0; t < n; t += W) {
+      const int64_t m = std::min<int64_t>(W, n - t);
+      V c[64];
+      V mx(-INF);
+      for (int64_t j = 0; j < k; ++j) {
+        const V r = V::loadu(resid.data() + j * n + t, m);
+        c[j] = V::loadu(logw.data() + j * n + t, m) + ((half * (r * r)) / V(var[j]) - V(cst[j]));
+        mx = at::vec::maximum(mx, c[j]);
+      }
+      mx = V::blendv(mx, V(0.0), mx.abs() == inf);  // an infinite maximum shifts by 0, as torch.logsumexp
+      V s(0.0);
+      for (int64_t j = 0; j < k; ++j) {
+        c[j] = (c[j] - mx).exp();
+        s = s + c[j];
+      }
+      V lse = s.log() + mx;
+      for (int64_t j = 0; j < k; ++j) (c[j] / s).store(tau.data() + j * n + t, m);
+      if (w != nullptr) lse = lse * V::loadu(w + t, m);
+      if (m < W) lse = V::set(V(0.0), lse, m);
+      acc = acc + lse;
+    }
+    return hsum(acc);
+  }
+
+  void expert_residual(int64_t j) {
+    double* r = resid.data() + j * n;
+    for (int64_t t = 0; t < n; t += W) {
+      const int64_t m = std::min<int64_t>(W, n - t);
+      V mu(0.0);
+      for (int64_t a = 0; a < pe; ++a) mu = mu + V(beta[j * pe + a]) * V::loadu(Ze + a * n + t, m);
+      (V::loadu(y + t, m) - mu).store(r + t, m);
+    }
+  }
+
+  // responsibilities times case weights, into tw
+  const double* weighted_tau() {
+    if (w == nullptr) return tau.data();
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t t = 0; t < n; ++t) tw[j * n + t] = tau[j * n + t] * w[t];
+    return tw.data();
+  }
+
+  void expert_step(const double* tw_) {
+    std::vector<double> G(pe * pe), rhs(pe);
+    for (int64_t j = 0; j < k; ++j) {
+      const double* tj = tw_ + j * n;
+      for (int64_t a = 0; a < pe; ++a) {
+        for (int64_t b = 0; b <= a; ++b) {
+          const double g = dot3(tj, Ze + a * n, Ze + b * n, n);
+          G[a * pe + b] = G[b * pe + a] = g;
+        }
+        G[a * pe + a] += eps;
+        rhs[a] = dot3(tj, Ze + a * n, y, n) + eps * beta[j * pe + a];
+      }
+      chol_solve(G.data(), rhs.data(), pe);
+      for (int64_t a = 0; a < pe; ++a) beta[j * pe + a] = rhs[a];
+      expert_residual(j);
+      const double* r = resid.data() + j * n;
+      const double ssq = dot3(tj, r, r, n);
+      V acc(0.0);
+      for (int64_t t = 0; t < n; t += W) {
+        const int64_t m = std::min<int64_t>(W, n - t);
+        acc = acc + V::loadu(tj + t, m);
+      }
+      var[j] = std::max((ssq + eps * var[j]) / (hsum(acc) + eps), floor);
+    }
+    resid_valid = true;
+  }
+
+  double gate_objective(const double* tw_, const double* lw) const {
+    V acc(0.0);
+    for (int64_t t = 0; t < k * n; t += W) {
+      const int64_t m = std::min<int64_t>(W, k * n - t);
+      acc = acc + V::loadu(tw_ + t, m) * V::loadu(lw + t, m);
+    }
+    return hsum(acc);
+  }
+
+  void gate_step(const double* tw_) {
+    const int64_t M = km1 * pg;
+    const double q0 = gate_objective(tw_, logw.data());
+    std::vector<double> pi(km1 * n), piw(km1 * n), grad(M), H(M * M), Wjl(n), delta(M), cand(M);
+    for (int64_t j = 0; j < km1; ++j)
+      for (int64_t t = 0; t < n; ++t) {
+        pi[j * n + t] = std::exp(logw[j * n + t]);
+        piw[j * n + t] = w == nullptr ? pi[j * n + t] : pi[j * n + t] * w[t];
+      }
+    for (int64_t j = 0; j < km1; ++j)
+      for (int64_t a = 0; a < pg; ++a) {
+        double g = 0.0;
+        for (int64_t t = 0; t < n; ++t) g += (tw_[j * n + t] - piw[j * n + t]) * Zg[a * n + t];
+        grad[j * pg + a] = g;
+      }
+    for (int64_t j = 0; j < km1; ++j)
+      for (int64_t l = 0; l <= j; ++l) {
+        for (int64_t t = 0; t < n; ++t)
+          Wjl[t] = (j == l ? piw[j * n + t] : 0.0) - piw[j * n + t] * pi[l * n + t];
+        for (int64_t a = 0; a < pg; ++a)
+          for (int64_t b = 0; b < pg; ++b) {
+            const double h = dot3(Wjl.data(), Zg + a * n, Zg + b * n, n);
+            H[(j * pg + a) * M + l * pg + b] = h;
+            H[(l * pg + b) * M + j * pg + a] = h;
+          }
+      }
+    double mean = 0.0;
+    for (int64_t i = 0; i < M; ++i) mean += H[i * M + i];
+    mean /= static_cast<double>(M);
+    const double damp = mean * 1e-10 + 1e-9 * static_cast<double>(n);
+    for (int64_t i = 0; i < M; ++i) H[i * M + i] += damp;
+    delta = grad;
+    chol_solve(H.data(), delta.data(), M);
+    double step = 1.0;
+    for (int h = 0; h < LINE_SEARCH; ++h, step *= 0.5) {
+      for (int64_t i = 0; i < M; ++i) cand[i] = tg[i] + step * delta[i];
+      gate_log_weights(cand.data(), lw1.data());
+      const double q1 = gate_objective(tw_, lw1.data());
+      if (q1 >= q0) {  // false for NaN
+        tg = cand;
+        std::swap(logw, lw1);
+        return;
+      }
+    }
+  }
+
+  void pack(std::vector<double>& out) const {
+    out.clear();
+    out.insert(out.end(), tg.begin(), tg.end());
+    out.insert(out.end(), beta.begin(), beta.end());
+    for (int64_t j = 0; j < k; ++j) out.push_back(std::log(var[j]));
+  }
+
+  void adopt(const std::vector<double>& th) {
+    const int64_t G = km1 * pg, E = k * pe;
+    std::copy(th.begin(), th.begin() + G, tg.begin());
+    std::copy(th.begin() + G, th.begin() + G + E, beta.begin());
+    for (int64_t j = 0; j < k; ++j) var[j] = std::max(std::exp(th[G + E + j]), floor);
+    gate_log_weights(tg.data(), logw.data());
+    resid_valid = false;
+  }
+};
+
+}  // namespace
+
+// Batched EM from the starts tg (B, k-1, pg), beta (B, k, pe), var (B, k); data y (B, n), w (B, n) or an empty
+// tensor, Zg (B, pg, n), Ze (B, pe, n), floor (B,).  Returns [tg, beta, var, loglik (B,), converged (B,),
+// n_iter (B,), history (T, B)], as em_fit's loop.
+std::vector<at::Tensor> em_gaussian_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at::Tensor Ze, at::Tensor tg,
+                                            at::Tensor beta, at::Tensor var, at::Tensor floor, double tol,
+                                            int64_t max_iter, double eps, int64_t gate_steps, bool accelerate) {
+  TORCH_CHECK(y.scalar_type() == at::kDouble && y.device().is_cpu(), "em_gaussian_softmax: float64 CPU tensors");
+  y = y.contiguous(); Zg = Zg.contiguous(); Ze = Ze.contiguous(); floor = floor.contiguous();
+  const bool weighted = w.numel() > 0;
+  if (weighted) w = w.contiguous();
+  const int64_t B = y.size(0), n = y.size(1), km1 = tg.size(1), pg = Zg.size(1), k = beta.size(1),
+                pe = Ze.size(1);
+  TORCH_CHECK(k <= 64, "em_gaussian_softmax: at most 64 experts");
+  at::Tensor tg_out = tg.contiguous().clone(), beta_out = beta.contiguous().clone(),
+             var_out = var.contiguous().clone();
+  at::Tensor ll = at::empty({B}, y.options());
+  at::Tensor converged = at::zeros({B}, y.options().dtype(at::kBool));
+  at::Tensor n_iter = at::zeros({B}, y.options().dtype(at::kLong));
+  at::Tensor hist = at::empty({max_iter + 1, B}, y.options());
+  const double* yp = y.data_ptr<double>();
+  const double* wp = weighted ? w.data_ptr<double>() : nullptr;
+  const double* zgp = Zg.data_ptr<double>();
+  const double* zep = Ze.data_ptr<double>();
+  const double* flp = floor.data_ptr<double>();
+  double* tgp = tg_out.data_ptr<double>();
+  double* bp = beta_out.data_ptr<double>();
+  double* vp = var_out.data_ptr<double>();
+  double* llp = ll.data_ptr<double>();
+  bool* cp = converged.data_ptr<bool>();
+  int64_t* ip = n_iter.data_ptr<int64_t>();
+  double* hp = hist.data_ptr<double>();
+  const bool accel = accelerate && k > 1;
+
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      Pair P;
+      P.y = yp + b * n;
+      P.w = weighted ? wp + b * n : nullptr;
+      P.Zg = zgp + b * pg * n;
+      P.Ze = zep + b * pe * n;
+      P.n = n; P.k = k; P.km1 = km1; P.pg = pg; P.pe = pe;
+      P.floor = flp[b]; P.eps = eps;
+      P.tg.assign(tgp + b * km1 * pg, tgp + (b + 1) * km1 * pg);
+      P.beta.assign(bp + b * k * pe, bp + (b + 1) * k * pe);
+      P.var.assign(vp + b * k, vp + (b + 1) * k);
+      P.logw.assign(k * n, 0.0); P.resid.assign(k * n, 0.0); P.tau.assign(k * n, 0.0);
+      P.lw1.assign(k * n, 0.0);
+      if (weighted) P.tw.assign(k * n, 0.0);
+      P.gate_log_weights(P.tg.data(), P.logw.data());
+      std::vector<double> sq0, sq1, sq2, cur;
+      int phase = 0;
+      bool have_prev = false, have_sq2 = false, conv = false;
+      double ll_prev = 0.0, ll_mid = 0.0, l = -INF;
+      int64_t it = 0;
+      for (it = 0; it <= max_iter; ++it) {
+        l = P.e_step();
+        if (accel && phase == 2 && have_sq2 && !(std::isfinite(l) && l >= ll_mid)) {
+          P.adopt(sq2);  // back to theta_2 where the jump lowered the likelihood
+          l = P.e_step();
+        }
+        hp[it * B + b] = l;
+        const bool tested = have_prev && !(accel && phase == 2);
+        bool keep = std::isfinite(l);
+        if (tested) keep = keep && std::abs(l - ll_prev) > (std::abs(l) + 1.0) * tol;
+        if (!keep) {
+          conv = tested && std::isfinite(l);
+          break;
+        }
+        if (it == max_iter) break;
+        if (accel) {
+          if (phase == 0) P.pack(sq0);
+          else if (phase == 1) { P.pack(sq1); ll_mid = l; }
+        }
+        const double* tw = P.weighted_tau();
+        P.expert_step(tw);
+        if (k > 1)
+          for (int64_t s = 0; s < gate_steps; ++s) P.gate_step(tw);
+        if (accel && phase == 1) {
+          P.pack(sq2);
+          have_sq2 = true;
+          const size_t np = sq0.size();
+          double rn = 0.0, vn = 0.0;
+          std::vector<double> r(np), v(np);
+          for (size_t i = 0; i < np; ++i) {
+            r[i] = sq1[i] - sq0[i];
+            v[i] = sq2[i] - 2.0 * sq1[i] + sq0[i];
+            rn += r[i] * r[i];
+            vn += v[i] * v[i];
+          }
+          rn = std::sqrt(rn);
+          vn = std::sqrt(vn);
+          const double alpha = std::min(vn > 0.0 ? -rn / vn : -1.0, -1.0);
+          bool finite = true;
+          for (size_t i = 0; i < np; ++i) {
+            r[i] = sq0[i] - 2.0 * alpha * r[i] + alpha * alpha * v[i];
+            finite = finite && std::isfinite(r[i]);
+          }
+          P.adopt(finite ? r : sq2);
+        }
+        if (accel) phase = (phase + 1) % 3;
+        ll_prev = l;
+        have_prev = true;
+      }
+      const int64_t stop = std::min(it, max_iter);
+      for (int64_t t = stop + 1; t <= max_iter; ++t) hp[t * B + b] = l;
+      llp[b] = l;
+      cp[b] = conv;
+      ip[b] = stop;
+      std::copy(P.tg.begin(), P.tg.end(), tgp + b * km1 * pg);
+      std::copy(P.beta.begin(), P.beta.end(), bp + b * k * pe);
+      std::copy(P.var.begin(), P.var.end(), vp + b * k);
+    }
+  });
+  const int64_t T = n_iter.numel() ? n_iter.max().item<int64_t>() + 1 : 1;
+  return {tg_out, beta_out, var_out, ll, converged, n_iter, hist.narrow(0, 0, T).clone()};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("em_gaussian_softmax", &em_gaussian_softmax, "EM for Gaussian experts with a softmax gate, one loop per pair");
+}
