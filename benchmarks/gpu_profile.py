@@ -4,9 +4,9 @@
    on R = 1 and R replicates at ``--n``, timed per iteration, then the R-replicate fit under ``torch.profiler``:
    the operators with the most self time on the host and on the device, and the host-device synchronisations.
 2. ``--parts gbar``: :func:`moestat.estimate_gbar` for one truth of the sigmoid-vs-softmax vignette (gelu experts,
-   sigmoid gate, d = 3, k = k* + 1, the study's settings: 20,000 Monte-Carlo inputs, 4 starts, at most 1,000
-   iterations of ``--gbar-optimizer``, box 10) on each device of ``--devices``: wall time, and how far the devices'
-   distances differ.
+   sigmoid gate, d = 3, k = k* + 1, the study's settings: 20,000 Monte-Carlo inputs, ``--gbar-restarts`` starts
+   (default 4), at most 1,000 iterations of ``--gbar-optimizer``, box 10) on each device of ``--devices``: wall
+   time, and how far the devices' distances differ.
 
     PYTHONPATH=. python benchmarks/gpu_profile.py --devices cpu,cuda [--parts newton,gbar]
 
@@ -61,20 +61,20 @@ def newton_part(device: str, n: int, R: int) -> None:
     print(f"host-device synchronisations and scalar reads: {syncs}", flush=True)
 
 
-def gbar_part(devices: list[str], optimizer: str) -> None:
+def gbar_part(devices: list[str], optimizer: str, restarts: int = 4, duplicate: str = "first") -> None:
     truth = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=3, seed=0)
     k = truth.spec.k + 1
-    dup = [int(v) for v in truth.info["duplicate"]][:1]
+    dup = [int(v) for v in truth.info["duplicate"]][:1] if duplicate == "first" else None
     results = {}
     for device in devices:
         _sync(device)
         t0 = time.perf_counter()
-        gb = ms.estimate_gbar(truth.spec, truth.params, k, n_mc=20_000, restarts=4, duplicate=dup, seed=7,
+        gb = ms.estimate_gbar(truth.spec, truth.params, k, n_mc=20_000, restarts=restarts, duplicate=dup, seed=7,
                               max_iter=1000, box=10.0, device=device, optimizer=optimizer)
         _sync(device)
         wall = time.perf_counter() - t0
         results[device] = gb
-        print(f"estimate_gbar on {device}: {wall:.2f} s; l2 {np.array2string(gb.l2, precision=6)}, "
+        print(f"estimate_gbar on {device} ({restarts} starts): {wall:.2f} s; l2 {np.array2string(gb.l2, precision=6)}, "
               f"near-minimisers {int(gb.near.sum())}/{len(gb.near)}", flush=True)
     if len(results) > 1:
         a, b = (results[d] for d in devices[:2])
@@ -90,12 +90,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--gbar-optimizer", default="auto",
                     help="estimate_gbar's optimizer (the H200 figures of 2026-11-26: lbfgs, then the default)")
+    ap.add_argument("--gbar-restarts", type=int, default=4,
+                    help="estimate_gbar's starts (the sigmoid-vs-softmax study's basin estimate asks for 2 k* = 6)")
+    ap.add_argument("--gbar-duplicate", choices=["first", "none"], default="first",
+                    help="starts duplicating the preset's first duplicated atom, or none (the basin estimate's)")
     args = ap.parse_args()
     devices = args.devices.split(",")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"GPU {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}", flush=True)
     if "gbar" in args.parts:
-        gbar_part(devices, args.gbar_optimizer)
+        gbar_part(devices, args.gbar_optimizer, args.gbar_restarts, args.gbar_duplicate)
     if "newton" in args.parts:
         newton_part(devices[-1], args.n, args.reps)
 

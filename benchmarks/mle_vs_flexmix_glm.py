@@ -25,7 +25,9 @@ measured in the same run, in ``--rounds`` paired rounds: in each round moestat (
 CPU), each side's median giving the round's ratio.  The machine's speed drifts over seconds (other tenants of a
 shared host), so the two sides of a round are measured back to back and the reported ratio is the median of the
 rounds' ratios (``cpu_speedup``, with its range ``cpu_speedup_min`` / ``_max``); the times are the medians over
-rounds.  ``--large-n N`` adds the same
+rounds.  Each round also times ``fit_mle(..., compile=True)`` (EM in the fused C++ loop where it applies: the
+Gaussian cases; ``compiled_em_kernel`` says which ran) against the same flexmix times: ``cpu_speedup_compiled``.
+``--large-n N`` adds the same
 cases on flexmix's own generator ``ExNPreg(N / 2)`` (N rows) to show how the ratio scales with n.
 
 Usage::
@@ -122,10 +124,12 @@ def run_r(script: Path, csv: Path, case: tuple, k: int, restarts: int, seed: int
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def fit_moestat(df: pd.DataFrame, case: tuple, k: int, restarts: int, seed: int, repeat: int):
-    """Warm-up, then ``repeat`` identical fits; returns the fit and the median wall and CPU seconds."""
+def fit_moestat(df: pd.DataFrame, case: tuple, k: int, restarts: int, seed: int, repeat: int, compile: bool = False):
+    """Warm-up, then ``repeat`` identical fits; returns the fit and the median wall and CPU seconds.  ``compile``:
+    ``fit_mle(compile=True)``, EM in the fused C++ loop where it applies (Gaussian experts, softmax gate)."""
     _, formula, _, family, gate_formula, _, _ = case
-    kwargs = dict(formula=formula, data=df, k=k, family=family, gate_formula=gate_formula, tol=1e-8, max_iter=2000)
+    kwargs = dict(formula=formula, data=df, k=k, family=family, gate_formula=gate_formula, tol=1e-8, max_iter=2000,
+                  compile=compile)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ms.MLEConvergenceWarning)
         ms.fit_mle(**kwargs, restarts=1, seed=0)  # warm-up (imports, allocator, formulaic)
@@ -198,23 +202,32 @@ def compare_coefficients(fit, r: dict, k: int, gaussian: bool) -> dict:
 
 def paired_rounds(df: pd.DataFrame, case: tuple, k: int, args: argparse.Namespace, fit_script: Path, csv: Path,
                   rounds: int, r_repeat: int) -> tuple[object, dict, dict]:
-    """``rounds`` rounds of (moestat fits, flexmix fits) back to back; the fit, flexmix's output and the timings."""
-    walls, cpus, r_walls, r_cpus, r = [], [], [], [], {}
-    fit = None
+    """``rounds`` rounds of (moestat fits, moestat fits with ``compile=True``, flexmix fits) back to back; the fit,
+    flexmix's output and the timings."""
+    walls, cpus, c_cpus, r_walls, r_cpus, r = [], [], [], [], [], {}
+    fit = compiled = None
     for _ in range(rounds):
         fit, wall, cpu = fit_moestat(df, case, k, args.restarts, args.seed, args.repeat)
+        compiled, _, c_cpu = fit_moestat(df, case, k, args.restarts, args.seed, args.repeat, compile=True)
         r = run_r(fit_script, csv, case, k, args.restarts, args.seed, r_repeat)
         walls.append(wall)
         cpus.append(cpu)
+        c_cpus.append(c_cpu)
         r_walls.append(r["flexmix_wall_s"])
         r_cpus.append(r["flexmix_cpu_s"])
     cpu_ratio = np.asarray(r_cpus) / np.asarray(cpus)
+    c_ratio = np.asarray(r_cpus) / np.asarray(c_cpus)
     wall_ratio = np.asarray(r_walls) / np.asarray(walls)
     timing = {"rounds": rounds, "moestat_wall_s": float(np.median(walls)), "moestat_cpu_s": float(np.median(cpus)),
               "flexmix_wall_s": float(np.median(r_walls)), "flexmix_cpu_s": float(np.median(r_cpus)),
               "cpu_speedup": float(np.median(cpu_ratio)), "cpu_speedup_min": float(cpu_ratio.min()),
               "cpu_speedup_max": float(cpu_ratio.max()), "wall_speedup": float(np.median(wall_ratio)),
-              "round_cpu_speedups": cpu_ratio.round(2).tolist()}
+              "round_cpu_speedups": cpu_ratio.round(2).tolist(),
+              "compiled_em_kernel": None if compiled is None else compiled.settings["em_kernel"],
+              "compiled_loglik_diff": None if compiled is None or fit is None
+              else float(compiled.loglik) - float(fit.loglik),
+              "moestat_compiled_cpu_s": float(np.median(c_cpus)), "cpu_speedup_compiled": float(np.median(c_ratio)),
+              "cpu_speedup_compiled_min": float(c_ratio.min()), "cpu_speedup_compiled_max": float(c_ratio.max())}
     return fit, r, timing
 
 
@@ -261,7 +274,8 @@ def main() -> None:
     cols = ["data", "case", "moestat_loglik", "flexmix_loglik", "loglik_diff", "predicted_flexmix_sigma_loss",
             "max_abs_diff_expert_coef",
             "max_abs_diff_gate_logodds", "max_abs_diff_sigma", "moestat_cpu_s", "flexmix_cpu_s", "cpu_speedup",
-            "cpu_speedup_min", "cpu_speedup_max",
+            "cpu_speedup_min", "cpu_speedup_max", "compiled_em_kernel", "moestat_compiled_cpu_s",
+            "cpu_speedup_compiled", "cpu_speedup_compiled_min", "cpu_speedup_compiled_max",
             "moestat_wall_s", "flexmix_wall_s", "wall_speedup"]
     frame = pd.DataFrame(rows)
     with pd.option_context("display.width", 250):
