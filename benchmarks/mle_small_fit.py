@@ -10,7 +10,9 @@ fits after a warm-up, log-likelihood].  To compare two versions of moestat, run 
         PYTHONPATH=/tmp/old python benchmarks/mle_small_fit.py; PYTHONPATH=. python benchmarks/mle_small_fit.py
     done
 
-``--phases`` also reports where each fit's time goes: the median CPU ms per fit in building the design (formula
+``--compile`` also times each case with ``fit_mle(compile=True)`` (the fused C++ EM loop where it applies),
+alternating fit by fit with the default in the same process; ``--k`` sets the number of experts.  ``--phases`` also
+reports where each fit's time goes: the median CPU ms per fit in building the design (formula
 parsing and model matrices), the random starts, EM, the L-BFGS phase, the fit-time degeneracy check and the rest
 (argument checks, layout, result assembly), timed by wrapping those internal functions.
 
@@ -65,6 +67,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--restarts", type=int, default=10)
     parser.add_argument("--phases", action="store_true", help="also report the median CPU ms of each phase")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time each case with fit_mle(compile=True) (entries '<case>:compile'), alternating "
+                             "with the default fit in the same process")
+    parser.add_argument("--k", type=int, default=2, help="number of experts")
     args = parser.parse_args()
     spent: dict[str, float] = collections.defaultdict(float)
     if args.phases:
@@ -79,22 +85,29 @@ def main() -> None:
     for name, formula, _, family, gate_formula, _, ml_sigma in CASES:
         if ml_sigma:  # the same moestat fit as the case before it
             continue
-        kwargs = dict(formula=formula, data=df, k=2, family=family, gate_formula=gate_formula, tol=1e-8,
+        kwargs = dict(formula=formula, data=df, k=args.k, family=family, gate_formula=gate_formula, tol=1e-8,
                       max_iter=2000, restarts=args.restarts, seed=1)
+        variants = {name: {}, f"{name}:compile": {"compile": True}} if args.compile else {name: {}}
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        phases: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+        fits = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ms.MLEConvergenceWarning)
-            ms.fit_mle(**kwargs)  # warm-up
-            times, phases = [], []
+            warnings.simplefilter("ignore", ms.DegenerateFitWarning)
+            for extra in variants.values():
+                ms.fit_mle(**kwargs, **extra)  # warm-up (and the C++ build on first use)
             for _ in range(args.repeat):
-                spent.clear()
-                t0 = time.process_time()
-                fit = ms.fit_mle(**kwargs)
-                times.append(time.process_time() - t0)
-                phases.append(dict(spent, rest=times[-1] - sum(spent.values())))
-        out[name] = [round(1e3 * float(np.median(times)), 2), float(fit.loglik)]
-        if args.phases:
-            out[name].append({p: round(1e3 * float(np.median([ph.get(p, 0.0) for ph in phases])), 2)
-                              for _, _, p in [*PHASES, (None, None, "rest")]})
+                for v, extra in variants.items():
+                    spent.clear()
+                    t0 = time.process_time()
+                    fits[v] = ms.fit_mle(**kwargs, **extra)
+                    times[v].append(time.process_time() - t0)
+                    phases[v].append(dict(spent, rest=times[v][-1] - sum(spent.values())))
+        for v in variants:
+            out[v] = [round(1e3 * float(np.median(times[v])), 2), float(fits[v].loglik)]
+            if args.phases:
+                out[v].append({p: round(1e3 * float(np.median([ph.get(p, 0.0) for ph in phases[v]])), 2)
+                               for _, _, p in [*PHASES, (None, None, "rest")]})
     print(json.dumps(out))
 
 
