@@ -396,6 +396,8 @@ def bootstrap(fit: MLEFit, X=None, y=None, n_resamples: int = 200, *, kind: str 
                 "shared_columns": fit.layout.shared_columns or None, "offset_column": fit.layout.offset_column}
         if fit.settings.get("learn_temperature"):
             opts["learn_temperature"] = True
+        if fit.settings.get("em_kernel") == "native":  # the refits run the EM loop the fit ran
+            opts["compile"] = True
         opts.update(fit_kwargs)
         failed_data = np.zeros(B, dtype=bool)
         if kind == "nonparametric":  # a resample can be degenerate (e.g. too few distinct x); report it as failed

@@ -62,6 +62,9 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         The column of ``X`` holding an offset (:func:`moestat.fit_mle`'s ``offset_column``): added to every expert's
         linear predictor with coefficient 1, e.g. :math:`\\log` exposure for counts; new rows carry theirs in the
         same column.
+    compile : bool
+        :func:`moestat.fit_mle`'s ``compile``: EM in the fused C++ loop (Gaussian experts, softmax gate, CPU), the
+        same estimates up to rounding, faster on small data; compiled on first use.
 
     Attributes
     ----------
@@ -87,7 +90,8 @@ class MoERegressor(RegressorMixin, BaseEstimator):
     def __init__(self, n_experts: int = 2, gate: str = "softmax", expert: str = "linear", method: str = "auto",
                  restarts: int = 5, top_k: int | None = None, tol: float = 1e-8, max_iter: int | None = None,
                  sd_floor: float = 1e-3, device: str = "auto", random_state=None, family: str = "gaussian",
-                 gate_columns=None, expert_columns=None, shared_columns=None, offset_column=None) -> None:
+                 gate_columns=None, expert_columns=None, shared_columns=None, offset_column=None,
+                 compile: bool = False) -> None:
         self.n_experts = n_experts
         self.gate = gate
         self.expert = expert
@@ -104,6 +108,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         self.expert_columns = expert_columns
         self.shared_columns = shared_columns
         self.offset_column = offset_column
+        self.compile = compile
 
     def _spec(self, d: int) -> MoE:
         return MoE(gate=self.gate, expert=self.expert, k=self.n_experts, d=d, top_k=self.top_k,
@@ -144,7 +149,7 @@ class MoERegressor(RegressorMixin, BaseEstimator):
                           sd_floor=self.sd_floor, device=self.device, seed=int(seed), underdetermined="warn",
                           weights=weights, gate_columns=self.gate_columns, expert_columns=self.expert_columns,
                           shared_columns=self.shared_columns, offset_column=self.offset_column, trials=m,
-                          progress=False,
+                          progress=False, compile=self.compile,
                           feature_names=None if names is None else [str(c) for c in names])
         if not fit.converged:
             warn_user("the best start did not converge; increase max_iter.", MLEConvergenceWarning)

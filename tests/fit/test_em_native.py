@@ -108,3 +108,28 @@ def test_native_applies_only_to_the_model_it_implements():
     assert not native_applies(ms.MoE(gate="softmax", expert="linear", k=2, d=2, response="poisson"), X)
     assert not native_applies(gauss, X, gate_solver="cvxpy")
     assert not native_applies(gauss, X, shared_columns=[1])
+
+
+def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_for(monkeypatch):
+    """A bootstrap of a compile=True fit refits with compile=True (the same EM loop as the fit); MoERegressor passes
+    its compile option to fit_mle."""
+    import moestat.inference as inference
+
+    spec, X, y, _ = _problem(2, 1, n=200, reps=1, seed=3, weighted=False)
+    kernels = []
+    real = inference.fit_mle
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        kernels.append(out.settings["em_kernel"])
+        return out
+
+    monkeypatch.setattr(inference, "fit_mle", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for compile_ in (True, False):
+            fit = ms.fit_mle(spec, X[0], y[0], restarts=2, seed=0, compile=compile_)
+            ms.bootstrap(fit, X[0].numpy(), y[0].numpy(), n_resamples=4, seed=1, progress=False)
+        reg = ms.MoERegressor(n_experts=2, restarts=2, random_state=0, compile=True).fit(X[0].numpy(), y[0].numpy())
+    assert kernels == ["native", "tensor"]
+    assert reg.fit_.settings["em_kernel"] == "native" and reg.get_params()["compile"] is True
