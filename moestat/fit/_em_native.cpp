@@ -127,7 +127,7 @@ struct Pair {
       for (int64_t j = 0; j < k; ++j) expert_residual(j);
       resid_valid = true;
     }
-    std::vector<double> cst(k), inv(k);
+    std::vector<double> cst(k);
     for (int64_t j = 0; j < k; ++j) cst[j] = 0.5 * std::log(var[j]) + HALF_LOG_2PI;
     V acc(0.0);
     const V inf(INF), half(-0.5);

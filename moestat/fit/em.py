@@ -433,9 +433,11 @@ def expected_gate_loglik(tau: torch.Tensor, logw: torch.Tensor) -> torch.Tensor:
 def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
                    shared_columns: Sequence[int] | None = None) -> bool:
     """Whether :func:`em_fit` can run in the fused C++ kernel: a CPU, float64, Gaussian experts (linear or constant),
-    a softmax gate, Newton gate steps and no shared slopes (a C++ compiler is needed as well)."""
+    a softmax gate with at most 64 experts, Newton gate steps and no shared slopes (a C++ compiler is needed as
+    well)."""
     return (X.device.type == "cpu" and X.dtype == torch.float64 and spec.gate == "softmax" and spec.has_noise_sd
-            and spec.expert in ("linear", "constant") and gate_solver == "newton" and not shared_columns)
+            and spec.expert in ("linear", "constant") and spec.k <= 64 and gate_solver == "newton"
+            and not shared_columns)
 
 
 def _observed_loglik(logw: torch.Tensor, log_expert: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

@@ -108,6 +108,7 @@ def test_native_applies_only_to_the_model_it_implements():
     assert not native_applies(ms.MoE(gate="softmax", expert="linear", k=2, d=2, response="poisson"), X)
     assert not native_applies(gauss, X, gate_solver="cvxpy")
     assert not native_applies(gauss, X, shared_columns=[1])
+    assert not native_applies(ms.MoE(gate="softmax", expert="linear", k=65, d=2), X)  # the kernel's limit
 
 
 def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_for(monkeypatch):
