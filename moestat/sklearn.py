@@ -63,8 +63,8 @@ class MoERegressor(RegressorMixin, BaseEstimator):
         linear predictor with coefficient 1, e.g. :math:`\\log` exposure for counts; new rows carry theirs in the
         same column.
     compile : bool
-        :func:`moestat.fit_mle`'s ``compile``: EM in the fused C++ loop (Gaussian experts, softmax gate, CPU), the
-        same estimates up to rounding, faster on small data; compiled on first use.
+        :func:`moestat.fit_mle`'s ``compile``: EM in the fused C++ loop (softmax gate, Gaussian, Poisson or binomial
+        experts, CPU), the same estimates up to rounding, faster on small data; compiled on first use.
 
     Attributes
     ----------

@@ -1,4 +1,4 @@
-// EM for Gaussian experts with a softmax gate, one fused loop per (replicate, restart) pair
+// EM for Gaussian, Poisson and binomial experts with a softmax gate, one fused loop per (replicate, restart) pair
 // (moestat/fit/_native.py builds it; moestat/fit/em.py calls it with compile=True).
 //
 // The iteration is em_fit's tensor loop (moestat/fit/em.py), written for one pair at a time so that a pair's
@@ -6,8 +6,13 @@
 //   E-step      c_jt = log pi_j(x_t) - (y_t - mu_jt)^2 / (2 var_j) - log(2 pi var_j) / 2,
 //               lse_t = log sum_j exp(c_jt), tau_jt = exp(c_jt - lse_t), l = sum_t w_t lse_t;
 //   stopping    |l - l_prev| <= tol (1 + |l|), tested after EM steps only (not after a SQUAREM jump);
-//   experts     (sum_t w tau z z' + eps I) beta_j = sum_t w tau z y + eps beta_j,
+//   experts     Gaussian: (sum_t w tau z z' + eps I) beta_j = sum_t w tau z y + eps beta_j,
 //               var_j = max((sum_t w tau r^2 + eps var_j) / (sum_t w tau + eps), floor);
+//               Poisson and binomial (canonical links, trials m, offset o): one proximal Newton (IRLS) step on
+//               sum_t w tau m [y eta - b(eta)] - eps/2 |beta - beta_old|^2, halving up to 29 times, never lowering
+//               it (the full step taken unchecked when its predicted gain is below 64 ulps of the terms), as
+//               glm_expert_step in em.py; the E-step's log density is m [y eta - b(eta)] + c_t, with the constant
+//               c_t (-log y!, log C(m, m y)) computed once by the caller;
 //   gate        damped Newton (IRLS) steps on sum_t sum_j w tau log pi_j, halving up to 11 times, never lowering it;
 //   SQUAREM     scheme S3 every three iterations, a jump refused where it lowers l below l(theta_1).
 // Linear systems are solved by Cholesky (the proximal Gram matrix and the damped gate Hessian are positive
@@ -29,6 +34,21 @@ constexpr double HALF_LOG_2PI = 0.918938533204672741780329736406;
 constexpr double NaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double INF = std::numeric_limits<double>::infinity();
 constexpr int LINE_SEARCH = 12;  // step sizes 1, 1/2, ..., 2^-11, as _LINE_SEARCH in em.py
+constexpr int MAX_HALVINGS = 30;  // GLM expert steps 1, 1/2, ..., 2^-29, as families._MAX_HALVINGS
+constexpr double ROUNDING = 64.0;  // families._ROUNDING
+enum Family : int64_t { GAUSSIAN = 0, POISSON = 1, BINOMIAL = 2 };
+
+// b(eta): exp(eta) (Poisson) or log(1 + exp(eta)) = max(eta, 0) + log1p(exp(-|eta|)) (binomial)
+inline V cumulant(int64_t family, const V& eta) {
+  if (family == POISSON) return eta.exp();
+  return at::vec::maximum(eta, V(0.0)) + (V(0.0) - eta.abs()).exp().log1p();
+}
+
+// the mean g^-1(eta) and the variance function V(mu)
+inline V mean_of(int64_t family, const V& eta) {
+  if (family == POISSON) return eta.exp();
+  return V(1.0) / (V(1.0) + (V(0.0) - eta).exp());
+}
 
 double hsum(const V& v) {
   double buf[W];
@@ -86,12 +106,15 @@ struct Pair {
   const double* w;   // n or null (case weights)
   const double* Zg;  // pg x n, first row the intercept
   const double* Ze;  // pe x n
-  int64_t n, k, km1, pg, pe;
+  const double* m;    // n or null (binomial trials)
+  const double* off;  // n or null (GLM offset)
+  const double* cst;  // n or null (GLM log-density constant)
+  int64_t n, k, km1, pg, pe, family;
   double floor, eps;
   // parameters
-  std::vector<double> tg, beta, var;  // (k-1) x pg, k x pe, k
+  std::vector<double> tg, beta, var;  // (k-1) x pg, k x pe, k (Gaussian)
   // work arrays
-  std::vector<double> logw, resid, tau, lw1, tw;  // k x n each
+  std::vector<double> logw, resid, tau, lw1, tw, mu, etac;  // k x n each (resid holds eta for GLM experts)
   bool resid_valid = false;
 
   // log gate weights (k x n) of the gate rows th ((k-1) x pg; reference expert k-1 has logit 0)
@@ -127,6 +150,7 @@ struct Pair {
       for (int64_t j = 0; j < k; ++j) expert_residual(j);
       resid_valid = true;
     }
+    if (family != GAUSSIAN) return e_step_glm();
     std::vector<double> cst(k);
     for (int64_t j = 0; j < k; ++j) cst[j] = 0.5 * std::log(var[j]) + HALF_LOG_2PI;
     V acc(0.0);
@@ -155,13 +179,124 @@ struct Pair {
     return hsum(acc);
   }
 
-  void expert_residual(int64_t j) {
-    double* r = resid.data() + j * n;
+  // Gaussian: r = y - beta_j z; GLM: eta = beta_j z + o (into resid)
+  void expert_residual(int64_t j) { linear_predictor(beta.data() + j * pe, resid.data() + j * n); }
+
+  void linear_predictor(const double* b, double* out) const {
     for (int64_t t = 0; t < n; t += W) {
-      const int64_t m = std::min<int64_t>(W, n - t);
-      V mu(0.0);
-      for (int64_t a = 0; a < pe; ++a) mu = mu + V(beta[j * pe + a]) * V::loadu(Ze + a * n + t, m);
-      (V::loadu(y + t, m) - mu).store(r + t, m);
+      const int64_t c = std::min<int64_t>(W, n - t);
+      V eta(0.0);
+      for (int64_t a = 0; a < pe; ++a) eta = eta + V(b[a]) * V::loadu(Ze + a * n + t, c);
+      if (family == GAUSSIAN) eta = V::loadu(y + t, c) - eta;
+      else if (off != nullptr) eta = eta + V::loadu(off + t, c);
+      eta.store(out + t, c);
+    }
+  }
+
+  // m [y eta - b(eta)] at one block of eta
+  V kernel(const V& eta, const V& yv, const V& bv, int64_t t, int64_t c) const {
+    V kern = yv * eta - bv;
+    if (m != nullptr) kern = V::loadu(m + t, c) * kern;
+    return kern;
+  }
+
+  double e_step_glm() {
+    V acc(0.0);
+    for (int64_t t = 0; t < n; t += W) {
+      const int64_t c = std::min<int64_t>(W, n - t);
+      const V yv = V::loadu(y + t, c);
+      const V cv = cst == nullptr ? V(0.0) : V::loadu(cst + t, c);
+      V lc[64];
+      V mx(-INF);
+      for (int64_t j = 0; j < k; ++j) {
+        const V eta = V::loadu(resid.data() + j * n + t, c);
+        const V muv = mean_of(family, eta);
+        muv.store(mu.data() + j * n + t, c);
+        const V bv = family == POISSON ? muv : cumulant(family, eta);
+        lc[j] = V::loadu(logw.data() + j * n + t, c) + (kernel(eta, yv, bv, t, c) + cv);
+        mx = at::vec::maximum(mx, lc[j]);
+      }
+      mx = V::blendv(mx, V(0.0), mx.abs() == V(INF));
+      V s(0.0);
+      for (int64_t j = 0; j < k; ++j) {
+        lc[j] = (lc[j] - mx).exp();
+        s = s + lc[j];
+      }
+      V lse = s.log() + mx;
+      for (int64_t j = 0; j < k; ++j) (lc[j] / s).store(tau.data() + j * n + t, c);
+      if (w != nullptr) lse = lse * V::loadu(w + t, c);
+      if (c < W) lse = V::set(V(0.0), lse, c);
+      acc = acc + lse;
+    }
+    return hsum(acc);
+  }
+
+  // sum_t tw_t m_t [y_t eta_t - b(eta_t)] and sum_t |...| for one expert (b from mu when given: Poisson)
+  void glm_objective(const double* twj, const double* eta, const double* muj, double& q, double& scale) const {
+    V acc(0.0), aacc(0.0);
+    for (int64_t t = 0; t < n; t += W) {
+      const int64_t c = std::min<int64_t>(W, n - t);
+      const V e = V::loadu(eta + t, c);
+      const V bv = muj != nullptr ? V::loadu(muj + t, c) : cumulant(family, e);
+      const V term = V::loadu(twj + t, c) * kernel(e, V::loadu(y + t, c), bv, t, c);
+      acc = acc + (c < W ? V::set(V(0.0), term, c) : term);
+      aacc = aacc + (c < W ? V::set(V(0.0), term.abs(), c) : term.abs());
+    }
+    q = hsum(acc);
+    scale = hsum(aacc);
+  }
+
+  void glm_expert_step(const double* tw_) {
+    std::vector<double> wm(n), H(pe * pe), grad(pe), delta(pe), cand(pe), b0(pe);
+    for (int64_t j = 0; j < k; ++j) {
+      const double* twj = tw_ + j * n;
+      double* eta = resid.data() + j * n;
+      const double* muj = mu.data() + j * n;
+      double q, scale;
+      glm_objective(twj, eta, family == POISSON ? muj : nullptr, q, scale);
+      for (int64_t t = 0; t < n; ++t) wm[t] = m == nullptr ? twj[t] : twj[t] * m[t];
+      std::vector<double> r(n), v(n);
+      for (int64_t t = 0; t < n; ++t) {
+        r[t] = wm[t] * (y[t] - muj[t]);
+        v[t] = wm[t] * (family == POISSON ? muj[t] : muj[t] * (1.0 - muj[t]));
+      }
+      for (int64_t a = 0; a < pe; ++a) {
+        grad[a] = dot3(r.data(), Ze + a * n, nullptr, n);
+        for (int64_t b = 0; b <= a; ++b) {
+          const double h = dot3(v.data(), Ze + a * n, Ze + b * n, n);
+          H[a * pe + b] = H[b * pe + a] = h;
+        }
+        H[a * pe + a] += eps;
+      }
+      delta = grad;
+      chol_solve(H.data(), delta.data(), pe);
+      bool ok = true;
+      double gd = 0.0;
+      for (int64_t a = 0; a < pe; ++a) {
+        ok = ok && std::isfinite(delta[a]);
+        gd += grad[a] * delta[a];
+      }
+      if (!ok || !std::isfinite(q)) continue;  // the expert stays put
+      bool unmeasurable = gd <= ROUNDING * std::numeric_limits<double>::epsilon() * scale;
+      std::copy(beta.begin() + j * pe, beta.begin() + (j + 1) * pe, b0.begin());
+      double step = 1.0;
+      for (int h = 0; h < MAX_HALVINGS; ++h, step *= 0.5) {
+        double pen = 0.0;
+        for (int64_t a = 0; a < pe; ++a) {
+          cand[a] = b0[a] + step * delta[a];
+          pen += (cand[a] - b0[a]) * (cand[a] - b0[a]);
+        }
+        linear_predictor(cand.data(), etac.data());
+        double qc, sc;
+        glm_objective(twj, etac.data(), nullptr, qc, sc);
+        qc -= 0.5 * eps * pen;
+        if (std::isfinite(qc) && (qc >= q || unmeasurable)) {
+          std::copy(cand.begin(), cand.end(), beta.begin() + j * pe);
+          std::copy(etac.begin(), etac.begin() + n, eta);
+          break;
+        }
+        unmeasurable = false;  // only the full step is taken unmeasured
+      }
     }
   }
 
@@ -259,14 +394,16 @@ struct Pair {
     out.clear();
     out.insert(out.end(), tg.begin(), tg.end());
     out.insert(out.end(), beta.begin(), beta.end());
-    for (int64_t j = 0; j < k; ++j) out.push_back(std::log(var[j]));
+    if (family == GAUSSIAN)
+      for (int64_t j = 0; j < k; ++j) out.push_back(std::log(var[j]));
   }
 
   void adopt(const std::vector<double>& th) {
     const int64_t G = km1 * pg, E = k * pe;
     std::copy(th.begin(), th.begin() + G, tg.begin());
     std::copy(th.begin() + G, th.begin() + G + E, beta.begin());
-    for (int64_t j = 0; j < k; ++j) var[j] = std::max(std::exp(th[G + E + j]), floor);
+    if (family == GAUSSIAN)
+      for (int64_t j = 0; j < k; ++j) var[j] = std::max(std::exp(th[G + E + j]), floor);
     gate_log_weights(tg.data(), logw.data());
     resid_valid = false;
   }
@@ -277,16 +414,22 @@ struct Pair {
 // Batched EM from the starts tg (B, k-1, pg), beta (B, k, pe), var (B, k); data y (B, n), w (B, n) or an empty
 // tensor, Zg (B, pg, n), Ze (B, pe, n), floor (B,).  Returns [tg, beta, var, loglik (B,), converged (B,),
 // n_iter (B,), history (T, B)], as em_fit's loop.
-std::vector<at::Tensor> em_gaussian_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at::Tensor Ze, at::Tensor tg,
-                                            at::Tensor beta, at::Tensor var, at::Tensor floor, double tol,
-                                            int64_t max_iter, double eps, int64_t gate_steps, bool accelerate) {
-  TORCH_CHECK(y.scalar_type() == at::kDouble && y.device().is_cpu(), "em_gaussian_softmax: float64 CPU tensors");
+std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at::Tensor Ze, at::Tensor tg,
+                                   at::Tensor beta, at::Tensor var, at::Tensor floor, double tol, int64_t max_iter,
+                                   double eps, int64_t gate_steps, bool accelerate, int64_t family, at::Tensor trials,
+                                   at::Tensor offset, at::Tensor constant) {
+  TORCH_CHECK(y.scalar_type() == at::kDouble && y.device().is_cpu(), "em_softmax: float64 CPU tensors");
+  TORCH_CHECK(family >= GAUSSIAN && family <= BINOMIAL, "em_softmax: family 0 (gaussian), 1 (poisson), 2 (binomial)");
   y = y.contiguous(); Zg = Zg.contiguous(); Ze = Ze.contiguous(); floor = floor.contiguous();
   const bool weighted = w.numel() > 0;
   if (weighted) w = w.contiguous();
+  const bool has_m = trials.numel() > 0, has_o = offset.numel() > 0, has_c = constant.numel() > 0;
+  if (has_m) trials = trials.contiguous();
+  if (has_o) offset = offset.contiguous();
+  if (has_c) constant = constant.contiguous();
   const int64_t B = y.size(0), n = y.size(1), km1 = tg.size(1), pg = Zg.size(1), k = beta.size(1),
                 pe = Ze.size(1);
-  TORCH_CHECK(k <= 64, "em_gaussian_softmax: at most 64 experts");
+  TORCH_CHECK(k <= 64, "em_softmax: at most 64 experts");
   at::Tensor tg_out = tg.contiguous().clone(), beta_out = beta.contiguous().clone(),
              var_out = var.contiguous().clone();
   at::Tensor ll = at::empty({B}, y.options());
@@ -298,6 +441,9 @@ std::vector<at::Tensor> em_gaussian_softmax(at::Tensor y, at::Tensor w, at::Tens
   const double* zgp = Zg.data_ptr<double>();
   const double* zep = Ze.data_ptr<double>();
   const double* flp = floor.data_ptr<double>();
+  const double* mp = has_m ? trials.data_ptr<double>() : nullptr;
+  const double* op = has_o ? offset.data_ptr<double>() : nullptr;
+  const double* kp = has_c ? constant.data_ptr<double>() : nullptr;
   double* tgp = tg_out.data_ptr<double>();
   double* bp = beta_out.data_ptr<double>();
   double* vp = var_out.data_ptr<double>();
@@ -314,13 +460,17 @@ std::vector<at::Tensor> em_gaussian_softmax(at::Tensor y, at::Tensor w, at::Tens
       P.w = weighted ? wp + b * n : nullptr;
       P.Zg = zgp + b * pg * n;
       P.Ze = zep + b * pe * n;
-      P.n = n; P.k = k; P.km1 = km1; P.pg = pg; P.pe = pe;
+      P.m = has_m ? mp + b * n : nullptr;
+      P.off = has_o ? op + b * n : nullptr;
+      P.cst = has_c ? kp + b * n : nullptr;
+      P.n = n; P.k = k; P.km1 = km1; P.pg = pg; P.pe = pe; P.family = family;
       P.floor = flp[b]; P.eps = eps;
       P.tg.assign(tgp + b * km1 * pg, tgp + (b + 1) * km1 * pg);
       P.beta.assign(bp + b * k * pe, bp + (b + 1) * k * pe);
       P.var.assign(vp + b * k, vp + (b + 1) * k);
       P.logw.assign(k * n, 0.0); P.resid.assign(k * n, 0.0); P.tau.assign(k * n, 0.0);
       P.lw1.assign(k * n, 0.0);
+      if (family != GAUSSIAN) { P.mu.assign(k * n, 0.0); P.etac.assign(n, 0.0); }
       if (weighted) P.tw.assign(k * n, 0.0);
       P.gate_log_weights(P.tg.data(), P.logw.data());
       std::vector<double> sq0, sq1, sq2, cur;
@@ -348,7 +498,8 @@ std::vector<at::Tensor> em_gaussian_softmax(at::Tensor y, at::Tensor w, at::Tens
           else if (phase == 1) { P.pack(sq1); ll_mid = l; }
         }
         const double* tw = P.weighted_tau();
-        P.expert_step(tw);
+        if (family == GAUSSIAN) P.expert_step(tw);
+        else P.glm_expert_step(tw);
         if (k > 1)
           for (int64_t s = 0; s < gate_steps; ++s) P.gate_step(tw);
         if (accel && phase == 1) {
@@ -392,5 +543,5 @@ std::vector<at::Tensor> em_gaussian_softmax(at::Tensor y, at::Tensor w, at::Tens
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("em_gaussian_softmax", &em_gaussian_softmax, "EM for Gaussian experts with a softmax gate, one loop per pair");
+  m.def("em_softmax", &em_softmax, "EM for Gaussian, Poisson or binomial experts with a softmax gate, one loop per pair");
 }

@@ -430,14 +430,18 @@ def expected_gate_loglik(tau: torch.Tensor, logw: torch.Tensor) -> torch.Tensor:
     return torch.where(tau > 0, tau * logw, torch.zeros_like(logw)).sum((-1, -2))
 
 
+#: The expert families of the C++ EM loop and their codes there.
+_NATIVE_FAMILIES = {"gaussian": 0, "poisson": 1, "binomial": 2}
+
+
 def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
                    shared_columns: Sequence[int] | None = None) -> bool:
-    """Whether :func:`em_fit` can run in the fused C++ kernel: a CPU, float64, Gaussian experts (linear or constant),
-    a softmax gate with at most 64 experts, Newton gate steps and no shared slopes (a C++ compiler is needed as
-    well)."""
-    return (X.device.type == "cpu" and X.dtype == torch.float64 and spec.gate == "softmax" and spec.has_noise_sd
-            and spec.expert in ("linear", "constant") and spec.k <= 64 and gate_solver == "newton"
-            and not shared_columns)
+    """Whether :func:`em_fit` can run in the fused C++ kernel: a CPU, float64, Gaussian, Poisson or binomial experts
+    (linear or constant), a softmax gate with at most 64 experts, Newton gate steps and no shared slopes (a C++
+    compiler is needed as well)."""
+    return (X.device.type == "cpu" and X.dtype == torch.float64 and spec.gate == "softmax"
+            and spec.response in _NATIVE_FAMILIES and spec.expert in ("linear", "constant") and spec.k <= 64
+            and gate_solver == "newton" and not shared_columns)
 
 
 def _observed_loglik(logw: torch.Tensor, log_expert: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -585,10 +589,11 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     ``torch.inference_mode`` and returns ordinary (cloned) tensors (:func:`_without_autograd`); pairs' iteration
     counts and convergence flags are written in the iterations where some pair stops.
 
-    ``native=True``: where :func:`native_applies` (a CPU, float64, Gaussian experts, a softmax gate, Newton gate
-    steps, no shared slopes), the whole loop runs in the fused C++ kernel ``moestat/fit/_em_native.cpp``, one pair
-    after another with each pair's arrays in cache, and no tensor operation per step: the same iteration, stopping
-    rule and SQUAREM cycle, solved by Cholesky instead of LU (the estimates agree with the tensor loop's to rounding).
+    ``native=True``: where :func:`native_applies` (a CPU, float64, Gaussian, Poisson or binomial experts with
+    trials, offsets and case weights, a softmax gate, Newton gate steps, no shared slopes), the whole loop runs in the
+    fused C++ kernel ``moestat/fit/_em_native.cpp``, one pair after another with each pair's arrays in cache, and no
+    tensor operation per step: the same iteration (the GLM experts' step is :func:`glm_expert_step`'s), stopping rule
+    and SQUAREM cycle, solved by Cholesky instead of LU (the estimates agree with the tensor loop's to rounding).
     ``callback`` is then called once, at the end.  Elsewhere, or without a C++ compiler, the tensor loop runs.
     """
     generic = spec.gate != "softmax"  # gradient gate step (gradient_gate_step) instead of IRLS
@@ -679,9 +684,16 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     applies = native and native_applies(spec, X, gate_solver, shared_columns) and _native.compiler_available()
     kernel = _native.load_em() if applies else None
     if kernel is not None:
-        tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n = kernel.em_gaussian_softmax(
-            yf, yf.new_empty(0) if wf is None else wf, Zg, Ze, theta_g, beta, var, floor_f, float(tol), int(max_iter),
-            float(eps), int(gate_steps), bool(accelerate))
+        none = yf.new_empty(0)
+        constant = none  # the log-density's constant per observation: -log y! (Poisson), log C(m, m y) (binomial)
+        if spec.response == "poisson":
+            constant = -torch.lgamma(yf + 1.0)
+        elif spec.response == "binomial" and mf is not None:
+            constant = torch.lgamma(mf + 1.0) - torch.lgamma(mf * yf + 1.0) - torch.lgamma(mf - mf * yf + 1.0)
+        tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n = kernel.em_softmax(
+            yf, none if wf is None else wf, Zg, Ze, theta_g, beta, var, floor_f, float(tol), int(max_iter),
+            float(eps), int(gate_steps), bool(accelerate), _NATIVE_FAMILIES[spec.response],
+            none if mf is None else mf, none if of is None else of, constant)
         if callback is not None:
             callback(int(it_n.max()), torch.zeros_like(conv_n))
         return EMState(blocks(tg_n, beta_n, var_n).map(unflat), unflat(ll_n), unflat(conv_n), unflat(it_n),
