@@ -8,7 +8,8 @@ constant mixing weights (flexmix's plain mixture; moestat ``gate_formula="~ 1"``
 ``stepFlexmix(..., nrep = 10)``, ``minprior = 0``) and the same stopping rule (relative log-likelihood change 1e-10, at
 most 5,000 iterations).  Printed per k: each program's best log-likelihood (higher is better), its expert rates per
 patient for the control arm, and the CPU seconds of one fit (moestat: median of 11 after a warm-up, one torch thread;
-flexmix: median of 3 ``system.time`` calls, ``OMP_NUM_THREADS=1``).  Needs ``Rscript`` with flexmix
+flexmix: median of 3 ``system.time`` calls, ``OMP_NUM_THREADS=1``); moestat is timed with its default EM (the tensor
+loop) and with ``compile=True`` (the fused C++ EM loop), whose maxima must agree.  Needs ``Rscript`` with flexmix
 (Debian ``r-cran-flexmix``).
 
 Usage::
@@ -68,18 +69,21 @@ def main() -> None:
         flexmix = [json.loads(line) for line in out.stdout.split("\n") if line.strip().startswith("{")]
         df = pd.read_csv(csv)
     print(f"{'k':>2s} {'moestat loglik':>16s} {'flexmix loglik':>16s} {'moestat - flexmix':>18s} "
-          f"{'moestat CPU s':>14s} {'flexmix CPU s':>14s} {'ratio':>6s}  control-arm death rates (moestat / flexmix)")
+          f"{'moestat CPU s':>14s} {'flexmix CPU s':>14s} {'ratio':>6s} {'compiled CPU s':>15s} {'ratio':>6s}  "
+          "control-arm death rates (moestat / flexmix)")
     for r in flexmix:
         kw = dict(formula="Deaths ~ Treatment", data=df, k=r["k"], family="poisson", offset="np.log(Total)",
                   gate_formula="~ 1", restarts=10, seed=1, tol=1e-10, max_iter=5000)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # degeneracy and convergence warnings: the maxima are compared
             fit, cpus = cpu_timed_fits(kw, 11)
+            compiled, c_cpus = cpu_timed_fits({**kw, "compile": True}, 11)
+        assert abs(float(compiled.loglik) - float(fit.loglik)) < 1e-8, "the two EM loops disagree"
         rates = np.exp(np.asarray(fit.params.expert_bias, dtype=float))
-        cpu = float(np.median(cpus))
+        cpu, c_cpu = float(np.median(cpus)), float(np.median(c_cpus))
         print(f"{r['k']:2d} {float(fit.loglik):16.6f} {r['loglik']:16.6f} {float(fit.loglik) - r['loglik']:18.2e} "
-              f"{cpu:14.4f} {r['cpu_s']:14.4f} {r['cpu_s'] / cpu:5.1f}x  {np.sort(rates).round(5).tolist()} / "
-              f"{np.sort(r['control_rate']).round(5).tolist()}", flush=True)
+              f"{cpu:14.4f} {r['cpu_s']:14.4f} {r['cpu_s'] / cpu:5.1f}x {c_cpu:15.4f} {r['cpu_s'] / c_cpu:5.1f}x  "
+              f"{np.sort(rates).round(5).tolist()} / {np.sort(r['control_rate']).round(5).tolist()}", flush=True)
 
 
 if __name__ == "__main__":

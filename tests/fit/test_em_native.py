@@ -119,11 +119,12 @@ def test_fit_mle_uses_it_where_it_applies_and_says_so():
     spec, X, y, _, _ = _problem(2, 1, n=300, reps=1, seed=2, weighted=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        native = ms.fit_mle(spec, X[0], y[0], restarts=4, seed=0, compile=True)
-        tensor = ms.fit_mle(spec, X[0], y[0], restarts=4, seed=0)
-        sigmoid = ms.fit_mle(ms.MoE(gate="sigmoid", expert="linear", k=2, d=1), X[0], y[0], restarts=2, seed=0,
-                             compile=True)
-        gradient = ms.fit_mle(spec, X[0], y[0], restarts=2, seed=0, method="gradient", compile=True)
+        cpu = dict(seed=0, device="cpu")  # the kernel is the CPU's: on a GPU host "auto" would pick CUDA
+        native = ms.fit_mle(spec, X[0], y[0], restarts=4, compile=True, **cpu)
+        tensor = ms.fit_mle(spec, X[0], y[0], restarts=4, **cpu)
+        sigmoid = ms.fit_mle(ms.MoE(gate="sigmoid", expert="linear", k=2, d=1), X[0], y[0], restarts=2,
+                             compile=True, **cpu)
+        gradient = ms.fit_mle(spec, X[0], y[0], restarts=2, method="gradient", compile=True, **cpu)
     assert native.settings["em_kernel"] == "native" and tensor.settings["em_kernel"] == "tensor"
     assert sigmoid.settings["em_kernel"] == "tensor" and gradient.settings["em_kernel"] is None
     assert abs(float(native.loglik) - float(tensor.loglik)) < 1e-8 * abs(float(tensor.loglik))
@@ -161,8 +162,9 @@ def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for compile_ in (True, False):
-            fit = ms.fit_mle(spec, X[0], y[0], restarts=2, seed=0, compile=compile_)
+            fit = ms.fit_mle(spec, X[0], y[0], restarts=2, seed=0, compile=compile_, device="cpu")
             ms.bootstrap(fit, X[0].numpy(), y[0].numpy(), n_resamples=4, seed=1, progress=False)
-        reg = ms.MoERegressor(n_experts=2, restarts=2, random_state=0, compile=True).fit(X[0].numpy(), y[0].numpy())
+        reg = ms.MoERegressor(n_experts=2, restarts=2, random_state=0, compile=True, device="cpu").fit(
+            X[0].numpy(), y[0].numpy())
     assert kernels == ["native", "tensor"]
     assert reg.fit_.settings["em_kernel"] == "native" and reg.get_params()["compile"] is True
