@@ -904,9 +904,9 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         gate steps, no shared slopes; case weights, trials and offsets included) runs in a fused C++ loop, one
         (replicate, restart) pair after another (:func:`moestat.fit.em.em_fit` with ``native=True``): the same
         iterations, stopping rule and acceleration as the tensor loop, with estimates equal to it up to rounding
-        (1e-12 on the NPreg fits), 1.5 to 3 times faster on a few hundred rows.  It is compiled by torch's
-        extension builder on first use (about 25 s, once per machine and torch version); without a C++ compiler,
-        and for other models, devices or dtypes, the tensor loop runs.  ``False`` (default, as
+        (1e-12 on the NPreg fits), 1.4 to 2.5 times faster on whole fits of a few hundred rows.  It is compiled by
+        torch's extension builder on first use (about 25 s, once per machine and torch version); without a C++
+        compiler, and for other models, devices or dtypes, the tensor loop runs.  ``False`` (default, as
         :func:`moestat.fit_lse`'s ``compile``): the tensor loop, whose results the checked-in vignettes reproduce bit
         for bit.  ``fit.settings["em_kernel"]`` says which ran.
 
