@@ -542,6 +542,126 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
   return {tg_out, beta_out, var_out, ll, converged, n_iter, hist.narrow(0, 0, T).clone()};
 }
 
+// The random starts' GLM fits: families.irls_weighted for every lane (replicate, restart, expert) of w (R, S, n, k),
+// one lane at a time.  A lane maximises sum_t w m [y eta - b(eta)] - ridge/2 |beta|^2 - prox/2 |beta - beta_init|^2
+// (eta = z beta + o) by Newton steps with halving (t = 1, 1/2, ..., 2^-29; the full step unchecked when its predicted
+// gain is below 64 ulps of the terms), until a step is at most tol (1 + max|beta|), no step raises the objective, or
+// max_iter steps.  Z (R, n, p), y (R, n), beta (R, S, k, p); trials and offset (R, n) or empty.
+at::Tensor irls(at::Tensor Z, at::Tensor y, at::Tensor w, at::Tensor beta, int64_t family, int64_t max_iter,
+                double tol, double ridge, double prox, at::Tensor trials, at::Tensor offset) {
+  TORCH_CHECK(family == POISSON || family == BINOMIAL, "irls: family 1 (poisson) or 2 (binomial)");
+  Z = Z.contiguous(); y = y.contiguous(); w = w.contiguous();
+  const bool has_m = trials.numel() > 0, has_o = offset.numel() > 0;
+  if (has_m) trials = trials.contiguous();
+  if (has_o) offset = offset.contiguous();
+  const int64_t R = Z.size(0), n = Z.size(1), p = Z.size(2), S = w.size(1), k = w.size(3);
+  at::Tensor out = beta.contiguous().clone();
+  const double* zp = Z.data_ptr<double>();
+  const double* yp = y.data_ptr<double>();
+  const double* wp = w.data_ptr<double>();
+  const double* mp = has_m ? trials.data_ptr<double>() : nullptr;
+  const double* op = has_o ? offset.data_ptr<double>() : nullptr;
+  double* bp = out.data_ptr<double>();
+  at::parallel_for(0, R * S * k, 1, [&](int64_t begin, int64_t end) {
+    std::vector<double> wl(n), eta(n), b0(p), b(p), cand(p), g(p), H(p * p), delta(p);
+    for (int64_t lane = begin; lane < end; ++lane) {
+      const int64_t r = lane / (S * k), s = (lane / k) % S, j = lane % k;
+      const double* z = zp + r * n * p;
+      const double* yr = yp + r * n;
+      const double* mr = has_m ? mp + r * n : nullptr;
+      const double* orr = has_o ? op + r * n : nullptr;
+      for (int64_t t = 0; t < n; ++t) wl[t] = wp[((r * S + s) * n + t) * k + j];
+      double* bl = bp + ((r * S + s) * k + j) * p;
+      std::copy(bl, bl + p, b0.begin());
+      b = b0;
+      auto predictor = [&](const std::vector<double>& bb) {
+        for (int64_t t = 0; t < n; ++t) {
+          double e = orr != nullptr ? orr[t] : 0.0;
+          for (int64_t a = 0; a < p; ++a) e += z[t * p + a] * bb[a];
+          eta[t] = e;
+        }
+      };
+      auto objective = [&](const std::vector<double>& bb, double& q, double& scale) {
+        predictor(bb);
+        q = 0.0;
+        scale = 0.0;
+        for (int64_t t = 0; t < n; ++t) {
+          const double e = eta[t];
+          const double cum = family == POISSON ? std::exp(e) : std::max(e, 0.0) + std::log1p(std::exp(-std::abs(e)));
+          double kern = yr[t] * e - cum;
+          if (mr != nullptr) kern *= mr[t];
+          const double term = wl[t] * kern;
+          q += term;
+          scale += std::abs(term);
+        }
+        double pen = 0.0, pen0 = 0.0;
+        for (int64_t a = 0; a < p; ++a) {
+          pen += bb[a] * bb[a];
+          pen0 += (bb[a] - b0[a]) * (bb[a] - b0[a]);
+        }
+        if (ridge != 0.0) { q -= 0.5 * ridge * pen; scale += 0.5 * ridge * pen; }
+        if (prox != 0.0) { q -= 0.5 * prox * pen0; scale += 0.5 * prox * pen0; }
+      };
+      double q, scale;
+      objective(b, q, scale);
+      if (!std::isfinite(q)) continue;
+      for (int64_t it = 0; it < max_iter; ++it) {
+        predictor(b);
+        std::fill(g.begin(), g.end(), 0.0);
+        std::fill(H.begin(), H.end(), 0.0);
+        for (int64_t t = 0; t < n; ++t) {
+          const double mu = family == POISSON ? std::exp(eta[t]) : 1.0 / (1.0 + std::exp(-eta[t]));
+          const double wm = mr != nullptr ? wl[t] * mr[t] : wl[t];
+          const double v = wm * (family == POISSON ? mu : mu * (1.0 - mu));
+          const double rr = wm * (yr[t] - mu);
+          const double* zt = z + t * p;
+          for (int64_t a = 0; a < p; ++a) {
+            g[a] += rr * zt[a];
+            for (int64_t c = 0; c <= a; ++c) H[a * p + c] += v * zt[a] * zt[c];
+          }
+        }
+        for (int64_t a = 0; a < p; ++a) {
+          for (int64_t c = 0; c < a; ++c) H[c * p + a] = H[a * p + c];
+          g[a] -= ridge * b[a] + prox * (b[a] - b0[a]);
+          H[a * p + a] += ridge + prox;
+        }
+        delta = g;
+        chol_solve(H.data(), delta.data(), p);
+        bool ok = true;
+        double dec = 0.0, dmax = 0.0, bmax = 0.0;
+        for (int64_t a = 0; a < p; ++a) {
+          ok = ok && std::isfinite(delta[a]);
+          dec += g[a] * delta[a];
+          dmax = std::max(dmax, std::abs(delta[a]));
+          bmax = std::max(bmax, std::abs(b[a]));
+        }
+        if (!ok) break;  // a singular system: the lane stays where it is
+        const bool small = dmax <= tol * (1.0 + bmax);
+        bool unmeasurable = dec <= ROUNDING * std::numeric_limits<double>::epsilon() * scale;
+        bool moved = false;
+        double step = 1.0;
+        for (int h = 0; h < MAX_HALVINGS; ++h, step *= 0.5) {
+          for (int64_t a = 0; a < p; ++a) cand[a] = b[a] + step * delta[a];
+          double qc, sc;
+          objective(cand, qc, sc);
+          if (std::isfinite(qc) && (qc >= q || unmeasurable)) {
+            b = cand;
+            q = qc;
+            scale = sc;
+            moved = true;
+            break;
+          }
+          unmeasurable = false;  // only the full step is taken unmeasured
+        }
+        if (small || !moved) break;
+      }
+      std::copy(b.begin(), b.end(), bl);
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("irls", &irls, "GLM fits of every lane by step-halved Newton (the random starts of GLM experts)");
   m.def("em_softmax", &em_softmax, "EM for Gaussian, Poisson or binomial experts with a softmax gate, one loop per pair");
 }

@@ -182,7 +182,7 @@ def subset_size(spec: MoE, expert_columns: Sequence[int] | None, d: int, n: int)
 
 def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
                   expert_columns: Sequence[int] | None = None, trials: torch.Tensor | None = None,
-                  offset_column: int | None = None) -> BlockParams:
+                  offset_column: int | None = None, native: bool = False) -> BlockParams:
     r"""Starts fitted through the random subsets ``idx`` (R, S, k, m) of the data X (R, n, d): shape (R, S, ...).
 
     Each expert is the least-squares fit through its ``m`` observations (weight 1, every other observation weight
@@ -190,7 +190,8 @@ def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
     (all gate coefficients 0; the activation gate's intercepts all 0.5, :data:`_EQUAL_WEIGHT_INTERCEPT`); GLM
     experts take a few ridge IRLS steps instead (a subset of ``p + 1`` points may separate).  An ``offset_column``
     enters every expert's linear predictor with coefficient 1 (Gaussian experts: the fit of :math:`y - o`).
-    Arguments as :func:`random_starts`.
+    ``native``: the GLM experts' IRLS runs in the C++ extension of :func:`moestat.fit.em.em_fit`'s ``native`` loop
+    (the same steps, one lane at a time; :func:`moestat.fit._native.load_em`).  Arguments as :func:`random_starts`.
     """
     R, n, d = X.shape
     S, k, m = idx.shape[1:]
@@ -208,8 +209,14 @@ def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
         var = ((yo[:, None, :, None] - mu) ** 2).mean(-2)
     else:  # GLM experts: a few IRLS steps on the subset weights (ridge: a subset of p + 1 points may separate)
         o4 = None if off is None else off[:, None, :, None]
-        beta = irls_weighted(Z, y, w, initial_beta(Z, y, w, spec.glm, ridge=1e-6, trials=trials, offset=o4),
-                             spec.glm, max_iter=10, ridge=1e-6, trials=trials, offset=o4)
+        beta = initial_beta(Z, y, w, spec.glm, ridge=1e-6, trials=trials, offset=o4)
+        kernel = _native.load_em() if native and Z.device.type == "cpu" and Z.dtype == torch.float64 else None
+        if kernel is not None:
+            none = y.new_empty(0)
+            beta = kernel.irls(Z, y, w, beta, {"poisson": 1, "binomial": 2}[spec.glm.name], 10, 1e-10, 1e-6, 0.0,
+                               none if trials is None else trials, none if off is None else off)
+        else:
+            beta = irls_weighted(Z, y, w, beta, spec.glm, max_iter=10, ridge=1e-6, trials=trials, offset=o4)
         var = torch.ones(R, S, k, dtype=X.dtype, device=X.device)
     gb = torch.full((R, S, k), _EQUAL_WEIGHT_INTERCEPT.get(spec.gate, 0.0), dtype=X.dtype, device=X.device)
     ew = torch.zeros(R, S, k, d, dtype=X.dtype, device=X.device)
@@ -536,6 +543,7 @@ class _Problems:
     user: BlockParams | None
     subsets: np.ndarray | None
     S: int
+    native: bool = False  # GLM starts by the C++ IRLS (fit_mle(compile=True))
 
     @property
     def R(self) -> int:
@@ -562,7 +570,8 @@ class _Problems:
             sel = torch.as_tensor(rand, device=X.device)
             idx = self.subsets[r[rand], s[rand] - U][:, None]
             parts.append((rand, subset_starts(spec, X[sel], y[sel], idx, layout.expert_design_columns,
-                                              None if trials is None else trials[sel], layout.offset_column)))
+                                              None if trials is None else trials[sel], layout.offset_column,
+                                              native=self.native)))
         if layout.learn_temperature:  # starts without a temperature start at the spec's
             for _, b in parts:
                 if b.temperature is None:
@@ -1018,6 +1027,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     bar = _Progress(R * S, progress, _expected_seconds(R, S, Xn.shape[1], spec.k, spec.d))
     em_native = (compile and method == "em" and native_applies(spec, Xt, gate_solver, layout.shared_columns)
                  and _native.compiler_available() and _native.load_em() is not None)
+    probs.native = em_native
     try:
         with cpu_threads(threads, dev):
             flat = _solve(spec, probs, layout, model, budget, bar, method=method, tol=tol, max_iter=max_iter,

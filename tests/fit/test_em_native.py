@@ -168,3 +168,34 @@ def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_
             X[0].numpy(), y[0].numpy())
     assert kernels == ["native", "tensor"]
     assert reg.fit_.settings["em_kernel"] == "native" and reg.get_params()["compile"] is True
+
+
+@pytest.mark.parametrize("family", ["poisson", "binomial"])
+@pytest.mark.parametrize("penalties", [(1e-6, 0.0), (0.0, 0.5)])
+def test_the_starts_irls_equals_irls_weighted(family, penalties):
+    """The C++ IRLS of the GLM random starts (fit_mle(compile=True)) takes families.irls_weighted's steps: every lane
+    (replicate, restart, expert) of random weights, with trials, an offset, a ridge or a proximal penalty, is at the
+    same coefficients after two steps (mid-path, where a wrong Hessian shows) and after ten (converged; 1e-8 allows
+    the rounding of ten Newton steps)."""
+    from moestat.families import initial_beta, irls_weighted
+
+    rng = np.random.default_rng(11)
+    R, S, n, k, p = 2, 3, 120, 2, 3
+    Z = torch.as_tensor(np.concatenate([np.ones((R, n, 1)), rng.normal(size=(R, n, p - 1))], -1))
+    w = torch.as_tensor(rng.uniform(0.0, 1.0, size=(R, S, n, k)))
+    off = torch.as_tensor(rng.normal(scale=0.3, size=(R, n)))
+    trials = torch.as_tensor(rng.integers(1, 6, size=(R, n)).astype(float)) if family == "binomial" else None
+    eta = Z[..., 1] + off
+    if family == "poisson":
+        y = torch.as_tensor(rng.poisson(np.exp(eta.numpy())).astype(float))
+    else:
+        y = torch.as_tensor(rng.binomial(trials.numpy().astype(int), 1 / (1 + np.exp(-eta.numpy())))) / trials
+    ridge, prox = penalties
+    o4 = off[:, None, :, None]
+    start = initial_beta(Z, y, w, family, ridge=1e-6, trials=trials, offset=o4)
+    for steps in (2, 10):
+        ref = irls_weighted(Z, y, w, start, family, max_iter=steps, ridge=ridge, prox=prox, trials=trials, offset=o4)
+        got = _native.load_em().irls(Z, y, w, start, {"poisson": 1, "binomial": 2}[family], steps, 1e-10, ridge,
+                                     prox, y.new_empty(0) if trials is None else trials, off)
+        torch.testing.assert_close(got, ref, rtol=1e-8, atol=1e-10)
+        assert (got - start).abs().amax(-1).min() > 1e-6  # the steps moved every lane
