@@ -1025,8 +1025,12 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     from .._progress import _expected_seconds
 
     bar = _Progress(R * S, progress, _expected_seconds(R, S, Xn.shape[1], spec.k, spec.d))
-    em_native = (compile and method == "em" and native_applies(spec, Xt, gate_solver, layout.shared_columns)
-                 and _native.compiler_available() and _native.load_em() is not None)
+    em_native = compile and method == "em" and native_applies(spec, Xt, gate_solver, layout.shared_columns)
+    if em_native and not _native.compiler_available():
+        warn_user("compile=True: no C++ compiler (c++, g++ or clang++) on PATH, which the fused EM loop needs; the "
+                  "tensor loop runs instead (the same estimates up to rounding, slower).", UserWarning)
+        em_native = False
+    em_native = em_native and _native.load_em() is not None
     probs.native = em_native
     try:
         with cpu_threads(threads, dev):

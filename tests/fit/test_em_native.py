@@ -199,3 +199,11 @@ def test_the_starts_irls_equals_irls_weighted(family, penalties):
                                      prox, y.new_empty(0) if trials is None else trials, off)
         torch.testing.assert_close(got, ref, rtol=1e-8, atol=1e-10)
         assert (got - start).abs().amax(-1).min() > 1e-6  # the steps moved every lane
+
+
+def test_compile_without_a_compiler_warns_and_runs_the_tensor_loop(monkeypatch):
+    spec, X, y, _, _ = _problem(2, 1, n=200, reps=1, seed=3, weighted=False)
+    monkeypatch.setattr(_native, "compiler_available", lambda: False)
+    with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+        fit = ms.fit_mle(spec, X[0], y[0], restarts=2, seed=0, compile=True, device="cpu")
+    assert fit.settings["em_kernel"] == "tensor"
