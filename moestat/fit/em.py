@@ -431,7 +431,7 @@ def expected_gate_loglik(tau: torch.Tensor, logw: torch.Tensor) -> torch.Tensor:
 
 
 #: The expert families of the C++ EM loop and their codes there.
-_NATIVE_FAMILIES = {"gaussian": 0, "poisson": 1, "binomial": 2}
+NATIVE_FAMILIES = {"gaussian": 0, "poisson": 1, "binomial": 2}
 
 
 def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
@@ -440,7 +440,7 @@ def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
     (linear or constant), a softmax gate with at most 64 experts, Newton gate steps and no shared slopes (a C++
     compiler is needed as well)."""
     return (X.device.type == "cpu" and X.dtype == torch.float64 and spec.gate == "softmax"
-            and spec.response in _NATIVE_FAMILIES and spec.expert in ("linear", "constant") and spec.k <= 64
+            and spec.response in NATIVE_FAMILIES and spec.expert in ("linear", "constant") and spec.k <= 64
             and gate_solver == "newton" and not shared_columns)
 
 
@@ -685,14 +685,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     kernel = _native.load_em() if applies else None
     if kernel is not None:
         none = yf.new_empty(0)
-        constant = none  # the log-density's constant per observation: -log y! (Poisson), log C(m, m y) (binomial)
-        if spec.response == "poisson":
-            constant = -torch.lgamma(yf + 1.0)
-        elif spec.response == "binomial" and mf is not None:
-            constant = torch.lgamma(mf + 1.0) - torch.lgamma(mf * yf + 1.0) - torch.lgamma(mf - mf * yf + 1.0)
+        constant = none  # GLM experts: the log-density's part free of eta (-log y!, log C(m, m y)), from the family
+        if not spec.has_noise_sd:
+            zero = torch.zeros_like(yf)
+            constant = spec.glm.log_density(yf, zero, trials=mf) - spec.glm.log_kernel(yf, zero, mf)
         tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n = kernel.em_softmax(
             yf, none if wf is None else wf, Zg, Ze, theta_g, beta, var, floor_f, float(tol), int(max_iter),
-            float(eps), int(gate_steps), bool(accelerate), _NATIVE_FAMILIES[spec.response],
+            float(eps), int(gate_steps), bool(accelerate), NATIVE_FAMILIES[spec.response],
             none if mf is None else mf, none if of is None else of, constant)
         if callback is not None:
             callback(int(it_n.max()), torch.zeros_like(conv_n))

@@ -77,7 +77,7 @@ from . import _native
 from ._glm_objective import GLMMixtureObjective, direct_glm
 from ._layout import BlockParams, ParamLayout, check_learn_temperature
 from ._optim import AnalyticProblem, ClosureProblem, lbfgs
-from .em import design, em_fit, native_applies, weighted_ls
+from .em import NATIVE_FAMILIES, design, em_fit, native_applies, weighted_ls
 from .formula_fit import formula_inputs
 from .results import MLEFit, log_joint
 
@@ -213,7 +213,7 @@ def subset_starts(spec: MoE, X: torch.Tensor, y: torch.Tensor, idx: np.ndarray,
         kernel = _native.load_em() if native and Z.device.type == "cpu" and Z.dtype == torch.float64 else None
         if kernel is not None:
             none = y.new_empty(0)
-            beta = kernel.irls(Z, y, w, beta, {"poisson": 1, "binomial": 2}[spec.glm.name], 10, 1e-10, 1e-6, 0.0,
+            beta = kernel.irls(Z, y, w, beta, NATIVE_FAMILIES[spec.glm.name], 10, 1e-10, 1e-6, 0.0,
                                none if trials is None else trials, none if off is None else off)
         else:
             beta = irls_weighted(Z, y, w, beta, spec.glm, max_iter=10, ridge=1e-6, trials=trials, offset=o4)

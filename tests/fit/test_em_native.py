@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import moestat as ms
 from moestat.fit import _native
-from moestat.fit.em import em_fit, native_applies
+from moestat.fit.em import NATIVE_FAMILIES, em_fit, native_applies
 from moestat.fit.mle import random_starts
 
 pytestmark = pytest.mark.skipif(not _native.compiler_available(), reason="no C++ compiler for the native EM kernel")
@@ -195,7 +195,7 @@ def test_the_starts_irls_equals_irls_weighted(family, penalties):
     start = initial_beta(Z, y, w, family, ridge=1e-6, trials=trials, offset=o4)
     for steps in (2, 10):
         ref = irls_weighted(Z, y, w, start, family, max_iter=steps, ridge=ridge, prox=prox, trials=trials, offset=o4)
-        got = _native.load_em().irls(Z, y, w, start, {"poisson": 1, "binomial": 2}[family], steps, 1e-10, ridge,
+        got = _native.load_em().irls(Z, y, w, start, NATIVE_FAMILIES[family], steps, 1e-10, ridge,
                                      prox, y.new_empty(0) if trials is None else trials, off)
         torch.testing.assert_close(got, ref, rtol=1e-8, atol=1e-10)
         assert (got - start).abs().amax(-1).min() > 1e-6  # the steps moved every lane
