@@ -154,29 +154,34 @@ struct Pair {
     std::vector<double> cst(k);
     for (int64_t j = 0; j < k; ++j) cst[j] = 0.5 * std::log(var[j]) + HALF_LOG_2PI;
     V acc(0.0);
-    const V inf(INF), half(-0.5);
+    const V half(-0.5);
     for (int64_t t = 0; t < n; t += W) {
       const int64_t m = std::min<int64_t>(W, n - t);
       V c[64];
-      V mx(-INF);
       for (int64_t j = 0; j < k; ++j) {
         const V r = V::loadu(resid.data() + j * n + t, m);
         c[j] = V::loadu(logw.data() + j * n + t, m) + ((half * (r * r)) / V(var[j]) - V(cst[j]));
-        mx = at::vec::maximum(mx, c[j]);
       }
-      mx = V::blendv(mx, V(0.0), mx.abs() == inf);  // an infinite maximum shifts by 0, as torch.logsumexp
-      V s(0.0);
-      for (int64_t j = 0; j < k; ++j) {
-        c[j] = (c[j] - mx).exp();
-        s = s + c[j];
-      }
-      V lse = s.log() + mx;
-      for (int64_t j = 0; j < k; ++j) (c[j] / s).store(tau.data() + j * n + t, m);
-      if (w != nullptr) lse = lse * V::loadu(w + t, m);
-      if (m < W) lse = V::set(V(0.0), lse, m);
-      acc = acc + lse;
+      acc = acc + normalise(c, t, m);
     }
     return hsum(acc);
+  }
+
+  // From the log joint densities c[j] of one block of observations (t, t + cnt): the responsibilities into tau and
+  // the block's (case-weighted) log normalisers, zero beyond cnt.
+  V normalise(V* c, int64_t t, int64_t cnt) {
+    V mx(-INF);
+    for (int64_t j = 0; j < k; ++j) mx = at::vec::maximum(mx, c[j]);
+    mx = V::blendv(mx, V(0.0), mx.abs() == V(INF));  // an infinite maximum shifts by 0, as torch.logsumexp
+    V s(0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      c[j] = (c[j] - mx).exp();
+      s = s + c[j];
+    }
+    V lse = s.log() + mx;
+    for (int64_t j = 0; j < k; ++j) (c[j] / s).store(tau.data() + j * n + t, cnt);
+    if (w != nullptr) lse = lse * V::loadu(w + t, cnt);
+    return cnt < W ? V::set(V(0.0), lse, cnt) : lse;
   }
 
   // Gaussian: r = y - beta_j z; GLM: eta = beta_j z + o (into resid)
@@ -207,26 +212,14 @@ struct Pair {
       const V yv = V::loadu(y + t, c);
       const V cv = cst == nullptr ? V(0.0) : V::loadu(cst + t, c);
       V lc[64];
-      V mx(-INF);
       for (int64_t j = 0; j < k; ++j) {
         const V eta = V::loadu(resid.data() + j * n + t, c);
         const V muv = mean_of(family, eta);
         muv.store(mu.data() + j * n + t, c);
         const V bv = family == POISSON ? muv : cumulant(family, eta);
         lc[j] = V::loadu(logw.data() + j * n + t, c) + (kernel(eta, yv, bv, t, c) + cv);
-        mx = at::vec::maximum(mx, lc[j]);
       }
-      mx = V::blendv(mx, V(0.0), mx.abs() == V(INF));
-      V s(0.0);
-      for (int64_t j = 0; j < k; ++j) {
-        lc[j] = (lc[j] - mx).exp();
-        s = s + lc[j];
-      }
-      V lse = s.log() + mx;
-      for (int64_t j = 0; j < k; ++j) (lc[j] / s).store(tau.data() + j * n + t, c);
-      if (w != nullptr) lse = lse * V::loadu(w + t, c);
-      if (c < W) lse = V::set(V(0.0), lse, c);
-      acc = acc + lse;
+      acc = acc + normalise(lc, t, c);
     }
     return hsum(acc);
   }
