@@ -207,3 +207,16 @@ def test_compile_without_a_compiler_warns_and_runs_the_tensor_loop(monkeypatch):
     with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
         fit = ms.fit_mle(spec, X[0], y[0], restarts=2, seed=0, compile=True, device="cpu")
     assert fit.settings["em_kernel"] == "tensor"
+
+
+def test_threads_split_the_pairs_without_changing_a_bit():
+    """With threads > 1 the pairs are shared out between threads (at::parallel_for); each pair's arithmetic is its
+    own, so the fit is the one-thread fit bit for bit."""
+    spec, X, y, w, _ = _problem(3, 2, n=300, reps=4, seed=5, weighted=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one, two = (ms.fit_mle(spec, X, y, weights=w, restarts=3, seed=1, compile=True, device="cpu", threads=t)
+                    for t in (1, 2))
+    assert one.settings["em_kernel"] == "native"
+    assert torch.equal(torch.as_tensor(np.asarray(one.theta)), torch.as_tensor(np.asarray(two.theta)))
+    assert torch.equal(torch.as_tensor(np.asarray(one.loglik)), torch.as_tensor(np.asarray(two.loglik)))
