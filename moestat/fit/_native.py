@@ -71,8 +71,9 @@ def supports(gate: str, k: int, family: ExpertFamily) -> bool:
     return gate in GATE_CODES and 1 <= k <= MAX_K and activation_code(family) is not None
 
 
+@functools.cache
 def compiler_available() -> bool:
-    """Whether a C++ compiler is on PATH (the native kernel needs one)."""
+    """Whether a C++ compiler is on PATH (the native kernels need one); looked up once per process."""
     return any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
