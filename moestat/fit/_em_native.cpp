@@ -1,4 +1,5 @@
-// EM for Gaussian, Poisson and binomial experts with a softmax gate, one fused loop per (replicate, restart) pair
+// EM for Gaussian, Poisson and binomial experts (shared slopes allowed) with a softmax gate, one fused loop per
+// (replicate, restart) pair
 // (moestat/fit/_native.py builds it; moestat/fit/em.py calls it with compile=True).
 //
 // The iteration is em_fit's tensor loop (moestat/fit/em.py), written for one pair at a time so that a pair's
@@ -13,6 +14,8 @@
 //               it (the full step taken unchecked when its predicted gain is below 64 ulps of the terms), as
 //               glm_expert_step in em.py; the E-step's log density is m [y eta - b(eta)] + c_t, with the constant
 //               c_t (-log y!, log C(m, m y)) computed once by the caller;
+//   shared      slopes common to all experts: em.py's shared_newton_step (a joint Newton step through the Schur
+//               complement; Gaussian: the full step, then the variances; GLM: halved until Q does not fall);
 //   gate        damped Newton (IRLS) steps on sum_t sum_j w tau log pi_j, halving up to 11 times, never lowering it;
 //   SQUAREM     scheme S3 every three iterations, a jump refused where it lowers l below l(theta_1).
 // Linear systems are solved by Cholesky (the proximal Gram matrix and the damped gate Hessian are positive
@@ -109,10 +112,12 @@ struct Pair {
   const double* m;    // n or null (binomial trials)
   const double* off;  // n or null (GLM offset)
   const double* cst;  // n or null (GLM log-density constant)
+  const double* Zs;   // q x n or null (shared covariates, no intercept)
+  int64_t q = 0;
   int64_t n, k, km1, pg, pe, family;
   double floor, eps;
   // parameters
-  std::vector<double> tg, beta, var;  // (k-1) x pg, k x pe, k (Gaussian)
+  std::vector<double> tg, beta, var, gamma;  // (k-1) x pg, k x pe, k (Gaussian), q (shared)
   // work arrays
   std::vector<double> logw, resid, tau, lw1, tw, mu, etac;  // k x n each (resid holds eta for GLM experts)
   bool resid_valid = false;
@@ -187,11 +192,14 @@ struct Pair {
   // Gaussian: r = y - beta_j z; GLM: eta = beta_j z + o (into resid)
   void expert_residual(int64_t j) { linear_predictor(beta.data() + j * pe, resid.data() + j * n); }
 
-  void linear_predictor(const double* b, double* out) const {
+  void linear_predictor(const double* b, double* out) const { linear_predictor(b, gamma.data(), out); }
+
+  void linear_predictor(const double* b, const double* g, double* out) const {
     for (int64_t t = 0; t < n; t += W) {
       const int64_t c = std::min<int64_t>(W, n - t);
       V eta(0.0);
       for (int64_t a = 0; a < pe; ++a) eta = eta + V(b[a]) * V::loadu(Ze + a * n + t, c);
+      for (int64_t a = 0; a < q; ++a) eta = eta + V(g[a]) * V::loadu(Zs + a * n + t, c);
       if (family == GAUSSIAN) eta = V::loadu(y + t, c) - eta;
       else if (off != nullptr) eta = eta + V::loadu(off + t, c);
       eta.store(out + t, c);
@@ -328,6 +336,129 @@ struct Pair {
     resid_valid = true;
   }
 
+  // Shared slopes (em.shared_newton_step): one joint Newton step on every expert's coefficients and gamma, solved
+  // through the Schur complement of the block-diagonal part; Gaussian experts (ECM weights w tau var_min / var_j)
+  // take the full step, then their variances; GLM experts halve it (t = 1, ..., 2^-29) until Q does not fall.
+  void shared_step(const double* tw_) {
+    const bool gauss = family == GAUSSIAN;
+    double vmin = INF;
+    if (gauss)
+      for (int64_t j = 0; j < k; ++j) vmin = std::min(vmin, var[j]);
+    std::vector<double> wt(k * n), r(k * n), h(k * n), hs(n, 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const double f = gauss ? vmin / var[j] : 1.0;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t i = j * n + t;
+        if (gauss) {
+          wt[i] = tw_[i] * f;
+          r[i] = resid[i];  // y - eta
+          h[i] = wt[i];
+        } else {
+          wt[i] = m == nullptr ? tw_[i] : tw_[i] * m[t];
+          r[i] = y[t] - mu[i];
+          const double v = family == POISSON ? mu[i] : mu[i] * (1.0 - mu[i]);
+          h[i] = wt[i] * std::max(v, std::numeric_limits<double>::min());
+        }
+        hs[t] += h[i];
+      }
+    }
+    // per expert: A_j (pe x pe), C_j (pe x q), g_bj; shared: D (q x q), g_s
+    std::vector<double> A(pe * pe), C(k * pe * q), AinvC(k * pe * q), Ainvg(k * pe), D(q * q), gs(q, 0.0), col(pe);
+    std::vector<double> wr(n);
+    for (int64_t j = 0; j < k; ++j) {
+      for (int64_t t = 0; t < n; ++t) wr[t] = wt[j * n + t] * r[j * n + t];
+      const double* hj = h.data() + j * n;
+      for (int64_t a = 0; a < pe; ++a) {
+        for (int64_t b = 0; b <= a; ++b) A[a * pe + b] = A[b * pe + a] = dot3(hj, Ze + a * n, Ze + b * n, n);
+        A[a * pe + a] += eps;
+        Ainvg[j * pe + a] = dot3(wr.data(), Ze + a * n, nullptr, n);
+        for (int64_t c = 0; c < q; ++c) C[(j * pe + a) * q + c] = dot3(hj, Ze + a * n, Zs + c * n, n);
+      }
+      for (int64_t c = 0; c < q; ++c) gs[c] += dot3(wr.data(), Zs + c * n, nullptr, n);
+      // A_j^-1 g_bj and A_j^-1 C_j (one factorisation per right-hand side: chol_solve overwrites A)
+      std::vector<double> Aj = A;
+      chol_solve(Aj.data(), Ainvg.data() + j * pe, pe);
+      for (int64_t c = 0; c < q; ++c) {
+        for (int64_t a = 0; a < pe; ++a) col[a] = C[(j * pe + a) * q + c];
+        Aj = A;
+        chol_solve(Aj.data(), col.data(), pe);
+        for (int64_t a = 0; a < pe; ++a) AinvC[(j * pe + a) * q + c] = col[a];
+      }
+    }
+    for (int64_t c = 0; c < q; ++c) {
+      for (int64_t e = 0; e <= c; ++e) D[c * q + e] = D[e * q + c] = dot3(hs.data(), Zs + c * n, Zs + e * n, n);
+      D[c * q + c] += eps;
+    }
+    std::vector<double> ds = gs;
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t a = 0; a < pe; ++a) {
+        const double g = Ainvg[j * pe + a];
+        for (int64_t c = 0; c < q; ++c) {
+          ds[c] -= C[(j * pe + a) * q + c] * g;
+          for (int64_t e = 0; e < q; ++e) D[c * q + e] -= C[(j * pe + a) * q + c] * AinvC[(j * pe + a) * q + e];
+        }
+      }
+    chol_solve(D.data(), ds.data(), q);  // the Schur complement is positive definite
+    std::vector<double> db(k * pe);
+    bool ok = true;
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t a = 0; a < pe; ++a) {
+        double v = Ainvg[j * pe + a];
+        for (int64_t c = 0; c < q; ++c) v -= AinvC[(j * pe + a) * q + c] * ds[c];
+        db[j * pe + a] = v;
+        ok = ok && std::isfinite(v);
+      }
+    for (int64_t c = 0; c < q; ++c) ok = ok && std::isfinite(ds[c]);
+    if (!ok) {
+      std::fill(db.begin(), db.end(), 0.0);
+      std::fill(ds.begin(), ds.end(), 0.0);
+    }
+    if (gauss) {
+      for (int64_t i = 0; i < k * pe; ++i) beta[i] += db[i];
+      for (int64_t c = 0; c < q; ++c) gamma[c] += ds[c];
+      for (int64_t j = 0; j < k; ++j) {
+        expert_residual(j);
+        const double* tj = tw_ + j * n;
+        const double* rj = resid.data() + j * n;
+        double st = 0.0;
+        for (int64_t t = 0; t < n; ++t) st += tj[t];
+        var[j] = std::max((dot3(tj, rj, rj, n) + eps * var[j]) / (st + eps), floor);
+      }
+      resid_valid = true;
+      return;
+    }
+    if (!ok) return;
+    double step_sq = 0.0;
+    for (double v : db) step_sq += v * v;
+    for (double v : ds) step_sq += v * v;
+    const double q0 = shared_objective(tw_, beta.data(), gamma.data());
+    std::vector<double> cb(k * pe), cs(q);
+    double step = 1.0;
+    for (int h2 = 0; h2 < LINE_SEARCH + 18; ++h2, step *= 0.5) {
+      for (int64_t i = 0; i < k * pe; ++i) cb[i] = beta[i] + step * db[i];
+      for (int64_t c = 0; c < q; ++c) cs[c] = gamma[c] + step * ds[c];
+      const double qc = shared_objective(tw_, cb.data(), cs.data()) - 0.5 * eps * step * step * step_sq;
+      if (std::isfinite(qc) && qc >= q0) {
+        beta = cb;
+        gamma = cs;
+        resid_valid = false;
+        return;
+      }
+    }
+  }
+
+  // GLM experts: sum_j sum_t w tau m [y eta - b(eta)] at coefficients (b, g)
+  double shared_objective(const double* tw_, const double* b, const double* g) {
+    double total = 0.0;
+    for (int64_t j = 0; j < k; ++j) {
+      linear_predictor(b + j * pe, g, etac.data());
+      double qj, sc;
+      glm_objective(tw_ + j * n, etac.data(), nullptr, qj, sc);
+      total += qj;
+    }
+    return total;
+  }
+
   double gate_objective(const double* tw_, const double* lw) const {
     V acc(0.0);
     for (int64_t t = 0; t < k * n; t += W) {
@@ -389,14 +520,17 @@ struct Pair {
     out.insert(out.end(), beta.begin(), beta.end());
     if (family == GAUSSIAN)
       for (int64_t j = 0; j < k; ++j) out.push_back(std::log(var[j]));
+    out.insert(out.end(), gamma.begin(), gamma.end());
   }
 
   void adopt(const std::vector<double>& th) {
     const int64_t G = km1 * pg, E = k * pe;
     std::copy(th.begin(), th.begin() + G, tg.begin());
     std::copy(th.begin() + G, th.begin() + G + E, beta.begin());
+    const int64_t nv = family == GAUSSIAN ? k : 0;
     if (family == GAUSSIAN)
       for (int64_t j = 0; j < k; ++j) var[j] = std::max(std::exp(th[G + E + j]), floor);
+    std::copy(th.begin() + G + E + nv, th.begin() + G + E + nv + q, gamma.begin());
     gate_log_weights(tg.data(), logw.data());
     resid_valid = false;
   }
@@ -410,7 +544,7 @@ struct Pair {
 std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at::Tensor Ze, at::Tensor tg,
                                    at::Tensor beta, at::Tensor var, at::Tensor floor, double tol, int64_t max_iter,
                                    double eps, int64_t gate_steps, bool accelerate, int64_t family, at::Tensor trials,
-                                   at::Tensor offset, at::Tensor constant) {
+                                   at::Tensor offset, at::Tensor constant, at::Tensor Zs, at::Tensor gamma) {
   TORCH_CHECK(y.scalar_type() == at::kDouble && y.device().is_cpu(), "em_softmax: float64 CPU tensors");
   TORCH_CHECK(family >= GAUSSIAN && family <= BINOMIAL, "em_softmax: family 0 (gaussian), 1 (poisson), 2 (binomial)");
   y = y.contiguous(); Zg = Zg.contiguous(); Ze = Ze.contiguous(); floor = floor.contiguous();
@@ -420,6 +554,11 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
   if (has_m) trials = trials.contiguous();
   if (has_o) offset = offset.contiguous();
   if (has_c) constant = constant.contiguous();
+  const int64_t nq = Zs.numel() > 0 ? Zs.size(1) : 0;
+  if (nq > 0) Zs = Zs.contiguous();
+  at::Tensor gamma_out = nq > 0 ? gamma.contiguous().clone() : gamma;
+  double* gp = nq > 0 ? gamma_out.data_ptr<double>() : nullptr;
+  const double* zsp = nq > 0 ? Zs.data_ptr<double>() : nullptr;
   const int64_t B = y.size(0), n = y.size(1), km1 = tg.size(1), pg = Zg.size(1), k = beta.size(1),
                 pe = Ze.size(1);
   TORCH_CHECK(k <= 64, "em_softmax: at most 64 experts");
@@ -457,13 +596,17 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
       P.off = has_o ? op + b * n : nullptr;
       P.cst = has_c ? kp + b * n : nullptr;
       P.n = n; P.k = k; P.km1 = km1; P.pg = pg; P.pe = pe; P.family = family;
+      P.q = nq;
+      P.Zs = nq > 0 ? zsp + b * nq * n : nullptr;
+      if (nq > 0) P.gamma.assign(gp + b * nq, gp + (b + 1) * nq);
       P.floor = flp[b]; P.eps = eps;
       P.tg.assign(tgp + b * km1 * pg, tgp + (b + 1) * km1 * pg);
       P.beta.assign(bp + b * k * pe, bp + (b + 1) * k * pe);
       P.var.assign(vp + b * k, vp + (b + 1) * k);
       P.logw.assign(k * n, 0.0); P.resid.assign(k * n, 0.0); P.tau.assign(k * n, 0.0);
       P.lw1.assign(k * n, 0.0);
-      if (family != GAUSSIAN) { P.mu.assign(k * n, 0.0); P.etac.assign(n, 0.0); }
+      if (family != GAUSSIAN) P.mu.assign(k * n, 0.0);
+      P.etac.assign(n, 0.0);
       if (weighted) P.tw.assign(k * n, 0.0);
       P.gate_log_weights(P.tg.data(), P.logw.data());
       std::vector<double> sq0, sq1, sq2, cur;
@@ -491,7 +634,8 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
           else if (phase == 1) { P.pack(sq1); ll_mid = l; }
         }
         const double* tw = P.weighted_tau();
-        if (family == GAUSSIAN) P.expert_step(tw);
+        if (nq > 0) P.shared_step(tw);
+        else if (family == GAUSSIAN) P.expert_step(tw);
         else P.glm_expert_step(tw);
         if (k > 1)
           for (int64_t s = 0; s < gate_steps; ++s) P.gate_step(tw);
@@ -529,10 +673,11 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
       std::copy(P.tg.begin(), P.tg.end(), tgp + b * km1 * pg);
       std::copy(P.beta.begin(), P.beta.end(), bp + b * k * pe);
       std::copy(P.var.begin(), P.var.end(), vp + b * k);
+      if (nq > 0) std::copy(P.gamma.begin(), P.gamma.end(), gp + b * nq);
     }
   });
   const int64_t T = n_iter.numel() ? n_iter.max().item<int64_t>() + 1 : 1;
-  return {tg_out, beta_out, var_out, ll, converged, n_iter, hist.narrow(0, 0, T).clone()};
+  return {tg_out, beta_out, var_out, ll, converged, n_iter, hist.narrow(0, 0, T).clone(), gamma_out};
 }
 
 // The random starts' GLM fits: families.irls_weighted for every lane (replicate, restart, expert) of w (R, S, n, k),

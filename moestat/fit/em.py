@@ -437,11 +437,12 @@ NATIVE_FAMILIES = {"gaussian": 0, "poisson": 1, "binomial": 2}
 def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
                    shared_columns: Sequence[int] | None = None) -> bool:
     """Whether :func:`em_fit` can run in the fused C++ kernel: a CPU, float64, Gaussian, Poisson or binomial experts
-    (linear or constant), a softmax gate with at most 64 experts, Newton gate steps and no shared slopes (a C++
-    compiler is needed as well)."""
+    (linear or constant, shared slopes allowed), a softmax gate with at most 64 experts and Newton gate steps (a C++
+    compiler is needed as well).  ``shared_columns`` is accepted for the callers' uniformity; every layout of
+    columns is covered."""
     return (X.device.type == "cpu" and X.dtype == torch.float64 and spec.gate == "softmax"
             and spec.response in NATIVE_FAMILIES and spec.expert in ("linear", "constant") and spec.k <= 64
-            and gate_solver == "newton" and not shared_columns)
+            and gate_solver == "newton")
 
 
 def _observed_loglik(logw: torch.Tensor, log_expert: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -590,10 +591,11 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     counts and convergence flags are written in the iterations where some pair stops.
 
     ``native=True``: where :func:`native_applies` (a CPU, float64, Gaussian, Poisson or binomial experts with
-    trials, offsets and case weights, a softmax gate, Newton gate steps, no shared slopes), the whole loop runs in the
+    trials, offsets, case weights and shared slopes, a softmax gate, Newton gate steps), the whole loop runs in the
     fused C++ kernel ``moestat/fit/_em_native.cpp``, one pair after another with each pair's arrays in cache, and no
-    tensor operation per step: the same iteration (the GLM experts' step is :func:`glm_expert_step`'s), stopping rule
-    and SQUAREM cycle, solved by Cholesky instead of LU (the estimates agree with the tensor loop's to rounding).
+    tensor operation per step: the same iteration (the GLM experts' step is :func:`glm_expert_step`'s, the shared
+    slopes' :func:`shared_newton_step`'s), stopping rule and SQUAREM cycle, solved by Cholesky instead of LU (the
+    estimates agree with the tensor loop's to rounding).
     ``callback`` is then called once, at the end.  Elsewhere, or without a C++ compiler, the tensor loop runs.
     """
     generic = spec.gate != "softmax"  # gradient gate step (gradient_gate_step) instead of IRLS
@@ -689,10 +691,13 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
         if not spec.has_noise_sd:
             zero = torch.zeros_like(yf)
             constant = spec.glm.log_density(yf, zero, trials=mf) - spec.glm.log_kernel(yf, zero, mf)
-        tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n = kernel.em_softmax(
+        tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n, gm_n = kernel.em_softmax(
             yf, none if wf is None else wf, Zg, Ze, theta_g, beta, var, floor_f, float(tol), int(max_iter),
             float(eps), int(gate_steps), bool(accelerate), NATIVE_FAMILIES[spec.response],
-            none if mf is None else mf, none if of is None else of, constant)
+            none if mf is None else mf, none if of is None else of, constant, none if Zs is None else Zs,
+            none if gamma is None else gamma)
+        if gamma is not None:
+            gamma = gm_n  # blocks() writes it into every expert's shared columns
         if callback is not None:
             callback(int(it_n.max()), torch.zeros_like(conv_n))
         return EMState(blocks(tg_n, beta_n, var_n).map(unflat), unflat(ll_n), unflat(conv_n), unflat(it_n),

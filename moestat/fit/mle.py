@@ -910,7 +910,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         sessions or when the fit is expected (or, once running, predicted) to take more than 10 s.
     compile : bool
         ``True``: on a CPU in float64, EM with a softmax gate and Gaussian, Poisson or binomial experts (Newton
-        gate steps, no shared slopes; case weights, trials and offsets included) runs in a fused C++ loop, one
+        gate steps; case weights, trials, offsets and shared slopes included) runs in a fused C++ loop, one
         (replicate, restart) pair after another (:func:`moestat.fit.em.em_fit` with ``native=True``): the same
         iterations, stopping rule and acceleration as the tensor loop, with estimates equal to it up to rounding
         (1e-12 on the NPreg fits), 1.4 to 2.5 times faster on whole fits of a few hundred rows.  It is compiled by

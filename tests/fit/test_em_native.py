@@ -140,7 +140,7 @@ def test_native_applies_only_to_the_model_it_implements():
     assert native_applies(ms.MoE(gate="softmax", expert="linear", k=2, d=2, response="poisson"), X)
     assert native_applies(ms.MoE(gate="softmax", expert="linear", k=2, d=2, response="binomial"), X)
     assert not native_applies(gauss, X, gate_solver="cvxpy")
-    assert not native_applies(gauss, X, shared_columns=[1])
+    assert native_applies(gauss, X, shared_columns=[1])
     assert not native_applies(ms.MoE(gate="softmax", expert="linear", k=65, d=2), X)  # the kernel's limit
 
 
@@ -220,3 +220,13 @@ def test_threads_split_the_pairs_without_changing_a_bit():
     assert one.settings["em_kernel"] == "native"
     assert torch.equal(torch.as_tensor(np.asarray(one.theta)), torch.as_tensor(np.asarray(two.theta)))
     assert torch.equal(torch.as_tensor(np.asarray(one.loglik)), torch.as_tensor(np.asarray(two.loglik)))
+
+
+@pytest.mark.parametrize("family", ["gaussian", "poisson", "binomial"])
+def test_shared_slopes(family):
+    """A slope shared by every expert (column 1; flexmix's FLXMRglmfix): the joint Newton step through the Schur
+    complement, with the Gaussian experts' conditional variance update or the GLM experts' halving, in both loops."""
+    spec, X, y, w, trials = _problem(2, 2, n=250, reps=2, seed=12, weighted=True, family=family)
+    _assert_same(*_both(spec, X, y, w, starts=3, trials=trials, shared_columns=[1]))
+    spec, X, y, _, trials = _problem(3, 3, n=300, reps=2, seed=13, weighted=False, family=family)
+    _assert_same(*_both(spec, X, y, None, starts=3, trials=trials, shared_columns=[1, 2], accelerate=False))
