@@ -230,3 +230,35 @@ def test_shared_slopes(family):
     _assert_same(*_both(spec, X, y, w, starts=3, trials=trials, shared_columns=[1]))
     spec, X, y, _, trials = _problem(3, 3, n=300, reps=2, seed=13, weighted=False, family=family)
     _assert_same(*_both(spec, X, y, None, starts=3, trials=trials, shared_columns=[1, 2], accelerate=False))
+
+
+def test_select_k_and_test_n_experts_pass_compile_on_and_agree_with_the_default(monkeypatch):
+    """select_k and test_n_experts hand compile=True to their fits (fit_mle's options go through their **fit_kwargs;
+    a spy on the fits sees the C++ loop run); the log-likelihoods, criteria and the LRT statistic equal the
+    default's to rounding."""
+    import moestat.inference as inference
+
+    kernels: list[str] = []
+    real = inference.fit_mle
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        kernels.append(out.settings["em_kernel"])
+        return out
+
+    monkeypatch.setattr(inference, "fit_mle", spy)
+    _, X, y, _, _ = _problem(2, 1, n=200, reps=1, seed=4, weighted=False)
+    x, yy = X[0].numpy(), y[0].numpy()
+    runs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for c in (False, True):
+            kernels.clear()
+            runs.append((ms.select_k(x, yy, ks=(1, 2), restarts=3, seed=1, device="cpu", progress=False, compile=c),
+                         ms.test_n_experts(x, yy, k0=1, k1=2, n_resamples=4, restarts=2, seed=2, device="cpu",
+                                           progress=False, compile=c), set(kernels)))
+    (sel0, lrt0, k0), (sel1, lrt1, k1) = runs
+    assert k0 == {"tensor"} and k1 == {"native"}
+    np.testing.assert_allclose(sel1.table["loglik"], sel0.table["loglik"], rtol=1e-9)
+    np.testing.assert_allclose(sel1.table["bic"], sel0.table["bic"], rtol=1e-9)
+    assert abs(lrt1.statistic - lrt0.statistic) <= 1e-6 * abs(lrt0.statistic)
