@@ -132,8 +132,9 @@ def load() -> ModuleType | None:
 
 @functools.cache
 def load_em() -> ModuleType | None:
-    """Build (first call on a machine) and import the EM extension (``_em_native.cpp``: EM for Gaussian experts with
-    a softmax gate, :func:`moestat.fit.em.em_fit` with ``native=True``); None, with a warning, if that fails."""
+    """Build (first call on a machine) and import the EM extension (``_em_native.cpp``: EM with a softmax gate and
+    Gaussian, Poisson or binomial experts, :func:`moestat.fit.em.em_fit` with ``native=True``, and the GLM starts'
+    IRLS); None, with a warning, if that fails."""
     try:
         return _build("em", EM_SOURCE.read_text())
     except Exception as err:  # any build or import failure means: use the tensor loop

@@ -543,7 +543,7 @@ class _Problems:
     user: BlockParams | None
     subsets: np.ndarray | None
     S: int
-    native: bool = False  # GLM starts by the C++ IRLS (fit_mle(compile=True))
+    native: bool = False  # fit_mle(compile=True): EM and the GLM starts' IRLS in the C++ extension
 
     @property
     def R(self) -> int:
@@ -655,8 +655,7 @@ def _pad_history(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _em_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list[np.ndarray], bar: _Progress, *,
-               tol: float, max_iter: int, gate_steps: int, gate_solver: str, finishes: bool,
-               native: bool = False) -> _Flat:
+               tol: float, max_iter: int, gate_steps: int, gate_solver: str, finishes: bool) -> _Flat:
     """EM from each block's starts, one block after another (``finishes``: no L-BFGS phase follows)."""
     out = _Flat.empty(spec, probs.R * probs.S, probs.X)
     hist, done = [], 0
@@ -672,7 +671,7 @@ def _em_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list[np
         st = em_fit(spec, Xb, yb, init, var_floor=fl**2, tol=tol, max_iter=max_iter, gate_steps=gate_steps,
                     gate_solver=gate_solver, gate_columns=layout.gate_columns, expert_columns=layout.expert_columns,
                     weights=wb, shared_columns=layout.shared_columns, trials=mb, callback=report,
-                    layout=layout, offset_column=layout.offset_column, native=native)
+                    layout=layout, offset_column=layout.offset_column, native=probs.native)
         at = torch.as_tensor(q, device=probs.X.device)
         out.put(at, st.params, st.loglik, st.converged, st.n_iter)
         hist.append(st.history[:, :, 0])
@@ -720,7 +719,7 @@ def _lbfgs_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list
 
 def _solve(spec: MoE, probs: _Problems, layout: ParamLayout, model: MemoryModel, budget: int | None,
            bar: _Progress, *, method: str, tol: float, max_iter: int, gate_steps: int, gate_solver: str,
-           gtol: float, switch_after: int | None, screen: float | None, native: bool = False) -> _Flat:
+           gtol: float, switch_after: int | None, screen: float | None) -> _Flat:
     """EM (then L-BFGS for the slow starts) or L-BFGS from every problem's start, in blocks within ``budget``.
 
     Problems are independent, so the blocks give the unblocked fit: each problem's arithmetic does not depend on
@@ -734,7 +733,7 @@ def _solve(spec: MoE, probs: _Problems, layout: ParamLayout, model: MemoryModel,
     em_iter = max_iter if switch_after is None else min(max_iter, switch_after)
     blocks = _ranges(every, model.problems_per_block(budget, n, Q, "em"))
     out = _em_blocks(spec, probs, layout, blocks, bar, tol=tol, max_iter=em_iter, gate_steps=gate_steps,
-                     gate_solver=gate_solver, finishes=switch_after is None, native=native)
+                     gate_solver=gate_solver, finishes=switch_after is None)
     if switch_after is None:
         return out
     ll = out.loglik.reshape(probs.R, probs.S)
@@ -1036,7 +1035,7 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         with cpu_threads(threads, dev):
             flat = _solve(spec, probs, layout, model, budget, bar, method=method, tol=tol, max_iter=max_iter,
                           gate_steps=gate_steps, gate_solver=gate_solver, gtol=gtol, switch_after=switch_after,
-                          screen=screen, native=em_native)
+                          screen=screen)
     finally:
         bar.close()
     pb, ll, conv, n_iter, history = flat.per_replicate(R, S)

@@ -31,6 +31,24 @@ from moestat.fit.mle import random_starts
 pytestmark = pytest.mark.skipif(not _native.compiler_available(), reason="no C++ compiler for the native EM kernel")
 
 
+@pytest.fixture
+def em_kernels(monkeypatch):
+    """The EM loop (``settings["em_kernel"]``) of every fit the inference functions run, in order: a spy on
+    ``moestat.inference.fit_mle``."""
+    import moestat.inference as inference
+
+    kernels: list[str] = []
+    real = inference.fit_mle
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        kernels.append(out.settings["em_kernel"])
+        return out
+
+    monkeypatch.setattr(inference, "fit_mle", spy)
+    return kernels
+
+
 def _problem(k: int, d: int, n: int, reps: int, seed: int, weighted: bool, family: str = "gaussian"):
     """A softmax-gated mixture of k experts of ``family`` (binomial: proportions of 1-5 trials)."""
     spec = ms.MoE(gate="softmax", expert="linear", k=k, d=d)
@@ -144,21 +162,10 @@ def test_native_applies_only_to_the_model_it_implements():
     assert not native_applies(ms.MoE(gate="softmax", expert="linear", k=65, d=2), X)  # the kernel's limit
 
 
-def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_for(monkeypatch):
+def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_for(em_kernels):
     """A bootstrap of a compile=True fit refits with compile=True (the same EM loop as the fit); MoERegressor passes
     its compile option to fit_mle."""
-    import moestat.inference as inference
-
     spec, X, y, _, _ = _problem(2, 1, n=200, reps=1, seed=3, weighted=False)
-    kernels = []
-    real = inference.fit_mle
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        kernels.append(out.settings["em_kernel"])
-        return out
-
-    monkeypatch.setattr(inference, "fit_mle", spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for compile_ in (True, False):
@@ -166,7 +173,7 @@ def test_bootstrap_refits_and_the_sklearn_estimator_run_the_loop_they_are_asked_
             ms.bootstrap(fit, X[0].numpy(), y[0].numpy(), n_resamples=4, seed=1, progress=False)
         reg = ms.MoERegressor(n_experts=2, restarts=2, random_state=0, compile=True, device="cpu").fit(
             X[0].numpy(), y[0].numpy())
-    assert kernels == ["native", "tensor"]
+    assert em_kernels == ["native", "tensor"]
     assert reg.fit_.settings["em_kernel"] == "native" and reg.get_params()["compile"] is True
 
 
@@ -232,31 +239,20 @@ def test_shared_slopes(family):
     _assert_same(*_both(spec, X, y, None, starts=3, trials=trials, shared_columns=[1, 2], accelerate=False))
 
 
-def test_select_k_and_test_n_experts_pass_compile_on_and_agree_with_the_default(monkeypatch):
+def test_select_k_and_test_n_experts_pass_compile_on_and_agree_with_the_default(em_kernels):
     """select_k and test_n_experts hand compile=True to their fits (fit_mle's options go through their **fit_kwargs;
     a spy on the fits sees the C++ loop run); the log-likelihoods, criteria and the LRT statistic equal the
     default's to rounding."""
-    import moestat.inference as inference
-
-    kernels: list[str] = []
-    real = inference.fit_mle
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        kernels.append(out.settings["em_kernel"])
-        return out
-
-    monkeypatch.setattr(inference, "fit_mle", spy)
     _, X, y, _, _ = _problem(2, 1, n=200, reps=1, seed=4, weighted=False)
     x, yy = X[0].numpy(), y[0].numpy()
     runs = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for c in (False, True):
-            kernels.clear()
+            em_kernels.clear()
             runs.append((ms.select_k(x, yy, ks=(1, 2), restarts=3, seed=1, device="cpu", progress=False, compile=c),
                          ms.test_n_experts(x, yy, k0=1, k1=2, n_resamples=4, restarts=2, seed=2, device="cpu",
-                                           progress=False, compile=c), set(kernels)))
+                                           progress=False, compile=c), set(em_kernels)))
     (sel0, lrt0, k0), (sel1, lrt1, k1) = runs
     assert k0 == {"tensor"} and k1 == {"native"}
     np.testing.assert_allclose(sel1.table["loglik"], sel0.table["loglik"], rtol=1e-9)
