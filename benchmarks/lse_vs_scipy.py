@@ -8,7 +8,8 @@ stopping rule and the same iteration cap:
 * moestat: ``fit_lse(spec, X, y, init=starts, restarts=S, gtol=G, max_iter=M, condition=False)`` — one
   batched call over R replicates x S restarts (``optimizer="auto"``: trust-region Newton with the exact
   Hessian for these sizes); it stops a problem when the sup-norm of the gradient of
-  :math:`L(\\theta) = \\frac1n\\sum_t r_t^2` is at most G.
+  :math:`L(\\theta) = \\frac1n\\sum_t r_t^2` is at most G.  The same call with ``compile=True`` (the same
+  Newton method with each problem's whole run in C++) is timed beside it unless ``--no-compile``.
 * scipy: ``least_squares(fun, x0, jac=..., method="trf", gtol=G n / 2, ftol=None, xtol=None, max_nfev=M)``:
   trf minimises :math:`\\frac12\\sum_t r_t^2` and stops on :math:`\\|J^\\top r\\|_\\infty \\le` gtol, which is the
   same test (:math:`\\nabla L = \\frac2n J^\\top r`); ftol and xtol are switched off so that no looser test
@@ -53,7 +54,8 @@ SAME_MIN = 1e-8  # two end points are the same minimum when their objectives agr
 QUICK_CELLS = [(1, 2, 500), (4, 3, 2000), (8, 4, 5000)]
 SCALING = [(1, 1), (2, 3), (5, 4), (20, 4)]  # (R, S) of the batch-size sweep at the smallest cell
 SCALING_COLUMNS = ["gate", "fits", "moestat s (min-max)", "scipy s (min-max)", "converged moestat", "converged scipy",
-                   "conv. fits/s moestat", "conv. fits/s scipy", "speed-up", "same minimum"]
+                   "conv. fits/s moestat", "conv. fits/s scipy", "speed-up", "same minimum", "compile=True s (min-max)",
+                   "converged compiled", "speed-up compiled"]
 FULL_CELLS = [(1, 2, 500), (2, 2, 1000), (2, 3, 1000), (4, 3, 2000), (1, 4, 2000), (4, 4, 5000), (8, 4, 5000)]
 
 
@@ -162,9 +164,10 @@ def make_starts(spec: ms.MoE, X: np.ndarray, y: np.ndarray, S: int, init: str, s
     return random_init(spec, y, S, seed=seed)
 
 
-def run_moestat(spec, X, y, starts, S, gtol, max_iter):
+def run_moestat(spec, X, y, starts, S, gtol, max_iter, compile=False):
     t0 = time.perf_counter()
-    fit = ms.fit_lse(spec, X, y, init=starts, restarts=S, gtol=gtol, max_iter=max_iter, condition=False)
+    fit = ms.fit_lse(spec, X, y, init=starts, restarts=S, gtol=gtol, max_iter=max_iter, condition=False,
+                     compile=compile)
     return fit, time.perf_counter() - t0
 
 
@@ -188,8 +191,19 @@ def check_problem(prob: PlainMoE, v: np.ndarray) -> float:
     return float(np.abs(Ja - Jt).max() / max(1e-300, np.abs(Jt).max()))
 
 
+def judge(problems: list[PlainMoE], fit: ms.LSEFit) -> tuple[np.ndarray, np.ndarray]:
+    """Objectives and gradient sup-norms of moestat's end points by this file's own formulas; checks that the
+    objectives equal the fit's."""
+    th = theta_rows(fit.restart_params).reshape(len(problems), -1)
+    obj = np.array([p.objective(th[i][p.free]) for i, p in enumerate(problems)])
+    rel_obj_check = float(np.max(np.abs(obj - fit.restarts["objective"].to_numpy()) / obj))
+    if rel_obj_check > 1e-9:
+        raise AssertionError(f"moestat's objective differs from the plain one by {rel_obj_check:.2e} (relative)")
+    return obj, np.array([p.grad_norm(th[i][p.free]) for i, p in enumerate(problems)])
+
+
 def cell(gate: str, d: int, k: int, n: int, R: int, S: int, init: str, jac: str, gtol: float, max_iter: int,
-         repeat: int, scipy_repeat: int) -> dict:
+         repeat: int, scipy_repeat: int, compiled: bool = True) -> dict:
     spec = ms.MoE(gate=gate, expert="linear", k=k, d=d)
     data = ms.simulate(spec, truth_params(gate, k, d), n=n, reps=R, seed=1, inputs="gaussian")
     starts = make_starts(spec, data.X, data.y, S, init, seed=2)
@@ -201,23 +215,22 @@ def cell(gate: str, d: int, k: int, n: int, R: int, S: int, init: str, jac: str,
         raise AssertionError(f"analytic Jacobian differs from autograd by {jac_err:.2e} (relative)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # moestat's ConvergenceWarning: non-converged restarts are counted below
-        run_moestat(spec, data.X[:1], data.y[:1], starts.select(list(range(S))), S, gtol, 3)  # warm-up
-        t_ms, t_sp = [], []
-        fit, sp = None, None
+        for c in (False, True) if compiled else (False,):  # warm-up (and the C++ build)
+            run_moestat(spec, data.X[:1], data.y[:1], starts.select(list(range(S))), S, gtol, 3, compile=c)
+        t_ms, t_mc, t_sp = [], [], []
+        fit, fit_c, sp = None, None, None
         for i in range(max(repeat, scipy_repeat)):
             if i < repeat:
                 fit, t = run_moestat(spec, data.X, data.y, starts, S, gtol, max_iter)
                 t_ms.append(t)
+                if compiled:
+                    fit_c, t = run_moestat(spec, data.X, data.y, starts, S, gtol, max_iter, compile=True)
+                    t_mc.append(t)
             if i < scipy_repeat:
                 sp, t = run_scipy(problems, x0s, jac, gtol, max_iter)
                 t_sp.append(t)
-    # the same end-point judge for both
-    th_ms = theta_rows(fit.restart_params).reshape(R * S, -1)
-    obj_ms = np.array([p.objective(th_ms[i][p.free]) for i, p in enumerate(problems)])
-    rel_obj_check = float(np.max(np.abs(obj_ms - fit.restarts["objective"].to_numpy()) / obj_ms))
-    if rel_obj_check > 1e-9:
-        raise AssertionError(f"moestat's objective differs from the plain one by {rel_obj_check:.2e} (relative)")
-    g_ms = np.array([p.grad_norm(th_ms[i][p.free]) for i, p in enumerate(problems)])
+    # the same end-point judge for all
+    obj_ms, g_ms = judge(problems, fit)
     obj_sp = np.array([p.objective(res.x) for p, res in zip(problems, sp, strict=True)])
     g_sp = np.array([p.grad_norm(res.x) for p, res in zip(problems, sp, strict=True)])
     conv_ms, conv_sp = g_ms <= GTOL_SLACK * gtol, g_sp <= GTOL_SLACK * gtol
@@ -230,12 +243,26 @@ def cell(gate: str, d: int, k: int, n: int, R: int, S: int, init: str, jac: str,
     best_rel = (best_ms[ok] - best_sp[ok]) / best_sp[ok]
     rate_ms = conv_ms.sum() / min(t_ms)
     rate_sp = conv_sp.sum() / min(t_sp)
+    compiled_columns = {}
+    if compiled:
+        obj_mc, g_mc = judge(problems, fit_c)
+        conv_mc = g_mc <= GTOL_SLACK * gtol
+        rate_mc = conv_mc.sum() / min(t_mc)
+        both_mc = conv_mc & conv_ms
+        compiled_columns = {
+            "compile=True s (min-max)": f"{min(t_mc):.3g}-{max(t_mc):.3g}", "converged compiled": int(conv_mc.sum()),
+            "speed-up compiled": (float(rate_mc / rate_sp) if rate_sp > 0 else "scipy none" if rate_mc > 0
+                                  else "neither"),
+            "compiled = default (to 1e-8)": f"{int((np.abs(obj_mc - obj_ms) <= SAME_MIN * obj_ms)[both_mc].sum())}"
+                                            f"/{int(both_mc.sum())}",
+            "loop": fit_c.settings.get("newton_loop", "tensor")}
     return {"gate": gate, "d": d, "k": k, "n": n, "fits": R * S,
             "moestat s (min-max)": f"{min(t_ms):.3g}-{max(t_ms):.3g}",
             "scipy s (min-max)": f"{min(t_sp):.3g}-{max(t_sp):.3g}",
             "converged moestat": int(conv_ms.sum()), "converged scipy": int(conv_sp.sum()),
             "conv. fits/s moestat": float(rate_ms), "conv. fits/s scipy": float(rate_sp),
             "speed-up": (float(rate_ms / rate_sp) if rate_sp > 0 else "scipy none" if rate_ms > 0 else "neither"),
+            **compiled_columns,
             "same minimum": f"{int(same.sum())}/{int(both.sum())}",
             "lower: moestat/scipy": f"{int((both & (rel < -SAME_MIN)).sum())}/{int((both & (rel > SAME_MIN)).sum())}",
             "best-of-restarts rel. diff (max |.|)": float(np.abs(best_rel).max()) if ok.any() else float("nan"),
@@ -262,6 +289,12 @@ def jac_rows(gtol: float, max_iter: int) -> list[dict]:
         fit, t = run_moestat(spec, data.X, data.y, starts, S, gtol, max_iter)
     rows.append({"fitter": "moestat fit_lse (batched)", "s per fit": t / S,
                  "objectives": ", ".join(f"{v:.10g}" for v in fit.restarts["objective"])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            fit, t = run_moestat(spec, data.X, data.y, starts, S, gtol, max_iter, compile=True)
+    rows.append({"fitter": "moestat fit_lse(compile=True)", "s per fit": t / S,
+                 "objectives": ", ".join(f"{v:.10g}" for v in fit.restarts["objective"])})
     for jac in ("analytic", "autograd", "2-point"):
         sp, t = run_scipy(problems, x0s, jac, gtol, max_iter)
         rows.append({"fitter": f"scipy trf, jac={jac}", "s per fit": t / S,
@@ -282,6 +315,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timed moestat runs per cell")
     ap.add_argument("--scipy-repeat", type=int, default=None, help="timed scipy runs per cell (default 2; quick 1)")
     ap.add_argument("--parts", default="cells,scaling,jac")
+    ap.add_argument("--no-compile", action="store_true", help="time fit_lse's default only, not also compile=True")
     args = ap.parse_args()
     torch.set_num_threads(1)
     R = args.reps or (2 if args.quick else 5)
@@ -299,7 +333,7 @@ def main() -> None:
         for gate in args.gates.split(","):
             for d, k, n in cells:
                 rows.append(cell(gate, d, k, n, R, S, args.init, args.jac, args.gtol, args.max_iter, args.repeat,
-                                 scipy_repeat))
+                                 scipy_repeat, not args.no_compile))
                 print(md_table(rows[-1:]).splitlines()[-1], flush=True)
         print("\n## converged fits per second, moestat vs scipy least_squares (same data, starts, stopping rule)\n"
               + md_table(rows) + "\n", flush=True)
@@ -308,8 +342,8 @@ def main() -> None:
         for gate in args.gates.split(","):
             for r_, s_ in SCALING:
                 row = cell(gate, 1, 2, 500, r_, s_, args.init, args.jac, args.gtol, args.max_iter, args.repeat,
-                           scipy_repeat)
-                rows.append({key: row[key] for key in SCALING_COLUMNS})
+                           scipy_repeat, not args.no_compile)
+                rows.append({key: row[key] for key in SCALING_COLUMNS if key in row})
         print("## the same comparison as R x S grows (d=1, k=2, n=500)\n" + md_table(rows) + "\n", flush=True)
     if "jac" in parts:
         print("## scipy's Jacobian options (softmax, d=2, k=3, n=1000, 2 k-means starts)\n"

@@ -191,6 +191,10 @@ class ExpertFamily:
         The same pair in C++ for the native least-squares kernel (:mod:`moestat.fit._native`): statements that
         set ``h`` and ``dh`` from ``z``, all ``V = at::vec::Vectorized<T>`` (``one`` and ``zero`` are in
         scope).  ``None``: the native kernel does not take this family and the eager kernel runs.
+    native_second : str, optional
+        :math:`\varphi''` in C++ for the native Newton loop (:mod:`moestat.fit._native`): statements that set ``d2h``
+        from ``z``, ``h`` and ``dh`` (the values ``native`` set).  Piecewise-linear families need none
+        (:math:`\varphi'' \equiv 0`); another family without it runs the tensor Newton loop.
     """
 
     name: str
@@ -204,6 +208,7 @@ class ExpertFamily:
     odd: bool = False
     fused: FusedActivation | None = None
     native: str | None = None
+    native_second: str | None = None
 
     def n_params(self, d: int) -> int:
         """Number of free parameters of one expert in dimension ``d`` (``d + 1`` or 1)."""
@@ -280,6 +285,8 @@ class ExpertFamily:
 _NATIVE_GELU = ("const V cdf = V(T(0.5)) * (one + (z * V(T(0.70710678118654752440))).erf()); h = z * cdf; "
                 "dh = cdf + z * (V(T(-0.5)) * z * z).exp() * V(T(0.39894228040143267794));")
 
+_NATIVE_GELU_D2 = "d2h = (V(T(-0.5)) * z * z).exp() * V(T(0.39894228040143267794)) * (V(T(2)) - z * z);"
+
 _FAMILIES: dict[str, ExpertFamily] = {
     "linear": ExpertFamily("linear", _identity, homogeneous=True, derivative=torch.ones_like, piecewise_linear=True,
                            odd=True, fused=_fused_linear, native="h = z; dh = one;"),
@@ -289,12 +296,14 @@ _FAMILIES: dict[str, ExpertFamily] = {
     "leaky_relu": ExpertFamily("leaky_relu", _leaky_relu, homogeneous=True, derivative=_leaky_relu_d1,
                                piecewise_linear=True, kinks=(0.0,)),
     "gelu": ExpertFamily("gelu", _gelu, homogeneous=False, derivative=_gelu_d1, second_derivative=_gelu_d2,
-                         fused=_fused_gelu, native=_NATIVE_GELU),
+                         fused=_fused_gelu, native=_NATIVE_GELU, native_second=_NATIVE_GELU_D2),
     "tanh": ExpertFamily("tanh", torch.tanh, homogeneous=False, derivative=_tanh_d1, second_derivative=_tanh_d2,
-                         odd=True, fused=_fused_tanh, native="h = z.tanh(); dh = one - h * h;"),
+                         odd=True, fused=_fused_tanh, native="h = z.tanh(); dh = one - h * h;",
+                         native_second="d2h = V(T(-2)) * h * dh;"),
     "sigmoid": ExpertFamily("sigmoid", torch.sigmoid, homogeneous=False, derivative=_sigmoid_d1,
                             second_derivative=_sigmoid_d2, fused=_fused_sigmoid,
-                            native="h = one / (one + z.neg().exp()); dh = h * (one - h);"),
+                            native="h = one / (one + z.neg().exp()); dh = h * (one - h);",
+                            native_second="d2h = dh * (one - V(T(2)) * h);"),
     "softplus": ExpertFamily("softplus", torch.nn.functional.softplus, homogeneous=False, derivative=torch.sigmoid,
                              second_derivative=_sigmoid_d1),
     "celu": ExpertFamily("celu", torch.nn.functional.celu, homogeneous=False),

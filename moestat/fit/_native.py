@@ -33,6 +33,7 @@ from ..experts import ExpertFamily, registered_families
 
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
 EM_SOURCE = Path(__file__).with_name("_em_native.cpp")
+NEWTON_SOURCE = Path(__file__).with_name("_newton_native.cpp")
 
 #: Largest number of experts the kernel takes (its per-observation work arrays are sized at compile time).
 MAX_K = 32
@@ -40,6 +41,7 @@ GATE_CODES = {"sigmoid": 0, "softmax": 1}
 #: Kernel code of each expert family with a C++ form, in registry order.
 ACTIVATION_CODES = {f.name: i for i, f in enumerate(fam for fam in registered_families() if fam.native is not None)}
 _MARKER = "// @ACTIVATION_CASES@"
+_SECOND_MARKER = "// @SECOND_DERIVATIVE_CASES@"
 
 #: Bytes of one block's inputs, Z and U (the kernel's working set: half of a 2 MiB L2 cache).  At k = 9, d = 32
 #: (1,899 rows) it measured best or within 1% of best among 474-7,598 rows at 20 x 1,000, 20 x 10,000 and
@@ -54,21 +56,42 @@ def activation_code(family: ExpertFamily) -> int | None:
     return ACTIVATION_CODES.get(family.name)
 
 
+def _cases(template: str, path: Path, marker: str, field: str) -> str:
+    """``template`` with ``marker`` replaced by one ``case`` per family of :data:`ACTIVATION_CODES` that has C++
+    statements in ``field`` (:class:`~moestat.experts.ExpertFamily`)."""
+    if marker not in template:
+        raise RuntimeError(f"{path.name} lost its {marker!r} marker.")
+    families = {f.name: f for f in registered_families()}
+    cases = "\n    ".join(f"case {code}: {{ {getattr(families[name], field)} break; }}"
+                           for name, code in ACTIVATION_CODES.items() if getattr(families[name], field) is not None)
+    return template.replace(marker, cases)
+
+
 @functools.cache
 def source() -> str:
     """The kernel's C++ source with one ``case`` per family of :data:`ACTIVATION_CODES` (from the registry)."""
-    template = SOURCE.read_text()
-    if _MARKER not in template:
-        raise RuntimeError(f"{SOURCE.name} lost its {_MARKER!r} marker.")
-    families = {f.name: f for f in registered_families()}
-    cases = "\n    ".join(f"case {code}: {{ {families[name].native} break; }}"
-                           for name, code in ACTIVATION_CODES.items())
-    return template.replace(_MARKER, cases)
+    return _cases(SOURCE.read_text(), SOURCE, _MARKER, "native")
+
+
+@functools.cache
+def newton_source() -> str:
+    r"""The Newton loop's C++ source: :math:`\varphi, \varphi'` and :math:`\varphi''` of every family of
+    :data:`ACTIVATION_CODES` (from the registry)."""
+    code = _cases(NEWTON_SOURCE.read_text(), NEWTON_SOURCE, _MARKER, "native")
+    return _cases(code, NEWTON_SOURCE, _SECOND_MARKER, "native_second")
 
 
 def supports(gate: str, k: int, family: ExpertFamily) -> bool:
     """Whether the native kernel evaluates this model (sigmoid or softmax gate, k <= 32, a built-in expert)."""
     return gate in GATE_CODES and 1 <= k <= MAX_K and activation_code(family) is not None
+
+
+def newton_supports(gate: str, k: int, family: ExpertFamily) -> bool:
+    r"""Whether the native Newton loop fits this model: as :func:`supports`, and :math:`\varphi''` in C++
+    (:attr:`~moestat.experts.ExpertFamily.native_second`) unless the family is piecewise linear."""
+    if not supports(gate, k, family):
+        return False
+    return not family.input_dependent or family.piecewise_linear or family.native_second is not None
 
 
 @functools.cache
@@ -127,6 +150,19 @@ def load() -> ModuleType | None:
     except Exception as err:  # any build or import failure means: use another kernel
         warn_user(f"moestat's native least-squares kernel could not be built ({type(err).__name__}: {err}); "
                       "using the eager kernel instead.", UserWarning)
+        return None
+
+
+@functools.cache
+def load_newton() -> ModuleType | None:
+    """Build (first call on a machine) and import the Newton extension (``_newton_native.cpp``: the trust-region
+    Newton method of :func:`moestat.fit._optim.newton`, one whole run per problem); None, with a warning, if that
+    fails."""
+    try:
+        return _build("newton", newton_source())
+    except Exception as err:  # any build or import failure means: use the tensor loop
+        warn_user(f"moestat's native Newton loop could not be built ({type(err).__name__}: {err}); using the tensor "
+                  "loop instead.", UserWarning)
         return None
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._random import randperm
+from . import _native
 from ._objective import LSProblem, per_problem_on_cpu
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
@@ -638,3 +639,34 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
             b = torch.where(accept.unsqueeze(1), b_new, b)
         past = [*past[-stall_window:], f.clone()]
     return tr.close()
+
+
+def newton_native(problem: LSProblem, theta: torch.Tensor, module, *, max_iter: int = 200, gtol: float = 1e-10,
+                  damping: float = 1e-3, stall_window: int = 20, stall_tol: float = 1e-14,
+                  block_bytes: int = 2**20) -> OptimResult:
+    r""":func:`newton` with each problem's whole run in C++ (``module``: :func:`moestat.fit._native.load_newton`).
+
+    The same method, step by step: exact Hessian from the pair rows :math:`u_iu_j + rW_{ij}`, Cholesky factorisation
+    of :math:`H + \lambda D` with :math:`\lambda` raised tenfold until it succeeds, held coordinates on the box,
+    projection, gain ratio, Nielsen's update and the ``gtol``, ``damping``, ``stall`` and ``max_iter`` stops; the
+    sums run in another order, so results agree with :func:`newton` to rounding, not bit for bit.  Each problem
+    iterates with its arrays in cache and without the batch's per-iteration dispatch, which dominates small problems
+    (docs/performance/lse.md).  With several torch threads the problems are shared out between them (the same
+    bits as one thread).  The kernel must be a :class:`~moestat.fit._objective.MeanKernel` with a sigmoid or softmax
+    gate and the data on the CPU; no history or progress bar.  ``n_evals`` of the result is the largest number of
+    evaluations any problem made.
+    """
+    kernel = problem.kernel
+    k, p = kernel.k, problem.p
+    mu, mx = k * (2 * k + 1), p * (p + 1) // 2
+    chunk = max(64, block_bytes // ((6 * k + mu + mx + 1) * theta.element_size()))
+    XT = problem.X.transpose(1, 2).contiguous()
+    empty = theta.new_empty(0)
+    lower = empty if problem.lower is None else problem.lower.to(theta.dtype)
+    upper = empty if problem.upper is None else problem.upper.to(theta.dtype)
+    th, loss, gnorm, n_iter, status, evals = module.newton(
+        theta, XT, problem.y, problem.free_idx, lower, upper, problem.S, k, _native.GATE_CODES[kernel.gate],
+        kernel.native_act, kernel.act2 is not None, kernel.temperature, max_iter, gtol, damping, stall_window,
+        stall_tol, chunk)
+    return OptimResult(th, loss.to(theta.dtype), gnorm.to(theta.dtype), n_iter, status,
+                       n_evals=int(evals.max()) if evals.numel() else 0)

@@ -26,6 +26,7 @@ import numbers
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -53,9 +54,9 @@ from .._validation import (
 from ..exceptions import ConvergenceWarning, UnderdeterminedWarning, warn_user
 from ..model import MoE
 from ..params import Params
-from . import _optim
+from . import _native, _optim
 from ._layout import check_learn_temperature
-from ._objective import LSProblem, MeanKernel, kernel_mode
+from ._objective import LSProblem, MeanKernel, ReferenceKernel, kernel_mode
 from .base import FitResult, check_reps
 from .init import from_params, kmeans_init, near_truth, random_init
 
@@ -67,6 +68,10 @@ _DEFAULT_MAX_ITER = {"newton": 200, "lbfgs": 1000, "adam": 5000, "lm": 200, "sgd
 #: ``optimizer="auto"`` runs Newton up to this many free parameters per problem (its Hessian takes F^2 floats per
 #: problem and its factorisation F^3/3 flops per iteration), L-BFGS above.
 NEWTON_MAX_PARAMS = 1000
+#: ``compile=True`` runs Newton fits with at most this many free parameters per problem in the C++ loop.  Its Cholesky
+#: factorisation is unblocked; up to 950 free parameters the loop was still faster than the tensor loop with LAPACK
+#: (benchmarks/lse_newton_native.py), larger problems are unmeasured and keep the tensor loop.
+NATIVE_NEWTON_MAX_FREE = NEWTON_MAX_PARAMS
 _DEFAULT_LR = {"adam": 1e-2, "sgd": 0.1}
 _SADDLE_TOL = 1e-8  # smallest Hessian eigenvalue below -tol * largest |eigenvalue|: negative curvature
 
@@ -293,6 +298,19 @@ def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
     return lo, hi, record
 
 
+def _compiled_newton(kernel: MeanKernel | ReferenceKernel, spec: MoE, device: torch.device, traced: bool,
+                     n_free: int) -> ModuleType | None:
+    """The C++ Newton loop (:func:`moestat.fit._optim.newton_native`) where ``compile`` asked for native code and it
+    applies: the native kernel in use (CPU, sigmoid or softmax gate), :math:`\\varphi''` in C++, at most
+    :data:`NATIVE_NEWTON_MAX_FREE` free parameters and no per-iteration ``history`` or ``progress`` (``traced``); None
+    otherwise (the tensor loop)."""
+    if traced or device.type != "cpu" or not isinstance(kernel, MeanKernel) or kernel.native is None:
+        return None
+    if not _native.newton_supports(spec.gate, spec.k, spec.family) or n_free > NATIVE_NEWTON_MAX_FREE:
+        return None
+    return _native.load_newton()
+
+
 def _free_mask(spec: MoE, device: torch.device) -> torch.Tensor:
     k, p = spec.k, spec.d + 1
     free = torch.ones(2 * k, p, dtype=torch.bool, device=device)
@@ -504,7 +522,13 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         experts; built once per machine in about 30 s), worth it for long studies at large n
         (docs/performance/lse.md).  Everything else (CUDA tensors, top-K gates, more experts) and the
         default ``False`` run the eager kernel, already fused by hand.  Results agree with the eager kernel
-        to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.
+        to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.  Newton fits (``optimizer="auto"``
+        up to :data:`NATIVE_NEWTON_MAX_FREE` free parameters) also run the whole Newton loop in C++, one problem
+        at a time with its arrays in cache (:func:`moestat.fit._optim.newton_native`; 2-8x faster on small
+        problems, where the batched loop's cost is dispatch; ``settings["newton_loop"] == "native"``), unless
+        ``history`` or ``progress`` asks for per-iteration output.  It agrees with the tensor loop to rounding,
+        except at the rounding floor of the objective, where it takes a step whose predicted decrease the
+        objective cannot resolve if the objective did not rise (docs/lse.md).
     block_bytes : "auto", int or None
         Cache blocking over replicates: one batched program takes as many replicates as have inputs of
         at most ``block_bytes`` bytes, and blocks run one after another.  ``"auto"``: 8 MiB on CPU (where
@@ -651,6 +675,9 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     if optimizer == "sgd":  # one minibatch per step: the cache argument for blocks does not apply
         group = R
 
+    newton_loop = (_compiled_newton(kernel, spec, dev, history or progress, int(free.sum()))
+                   if optimizer == "newton" else None)
+
     def run(prob: LSProblem, th: torch.Tensor, lo: int = 0) -> _optim.OptimResult:
         with cpu_threads(threads, dev):
             return solve(prob, th, generators[lo : lo + th.shape[0]])
@@ -663,8 +690,11 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
                                               progress=progress)
         if optimizer == "newton":
             # stall: a decrease below 1e-6 of the statistical scale of the objective (about L F / n) in 20 iterations
+            stall_tol = max(1e-14, 1e-6 * int(free.sum()) / n)
+            if newton_loop is not None:
+                return _optim.newton_native(prob, th, newton_loop, max_iter=max_iter, gtol=gtol, stall_tol=stall_tol)
             return _optim.newton(prob, th, max_iter=max_iter, gtol=gtol, history=history, progress=progress,
-                                 stall_tol=max(1e-14, 1e-6 * int(free.sum()) / n))
+                                 stall_tol=stall_tol)
         if optimizer == "adam":
             return _optim.adam(prob, th, lr=lr, max_iter=max_iter, gtol=gtol, history=history, progress=progress)
         return _optim.sgd_protocol(prob, th, epochs=epochs, lr=lr, batch_size=batch_size, gtol=gtol,
@@ -760,6 +790,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     }
     if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
         settings["learn_temperature"] = True
+    if newton_loop is not None:  # likewise: the tensor loop's fits keep their columns
+        settings["newton_loop"] = "native"
     fit = LSEFit(
         params=all_params.select(best_np), objective=to_numpy(res.loss[best]).astype(float),
         converged=to_numpy(converged_all[best]), status=status_all[best_np],

@@ -158,7 +158,8 @@ def test_native_gradient_matches_finite_differences():
 
 
 def test_native_fit_matches_eager_fit():
-    """fit_lse(compile=True) runs the native kernel on CPU and follows the eager fit's path."""
+    """fit_lse(compile=True) runs the native kernel and the C++ Newton loop on CPU and follows the eager fit's
+    path."""
     _native_or_skip()
     truth = _well_conditioned_truth("sigmoid")
     spec = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2, noise_sd=0.3)
@@ -170,7 +171,8 @@ def test_native_fit_matches_eager_fit():
         native = ms.fit_lse(spec, data.X, data.y, compile=True, **kw)
     assert native.settings["compile"] == "auto" and eager.settings["compile"] == "eager"
     assert native.settings["kernel"] == "native" and eager.settings["kernel"] == "eager"  # what actually ran
-    # 30 L-BFGS iterations from the same start: round-off differences stay far below the objective's scale
+    assert native.settings["newton_loop"] == "native" and "newton_loop" not in eager.settings
+    # 30 Newton iterations from the same start: round-off differences stay far below the objective's scale
     np.testing.assert_allclose(native.objective, eager.objective, rtol=1e-9)
 
 
@@ -185,6 +187,13 @@ def test_native_activations_come_from_the_expert_registry():
     for name, code in _native.ACTIVATION_CODES.items():
         assert f"case {code}: {{ {families[name].native} break; }}" in src
     assert "erf()" not in _native.SOURCE.read_text()  # the gelu formula lives in moestat/experts.py only
+    newton = _native.newton_source()  # the Newton loop's phi, phi' and phi'' come from the registry too
+    for name, code in _native.ACTIVATION_CODES.items():
+        assert f"case {code}: {{ {families[name].native} break; }}" in newton
+        if families[name].native_second is not None:
+            assert f"case {code}: {{ {families[name].native_second} break; }}" in newton
+    assert {name for name, f in families.items() if f.native_second is not None} == {"gelu", "tanh", "sigmoid"}
+    assert "exp()" not in _native.NEWTON_SOURCE.read_text().split("activation_second")[1].split("dot(")[0]
 
 
 def test_kernel_choice_and_fallbacks():

@@ -1,0 +1,541 @@
+// The trust-region Newton method of moestat/fit/_optim.py (`newton`) for the MoE least-squares problem, one whole
+// run per problem in C++ (moestat/fit/_native.py builds it; fit_lse(compile=True) calls it).
+//
+// Per problem (a replicate x restart) and per evaluation, for each block of `chunk` observations:
+//   Z   = Theta X_c^T                       (2k x c; p small: an axpy per input column)
+//   r, u = df/dZ and the pair rows C_ab = u_a u_b + r W_ab (a <= b), W = d2f/dZ dZ^T   (one at::vec pass)
+//   M  += C XX_c^T,  B += (r u) X_c          (two BLAS calls; XX the pair products of the inputs)
+// and H (half the exact Hessian of the objective on the free coordinates) is gathered from M, b from B.  The
+// element-wise formulas are those of MeanKernel.exact_curvature_rows (moestat/fit/_objective.py); the step, its
+// damping, projection, gain ratio and stopping rules those of _optim.newton, so the two agree to rounding.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t KMAX = 32;
+// Pair sums M (mu x mx entries) up to which each block's products are plain dot products instead of two BLAS calls.
+constexpr int64_t SMALL_PRODUCT = 128;
+// Free parameters from which the damped step is factored by LAPACK instead of the loop's own Cholesky.
+constexpr int64_t LAPACK_MIN_F = 192;
+// Rounding error of the objective sum_t r_t^2 / n, as a multiple of sqrt(n) eps |L|.
+constexpr double NOISE_ULPS = 4.0;
+
+enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
+// Status codes of _optim.STATUS.
+enum Status : int64_t { RUNNING = 0, GTOL = 1, MAX_ITER = 4, DAMPING = 6, STALL = 9 };
+
+// phi(z), phi'(z) and phi''(z) of expert family number `act`: the cases are generated from the expert registry
+// (ExpertFamily.native and ExpertFamily.native_second in moestat/experts.py) by moestat/fit/_native.py.
+template <typename T>
+inline void activation(int64_t act, const at::vec::Vectorized<T>& z, at::vec::Vectorized<T>& h,
+                       at::vec::Vectorized<T>& dh) {
+  using V = at::vec::Vectorized<T>;
+  const V one(T(1)), zero(T(0));
+  switch (act) {
+    // @ACTIVATION_CASES@
+    default: h = z; dh = one;
+  }
+}
+
+template <typename T>
+inline void activation_second(int64_t act, const at::vec::Vectorized<T>& z, const at::vec::Vectorized<T>& h,
+                              const at::vec::Vectorized<T>& dh, at::vec::Vectorized<T>& d2h) {
+  using V = at::vec::Vectorized<T>;
+  const V one(T(1)), zero(T(0));
+  (void)one; (void)h; (void)dh;
+  switch (act) {
+    // @SECOND_DERIVATIVE_CASES@
+    default: d2h = zero;
+  }
+}
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t m) {
+  using V = at::vec::Vectorized<T>;
+  constexpr int64_t W = V::size();
+  V acc(T(0));
+  int64_t q = 0;
+  for (; q + W <= m; q += W) acc = at::vec::fmadd(V::loadu(a + q), V::loadu(b + q), acc);
+  T buf[W];
+  acc.store(buf);
+  T s = 0;
+  for (int64_t j = 0; j < W; ++j) s += buf[j];
+  for (; q < m; ++q) s += a[q] * b[q];
+  return s;
+}
+
+// In-place Cholesky factor of the symmetric F x F matrix A (row-major, lower triangle used); false when A is not
+// numerically positive definite.
+template <typename T>
+bool cholesky(T* A, int64_t F) {
+  for (int64_t j = 0; j < F; ++j) {
+    T* Lj = A + j * F;
+    const T s = Lj[j] - dot(Lj, Lj, j);
+    if (!(s > T(0)) || !std::isfinite(s)) return false;
+    const T ljj = std::sqrt(s);
+    Lj[j] = ljj;
+    for (int64_t i = j + 1; i < F; ++i) {
+      T* Li = A + i * F;
+      Li[j] = (Li[j] - dot(Li, Lj, j)) / ljj;
+    }
+  }
+  return true;
+}
+
+// Cholesky factor of the F x F matrix whose lower triangle is in A (row-major), in place: our own loop for small F,
+// LAPACK's blocked one (through ATen) from LAPACK_MIN_F on, where its blocking outweighs the call's overhead.
+template <typename T>
+bool factor(T* A, int64_t F) {
+  if (F < LAPACK_MIN_F) return cholesky(A, F);
+  for (int64_t a = 0; a < F; ++a)
+    for (int64_t c2 = 0; c2 < a; ++c2) A[c2 * F + a] = A[a * F + c2];
+  auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+  auto result = at::linalg_cholesky_ex(at::from_blob(A, {F, F}, opts));
+  if (std::get<1>(result).template item<int64_t>() != 0) return false;
+  const at::Tensor L = std::get<0>(result).contiguous();
+  const T* l = L.template data_ptr<T>();
+  std::copy(l, l + F * F, A);
+  for (int64_t q = 0; q < F * F; ++q)
+    if (!std::isfinite(A[q])) return false;
+  return true;
+}
+
+// Solve L L^T x = rhs in place (L row-major lower triangle of an F x F array).
+template <typename T>
+void cholesky_solve(const T* L, T* x, int64_t F) {
+  for (int64_t i = 0; i < F; ++i) x[i] = (x[i] - dot(L + i * F, x, i)) / L[i * F + i];
+  for (int64_t i = F - 1; i >= 0; --i) {
+    T s = x[i];
+    for (int64_t q = i + 1; q < F; ++q) s -= L[q * F + i] * x[q];
+    x[i] = s / L[i * F + i];
+  }
+}
+
+// Position of the unordered pair (a, b) of m rows in the order of torch.triu_indices(m, m).
+inline int64_t pair_pos(int64_t a, int64_t b, int64_t m) {
+  if (a > b) std::swap(a, b);
+  return a * m - a * (a - 1) / 2 + (b - a);
+}
+
+struct Model {
+  int64_t k, p, n, gate, act;
+  bool act2;  // phi'' not identically zero
+  double tau;
+};
+
+// Work arrays of one thread, and the data of the problem it is solving.
+template <typename T>
+struct Workspace {
+  const Model& m;
+  int64_t c, mu, mx, P, F;
+  const T* XT;  // (p, n) inputs of the problem's replicate, transposed
+  const T* y;   // (n,)
+  std::vector<T> Z, U, RU, C, XX, r, Mbuf, Bbuf;
+  std::vector<int64_t> hidx;  // (F*F,) flat position in M of each entry of H
+  std::vector<int64_t> free;  // (F,)
+
+  Workspace(const Model& model, int64_t chunk, const std::vector<int64_t>& free_idx)
+      : m(model), c(chunk), XT(nullptr), y(nullptr), free(free_idx) {
+    const int64_t k2 = 2 * m.k;
+    mu = k2 * (k2 + 1) / 2;
+    mx = m.p * (m.p + 1) / 2;
+    P = k2 * m.p;
+    F = int64_t(free.size());
+    Z.resize(k2 * c); U.resize(k2 * c); RU.resize(k2 * c); C.resize(mu * c); XX.resize(mx * c); r.resize(c);
+    Mbuf.resize(mu * mx); Bbuf.resize(k2 * m.p);
+    hidx.resize(F * F);
+    for (int64_t a = 0; a < F; ++a)
+      for (int64_t b = 0; b < F; ++b) {
+        const int64_t ia = free[a] / m.p, la = free[a] % m.p, ib = free[b] / m.p, lb = free[b] % m.p;
+        hidx[a * F + b] = pair_pos(ia, ib, k2) * mx + pair_pos(la, lb, m.p);
+      }
+  }
+
+  // Z (2k x cc) = Theta X_c^T for observations [lo, lo + cc).
+  void linear(const T* theta, int64_t lo, int64_t cc) {
+    const int64_t k2 = 2 * m.k, p = m.p, n = m.n;
+    for (int64_t j = 0; j < k2; ++j) {
+      T* z = Z.data() + j * c;
+      const T* th = theta + j * p;
+      const T* x0 = XT + lo;
+      for (int64_t t = 0; t < cc; ++t) z[t] = th[0] * x0[t];
+      for (int64_t l = 1; l < p; ++l) {
+        const T w = th[l];
+        const T* xl = XT + l * n + lo;
+        for (int64_t t = 0; t < cc; ++t) z[t] += w * xl[t];
+      }
+    }
+  }
+
+  // Gate weights and experts of lanes [t, t + mm) of the block in Z.
+  void forward_lanes(int64_t t, int64_t mm, at::vec::Vectorized<T>* pi, at::vec::Vectorized<T>* h,
+                     at::vec::Vectorized<T>* dh, at::vec::Vectorized<T>& f) const {
+    using V = at::vec::Vectorized<T>;
+    const int64_t k = m.k;
+    const V one(T(1)), inv_tau(T(1.0 / m.tau));
+    for (int64_t i = 0; i < k; ++i) {
+      pi[i] = V::loadu(Z.data() + i * c + t, mm) * inv_tau;
+      activation<T>(m.act, V::loadu(Z.data() + (k + i) * c + t, mm), h[i], dh[i]);
+    }
+    if (m.gate == SIGMOID) {
+      for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
+    } else {
+      V mx_ = pi[0];
+      for (int64_t i = 1; i < k; ++i) mx_ = at::vec::maximum(mx_, pi[i]);
+      V tot(T(0));
+      for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx_).exp(); tot = tot + pi[i]; }
+      const V inv = one / tot;
+      for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+    }
+    f = V(T(0));
+    for (int64_t i = 0; i < k; ++i) f = at::vec::fmadd(pi[i], h[i], f);
+  }
+
+  // Sum of squared residuals at theta.
+  T value(const T* theta) {
+    using V = at::vec::Vectorized<T>;
+    constexpr int64_t W = V::size();
+    V pi[KMAX], h[KMAX], dh[KMAX], f;
+    V acc(T(0));
+    for (int64_t lo = 0; lo < m.n; lo += c) {
+      const int64_t cc = std::min(c, m.n - lo);
+      linear(theta, lo, cc);
+      for (int64_t t = 0; t < cc; t += W) {
+        const int64_t mm = std::min<int64_t>(W, cc - t);
+        forward_lanes(t, mm, pi, h, dh, f);
+        V res = f - V::loadu(y + lo + t, mm);
+        if (mm < W) res = V::set(V(T(0)), res, mm);
+        acc = at::vec::fmadd(res, res, acc);
+      }
+    }
+    T buf[W];
+    acc.store(buf);
+    T s = 0;
+    for (int64_t j = 0; j < W; ++j) s += buf[j];
+    return s;
+  }
+
+  // Sum of squared residuals, b = J^T r / n (P) and H = (1/n) sum_t C_t (x) x_t x_t^T on the free coordinates.
+  T value_hessian(const T* theta, T* b, T* H) {
+    using V = at::vec::Vectorized<T>;
+    constexpr int64_t W = V::size();
+    const int64_t k = m.k, k2 = 2 * k, p = m.p, n = m.n;
+    const T inv_tau = T(1.0 / m.tau), inv_tau2 = inv_tau * inv_tau;
+    const V one(T(1)), two(T(2)), vt(inv_tau), vt2(inv_tau2);
+    V pi[KMAX], h[KMAX], dh[KMAX], d2h[KMAX], u[2 * KMAX], f;
+    V acc(T(0));
+    std::fill(Mbuf.begin(), Mbuf.end(), T(0));
+    std::fill(Bbuf.begin(), Bbuf.end(), T(0));
+    auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+    at::Tensor Mt = at::from_blob(Mbuf.data(), {mu, mx}, opts), Bt = at::from_blob(Bbuf.data(), {k2, p}, opts);
+    for (int64_t lo = 0; lo < n; lo += c) {
+      const int64_t cc = std::min(c, n - lo);
+      linear(theta, lo, cc);
+      for (int64_t t = 0; t < cc; t += W) {
+        const int64_t mm = std::min<int64_t>(W, cc - t);
+        forward_lanes(t, mm, pi, h, dh, f);
+        V res = f - V::loadu(y + lo + t, mm);
+        if (mm < W) res = V::set(V(T(0)), res, mm);
+        acc = at::vec::fmadd(res, res, acc);
+        res.store(r.data() + t, mm);
+        if (m.act2)
+          for (int64_t i = 0; i < k; ++i)
+            activation_second<T>(m.act, V::loadu(Z.data() + (k + i) * c + t, mm), h[i], dh[i], d2h[i]);
+        for (int64_t i = 0; i < k; ++i) {
+          u[i] = (m.gate == SIGMOID ? h[i] * pi[i] * (one - pi[i]) : pi[i] * (h[i] - f)) * vt;
+          u[k + i] = pi[i] * dh[i];
+        }
+        for (int64_t a = 0; a < k2; ++a) {
+          u[a].store(U.data() + a * c + t, mm);
+          (res * u[a]).store(RU.data() + a * c + t, mm);
+        }
+        int64_t row = 0;
+        for (int64_t a = 0; a < k2; ++a) {
+          for (int64_t bb = a; bb < k2; ++bb, ++row) {
+            V w(T(0));
+            bool has_w = false;
+            if (a < k && bb < k) {  // gate-gate
+              const int64_t i = a, j = bb;
+              if (m.gate == SIGMOID) {
+                if (i == j) { w = pi[i] * (one - pi[i]) * (one - two * pi[i]) * h[i] * vt2; has_w = true; }
+              } else {
+                w = pi[i] * pi[j] * (h[i] + h[j] - two * f);
+                w = (i == j ? pi[i] * (h[i] - f) - w : w.neg()) * vt2;
+                has_w = true;
+              }
+            } else if (a < k) {  // gate-expert
+              const int64_t i = a, j = bb - k;
+              if (m.gate == SIGMOID) {
+                if (i == j) { w = pi[i] * (one - pi[i]) * dh[i] * vt; has_w = true; }
+              } else {
+                w = pi[i] * pi[j] * dh[j];
+                w = (i == j ? pi[i] * dh[i] - w : w.neg()) * vt;
+                has_w = true;
+              }
+            } else if (a == bb && m.act2) {  // expert-expert
+              w = pi[a - k] * d2h[a - k];
+              has_w = true;
+            }
+            V cab = u[a] * u[bb];
+            if (has_w) cab = at::vec::fmadd(res, w, cab);
+            cab.store(C.data() + row * c + t, mm);
+          }
+        }
+      }
+      // pair products of the inputs: XX_(l, l') = x_l x_l' (l <= l')
+      int64_t row = 0;
+      for (int64_t l = 0; l < p; ++l) {
+        const T* xl = XT + l * n + lo;
+        for (int64_t l2 = l; l2 < p; ++l2, ++row) {
+          const T* xl2 = XT + l2 * n + lo;
+          T* out = XX.data() + row * c;
+          for (int64_t t = 0; t < cc; ++t) out[t] = xl[t] * xl2[t];
+        }
+      }
+      if (mu * mx <= SMALL_PRODUCT) {  // a BLAS call costs more than these few dot products
+        for (int64_t a = 0; a < mu; ++a)
+          for (int64_t q = 0; q < mx; ++q) Mbuf[a * mx + q] += dot(C.data() + a * c, XX.data() + q * c, cc);
+        for (int64_t a = 0; a < k2; ++a)
+          for (int64_t l = 0; l < p; ++l) Bbuf[a * p + l] += dot(RU.data() + a * c, XT + l * n + lo, cc);
+      } else {
+        at::Tensor Ct = at::from_blob(C.data(), {mu, cc}, {c, 1}, opts);
+        at::Tensor XXt = at::from_blob(XX.data(), {mx, cc}, {c, 1}, opts);
+        at::Tensor RUt = at::from_blob(RU.data(), {k2, cc}, {c, 1}, opts);
+        at::Tensor Xc = at::from_blob(const_cast<T*>(XT) + lo, {p, cc}, {n, 1}, opts);
+        Mt.addmm_(Ct, XXt.t());
+        Bt.addmm_(RUt, Xc.t());
+      }
+    }
+    const T inv_n = T(1.0 / double(n));
+    const int64_t FF = F * F;
+    for (int64_t q = 0; q < FF; ++q) H[q] = Mbuf[hidx[q]] * inv_n;
+    for (int64_t a = 0; a < F; ++a) b[a] = Bbuf[free[a]] * inv_n;
+    T buf[W];
+    acc.store(buf);
+    T s = 0;
+    for (int64_t j = 0; j < W; ++j) s += buf[j];
+    return s;
+  }
+};
+
+struct Settings {
+  int64_t max_iter, stall_window;
+  double gtol, damping, stall_tol;
+};
+
+struct Outcome {
+  double loss, gnorm;
+  int64_t n_iter, status, evals;
+};
+
+// One problem from theta (P, overwritten with the end point) to its stop.
+template <typename T>
+Outcome solve(Workspace<T>& ws, T* theta, const T* lower, const T* upper, const Settings& set) {
+  const int64_t P = ws.P, F = ws.F, n = ws.m.n;
+  const std::vector<int64_t>& free = ws.free;
+  const T inv_n = T(1.0 / double(n));
+  const T eps = std::numeric_limits<T>::epsilon(), tiny = std::numeric_limits<T>::min();
+  auto project = [&](T* th) {
+    if (lower == nullptr) return;
+    for (int64_t q = 0; q < P; ++q) th[q] = std::max(std::min(th[q], upper[q]), lower[q]);
+  };
+  std::vector<T> H(F * F), M(F * F), b(F), g(P), D(F), Dreg(F), delta(F), trial(P), Hd(F);
+  std::vector<char> held(F);
+  std::vector<T> past;  // objectives of the iterations so far (the stall test looks stall_window back)
+  Outcome out{0, 0, 0, RUNNING, 0};
+  project(theta);
+  T f = ws.value_hessian(theta, b.data(), H.data()) * inv_n;
+  out.evals = 1;
+  for (int64_t a = 0; a < F; ++a) D[a] = std::abs(H[a * F + a]);
+  T lam = T(set.damping), nu = T(2);
+  past.push_back(f);
+  for (int64_t it = 0; it <= set.max_iter; ++it) {
+    std::fill(g.begin(), g.end(), T(0));
+    for (int64_t a = 0; a < F; ++a) g[free[a]] = T(2) * b[a];
+    T gn = 0;
+    bool nan = false;
+    for (int64_t q = 0; q < P; ++q) {
+      const bool blocked = lower != nullptr &&
+                           ((theta[q] <= lower[q] && g[q] > 0) || (theta[q] >= upper[q] && g[q] < 0));
+      if (!blocked) gn = std::max(gn, std::abs(g[q]));
+      nan = nan || std::isnan(g[q]);
+    }
+    if (nan) gn = std::numeric_limits<T>::quiet_NaN();  // as torch's amax: a NaN gradient is never converged
+    int64_t status = RUNNING;
+    if (gn <= T(set.gtol)) {
+      status = GTOL;
+    } else if (lam > T(1e16)) {
+      status = DAMPING;
+    } else if (int64_t(past.size()) > set.stall_window &&
+               past[past.size() - 1 - set.stall_window] - f <= T(set.stall_tol) * std::max(std::abs(f), tiny)) {
+      status = STALL;
+    } else if (it == set.max_iter) {
+      status = MAX_ITER;
+    }
+    if (status != RUNNING) {
+      out.loss = double(f); out.gnorm = double(gn); out.status = status;
+      return out;
+    }
+    T dmax = 0;
+    for (int64_t a = 0; a < F; ++a) {
+      D[a] = std::max(D[a], std::abs(H[a * F + a]));
+      dmax = std::max(dmax, D[a]);
+    }
+    for (int64_t a = 0; a < F; ++a) Dreg[a] = D[a] + eps * std::max(dmax, tiny);
+    bool any_held = false;
+    for (int64_t a = 0; a < F; ++a) {
+      const int64_t q = free[a];
+      const bool blocked = lower != nullptr &&
+                           ((theta[q] <= lower[q] && g[q] > 0) || (theta[q] >= upper[q] && g[q] < 0));
+      held[a] = blocked && g[q] != 0;
+      any_held = any_held || held[a];
+    }
+    // damped step: (H + lam diag(Dreg)) delta = -b, held coordinates fixed; lam x10 until positive definite
+    bool factored = false;
+    for (int64_t attempt = 0; attempt < 40; ++attempt) {
+      for (int64_t a = 0; a < F; ++a)
+        for (int64_t c2 = 0; c2 <= a; ++c2)
+          M[a * F + c2] = (any_held && (held[a] || held[c2])) ? T(a == c2 ? 1 : 0) : H[a * F + c2];
+      for (int64_t a = 0; a < F; ++a) M[a * F + a] += lam * Dreg[a];
+      if (factor(M.data(), F)) { factored = true; break; }
+      lam *= T(10);
+    }
+    if (factored) {
+      for (int64_t a = 0; a < F; ++a) delta[a] = (any_held && held[a]) ? T(0) : -b[a];
+      cholesky_solve(M.data(), delta.data(), F);
+      for (int64_t a = 0; a < F; ++a)
+        if (!std::isfinite(delta[a])) delta[a] = T(0);
+    } else {
+      std::fill(delta.begin(), delta.end(), T(0));
+    }
+    std::copy(theta, theta + P, trial.begin());
+    for (int64_t a = 0; a < F; ++a) trial[free[a]] += delta[a];
+    project(trial.data());
+    for (int64_t a = 0; a < F; ++a) delta[a] = trial[free[a]] - theta[free[a]];
+    const T ft = ws.value(trial.data()) * inv_n;
+    out.evals += 1;
+    T db = 0, dHd = 0;
+    for (int64_t a = 0; a < F; ++a) {
+      db += delta[a] * b[a];
+      Hd[a] = dot(H.data() + a * F, delta.data(), F);
+    }
+    for (int64_t a = 0; a < F; ++a) dHd += delta[a] * Hd[a];
+    const T pred = T(-2) * db - dHd;
+    const T rho = (f - ft) / pred;
+    // A predicted decrease below the rounding error of the objective cannot be checked against the computed one
+    // (their ratio is rounding noise): such a step is taken when the objective did not rise beyond that error.
+    const T noise = T(NOISE_ULPS) * std::sqrt(T(n)) * eps * std::abs(f);
+    const bool at_floor = pred > 0 && pred <= noise;
+    const bool accept = std::isfinite(ft) && pred > 0 && (at_floor ? ft <= f + noise : rho > 0);
+    if (accept) {
+      const T cube = at_floor ? T(1) : T(2) * rho - T(1);  // at the floor the model is taken as exact (rho = 1)
+      lam = std::max(lam * std::max(T(1) - cube * cube * cube, T(1.0 / 3.0)), T(1e-12));
+      nu = T(2);
+    } else {
+      lam = lam * nu;
+      nu = nu * T(2);
+    }
+    out.n_iter += 1;
+    if (accept) {
+      std::copy(trial.begin(), trial.end(), theta);
+      f = ws.value_hessian(theta, b.data(), H.data()) * inv_n;
+      out.evals += 1;
+    }
+    past.push_back(f);
+  }
+  return out;  // not reached: it == max_iter stops above
+}
+
+template <typename T>
+void newton_impl(const at::Tensor& theta, const at::Tensor& XT, const at::Tensor& y, const at::Tensor& lower,
+                 const at::Tensor& upper, const std::vector<int64_t>& free, const Model& model, int64_t S,
+                 int64_t chunk, const Settings& set, at::Tensor& loss, at::Tensor& gnorm, at::Tensor& n_iter,
+                 at::Tensor& status, at::Tensor& evals) {
+  const int64_t B = theta.size(0), P = theta.size(1), p = model.p, n = model.n;
+  T* th = theta.data_ptr<T>();
+  const T* xt = XT.data_ptr<T>();
+  const T* yp = y.data_ptr<T>();
+  const T* lo = lower.numel() ? lower.data_ptr<T>() : nullptr;
+  const T* hi = upper.numel() ? upper.data_ptr<T>() : nullptr;
+  double* lp = loss.data_ptr<double>();
+  double* gp = gnorm.data_ptr<double>();
+  int64_t* ip = n_iter.data_ptr<int64_t>();
+  int64_t* sp = status.data_ptr<int64_t>();
+  int64_t* ep = evals.data_ptr<int64_t>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    Workspace<T> ws(model, chunk, free);
+    for (int64_t bi = begin; bi < end; ++bi) {
+      const int64_t rep = bi / S;
+      ws.XT = xt + rep * p * n;
+      ws.y = yp + rep * n;
+      const Outcome o = solve<T>(ws, th + bi * P, lo, hi, set);
+      lp[bi] = o.loss; gp[bi] = o.gnorm; ip[bi] = o.n_iter; sp[bi] = o.status; ep[bi] = o.evals;
+    }
+  });
+}
+
+}  // namespace
+
+// theta (B, 2k*p) starts (row j of problem b at [j*p, (j+1)*p)), XT (R, p, n) augmented inputs transposed, y (R, n),
+// problem b on replicate b / S; free_idx the optimised coordinates (increasing); lower/upper (P,) or empty (no box).
+// Returns theta (B, P) end points, loss (B,) = sum_t r^2 / n, the projected gradient's sup-norm (B,), iterations,
+// status codes (_optim.STATUS) and evaluations (B,).
+std::vector<at::Tensor> newton(at::Tensor theta, at::Tensor XT, at::Tensor y, at::Tensor free_idx, at::Tensor lower,
+                               at::Tensor upper, int64_t S, int64_t k, int64_t gate, int64_t act, bool act2,
+                               double tau, int64_t max_iter, double gtol, double damping, int64_t stall_window,
+                               double stall_tol, int64_t chunk) {
+  TORCH_CHECK(k >= 1 && k <= KMAX, "moe_newton: k must be in [1, ", KMAX, "]");
+  TORCH_CHECK(theta.device().is_cpu() && XT.device().is_cpu() && y.device().is_cpu(), "moe_newton: CPU tensors only");
+  theta = theta.contiguous().clone(); XT = XT.contiguous(); y = y.contiguous();
+  lower = lower.contiguous(); upper = upper.contiguous();
+  TORCH_CHECK(theta.dim() == 2 && XT.dim() == 3 && y.dim() == 2, "moe_newton: shapes");
+  const int64_t B = theta.size(0), p = XT.size(1), n = XT.size(2);
+  TORCH_CHECK(theta.size(1) == 2 * k * p && B % S == 0 && XT.size(0) * S == B, "moe_newton: shapes");
+  auto fi = free_idx.to(at::kLong).contiguous();
+  std::vector<int64_t> free(fi.data_ptr<int64_t>(), fi.data_ptr<int64_t>() + fi.numel());
+  const Model model{k, p, n, gate, act, act2, tau};
+  const Settings set{max_iter, stall_window, gtol, damping, stall_tol};
+  auto dopt = at::TensorOptions().dtype(at::kDouble), lopt = at::TensorOptions().dtype(at::kLong);
+  auto loss = at::empty({B}, dopt), gnorm = at::empty({B}, dopt);
+  auto n_iter = at::empty({B}, lopt), status = at::empty({B}, lopt), evals = at::empty({B}, lopt);
+  const int64_t cmax = std::max<int64_t>(1, std::min(chunk, n));
+  AT_DISPATCH_FLOATING_TYPES(theta.scalar_type(), "moe_newton", [&] {
+    newton_impl<scalar_t>(theta, XT, y, lower, upper, free, model, S, cmax, set, loss, gnorm, n_iter, status, evals);
+  });
+  return {theta, loss, gnorm, n_iter, status, evals};
+}
+
+// The loop's own objective (sum_t r_t^2 / n), b = J^T r / n and H (half the exact Hessian) at one theta (2k*p), on the
+// free coordinates: what each Newton iteration builds, exposed for the tests.
+std::vector<at::Tensor> value_hessian(at::Tensor theta, at::Tensor XT, at::Tensor y, at::Tensor free_idx, int64_t k,
+                                      int64_t gate, int64_t act, bool act2, double tau, int64_t chunk) {
+  TORCH_CHECK(k >= 1 && k <= KMAX, "moe_newton: k must be in [1, ", KMAX, "]");
+  theta = theta.contiguous(); XT = XT.contiguous(); y = y.contiguous();
+  const int64_t p = XT.size(0), n = XT.size(1);
+  TORCH_CHECK(theta.numel() == 2 * k * p && y.numel() == n, "moe_newton: shapes");
+  auto fi = free_idx.to(at::kLong).contiguous();
+  std::vector<int64_t> free(fi.data_ptr<int64_t>(), fi.data_ptr<int64_t>() + fi.numel());
+  const int64_t F = int64_t(free.size());
+  const Model model{k, p, n, gate, act, act2, tau};
+  auto loss = at::empty({}, theta.options()), b = at::empty({F}, theta.options()), H = at::empty({F, F}, theta.options());
+  AT_DISPATCH_FLOATING_TYPES(theta.scalar_type(), "moe_newton_hessian", [&] {
+    Workspace<scalar_t> ws(model, std::max<int64_t>(1, std::min(chunk, n)), free);
+    ws.XT = XT.data_ptr<scalar_t>();
+    ws.y = y.data_ptr<scalar_t>();
+    loss.fill_(ws.value_hessian(theta.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), H.data_ptr<scalar_t>()) /
+               scalar_t(n));
+  });
+  return {loss, b, H};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("newton", &newton, "Trust-region Newton for MoE least squares, one run per problem");
+  m.def("value_hessian", &value_hessian, "Objective, half gradient and half exact Hessian at one point");
+}
