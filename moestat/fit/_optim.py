@@ -36,7 +36,7 @@ import torch
 
 from .._random import randperm
 from . import _native
-from ._objective import LSProblem, per_problem_on_cpu
+from ._objective import LSProblem, MeanKernel, per_problem_on_cpu
 
 STATUS = {0: "running", 1: "gtol", 2: "ftol", 3: "xtol", 4: "max_iter", 5: "line_search",
           6: "damping", 7: "budget", 8: "saddle", 9: "stall", 10: "kink"}
@@ -656,17 +656,34 @@ def newton_native(problem: LSProblem, theta: torch.Tensor, module, *, max_iter: 
     gate and the data on the CPU; no history or progress bar.  ``n_evals`` of the result is the largest number of
     evaluations any problem made.
     """
-    kernel = problem.kernel
-    k, p = kernel.k, problem.p
-    mu, mx = k * (2 * k + 1), p * (p + 1) // 2
-    chunk = max(64, block_bytes // ((6 * k + mu + mx + 1) * theta.element_size()))
     XT = problem.X.transpose(1, 2).contiguous()
     empty = theta.new_empty(0)
     lower = empty if problem.lower is None else problem.lower.to(theta.dtype)
     upper = empty if problem.upper is None else problem.upper.to(theta.dtype)
+    k, gate, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
     th, loss, gnorm, n_iter, status, evals = module.newton(
-        theta, XT, problem.y, problem.free_idx, lower, upper, problem.S, k, _native.GATE_CODES[kernel.gate],
-        kernel.native_act, kernel.act2 is not None, kernel.temperature, max_iter, gtol, damping, stall_window,
-        stall_tol, chunk)
+        theta, XT, problem.y, problem.free_idx, lower, upper, problem.S, k, gate, act, act2, tau, max_iter, gtol,
+        damping, stall_window, stall_tol, chunk)
     return OptimResult(th, loss.to(theta.dtype), gnorm.to(theta.dtype), n_iter, status,
                        n_evals=int(evals.max()) if evals.numel() else 0)
+
+
+def native_hessians(problem: LSProblem, theta: torch.Tensor, module, block_bytes: int = 2**20) -> torch.Tensor:
+    r"""Half the exact Hessian (A, F, F) of the objective at ``theta`` (A, P) for the active problems of ``problem``,
+    as :func:`newton_native` forms it in each iteration (``module.value_hessian``): the curvature its stopping
+    problems end with, for the saddle check of :func:`moestat.fit_lse`."""
+    k, gate, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
+    reps = problem.rep_of[problem.active].tolist()
+    return torch.stack([module.value_hessian(theta[a], problem.X[r].T.contiguous(), problem.y[r], problem.free_idx,
+                                             k, gate, act, act2, tau, chunk)[2] for a, r in enumerate(reps)])
+
+
+def _native_model(problem: LSProblem, itemsize: int, block_bytes: int) -> tuple[int, int, int, bool, float, int]:
+    """The model arguments of the C++ Newton loop's functions: k, gate and activation codes, whether
+    :math:`\varphi''` is used, the temperature, and the observations per block (its work arrays in ``block_bytes``)."""
+    kernel = problem.kernel
+    assert isinstance(kernel, MeanKernel) and kernel.native_act is not None
+    k, p = kernel.k, problem.p
+    mu, mx = k * (2 * k + 1), p * (p + 1) // 2
+    chunk = max(64, block_bytes // ((6 * k + mu + mx + 1) * itemsize))
+    return k, _native.GATE_CODES[kernel.gate], kernel.native_act, kernel.act2 is not None, kernel.temperature, chunk

@@ -753,7 +753,10 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
                 c = torch.where(lam_min > lam_max * torch.finfo(dt).eps, lam_max / lam_min,
                                 torch.full_like(lam_min, float("inf")))
                 cond = to_numpy(c).astype(float)
-            _, He, _ = problem.gauss_newton(res.theta[best], exact=True)
+            if newton_loop is not None:  # the curvature the C++ loop ended with, without a batched evaluation
+                He = _optim.native_hessians(problem, res.theta[best], newton_loop)
+            else:
+                _, He, _ = problem.gauss_newton(res.theta[best], exact=True)
             ev = torch.linalg.eigvalsh(He)
         scale = ev.abs().amax(1).clamp_min(torch.finfo(dt).tiny)
         hess_min = to_numpy(ev[:, 0] / scale).astype(float)

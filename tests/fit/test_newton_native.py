@@ -124,6 +124,11 @@ def test_fixed_cases_match_the_tensor_loop(case):
     spec, data = _data(gate, expert, k, d, n=400, reps=2, seed=11)
     tensor, native = _fits(spec, data, restarts=3, seed=5, box=box)
     _assert_same_fits(tensor, native)
+    # the saddle check's curvature, from the C++ loop's own Hessian (native_hessians): the same smallest eigenvalue
+    stopped = ["gtol", "saddle", "kink"]
+    both = np.isin(tensor.status, stopped) & np.isin(native.status, stopped)
+    assert both.any()
+    np.testing.assert_allclose(native.hessian_min_eig[both], tensor.hessian_min_eig[both], rtol=1e-6, atol=1e-10)
     if case == "held_by_box":  # coordinates held on the box during the steps: the held-coordinate path ran
         assert native.restarts["hit_bound"].all()
     if case == "lapack":  # two of the six restarts converge (the others stall on the 400 rows' flat valleys)
