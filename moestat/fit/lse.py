@@ -524,8 +524,9 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         default ``False`` run the eager kernel, already fused by hand.  Results agree with the eager kernel
         to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.  Newton fits (``optimizer="auto"``
         up to :data:`NATIVE_NEWTON_MAX_FREE` free parameters) also run the whole Newton loop in C++, one problem
-        at a time with its arrays in cache (:func:`moestat.fit._optim.newton_native`; 2-8x faster on small
-        problems, where the batched loop's cost is dispatch; ``settings["newton_loop"] == "native"``), unless
+        at a time with its arrays in cache (:func:`moestat.fit._optim.newton_native`; 1.9-7.6x faster on small
+        problems, where the batched loop's cost is dispatch, 1.1x at the flagship size;
+        ``settings["newton_loop"] == "native"``), unless
         ``history`` or ``progress`` asks for per-iteration output.  It agrees with the tensor loop to rounding,
         except at the rounding floor of the objective, where it takes a step whose predicted decrease the
         objective cannot resolve if the objective did not rise (docs/lse.md).
