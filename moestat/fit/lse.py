@@ -735,13 +735,6 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     all_params = _scale_weights(_theta_to_params(res.theta, spec.k, d, learn_temperature), in_scale, inverse=True)
     best_np = to_numpy(best)
     rep_idx, rs_idx = np.repeat(np.arange(R), S), np.tile(np.arange(S), R)
-    restarts_frame = pd.DataFrame({
-        "rep": rep_idx, "restart": rs_idx, "objective": to_numpy(res.loss).astype(float),
-        "converged": to_numpy(converged_all), "status": status_all, "n_iter": to_numpy(res.n_iter),
-        "grad_norm": to_numpy(res.grad_norm).astype(float), "hit_bound": to_numpy(hit_all),
-        "best": np.isin(np.arange(R * S), best_np),
-        "start": np.tile(np.array(kinds if kinds is not None else ["params"] * S, dtype=object), R),
-    })
     cond = np.full(R, np.nan)
     hess_min = np.full(R, np.nan)
     if condition or optimizer == "newton":
@@ -766,8 +759,13 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
             res.status[best[saddle]] = 8
             converged_all = res.converged
             status_all = np.array([_optim.STATUS[int(c)] for c in to_numpy(res.status)], dtype=object)
-            restarts_frame["converged"] = to_numpy(converged_all)
-            restarts_frame["status"] = status_all
+    restarts_frame = pd.DataFrame({
+        "rep": rep_idx, "restart": rs_idx, "objective": to_numpy(res.loss).astype(float),
+        "converged": to_numpy(converged_all), "status": status_all, "n_iter": to_numpy(res.n_iter),
+        "grad_norm": to_numpy(res.grad_norm).astype(float), "hit_bound": to_numpy(hit_all),
+        "best": np.isin(np.arange(R * S), best_np),
+        "start": np.tile(np.array(kinds if kinds is not None else ["params"] * S, dtype=object), R),
+    })
 
     hist_frame = None
     if history:
