@@ -8,8 +8,7 @@ computations and against the tensor loop (:func:`moestat.fit._optim.newton`).
   so the same end points up to rounding wherever either loop converges (``_assert_same_fits``).  Runs that crawl to
   the iteration cap along a curved valley are not compared: there the trust region's accept/reject decisions
   amplify rounding, and the two loops end 1e-5 relative apart in the objective, both unconverged.  Tolerances:
-  objectives 1e-9 relative, parameters 1e-5 relative plus 1e-4 of their largest magnitude (rounding of 1e-16 grown
-  over up to 200 Newton iterations; gates run off to 1e3 along flat directions, 1.1e-5 relative apart there).
+  objectives 1e-9 relative and fitted means 1e-5 (rounding of 1e-16 grown over up to 200 Newton iterations).
   The property-based draws have k <= 2 experts on 300 rows; with k = 3 some draws are ill-posed, with minima in
   valleys so flat that two points that both meet the gradient tolerance differ by 2e-8 relative in the objective
   (softmax gate, sigmoid experts, seed 6682); the fixed cases below have k = 3 and 4.
@@ -52,29 +51,39 @@ def _fits(spec, data, **kwargs):
         return [ms.fit_lse(spec, data.X, data.y, compile=c, condition=False, **kwargs) for c in (False, True)]
 
 
-def _assert_same_fits(tensor, native, iter_slack: int = 2) -> None:
-    """Restarts that either loop converged end at the same point.  Where both converged, the C++ loop needs at most
-    ``iter_slack`` + 5% more iterations: it takes steps at the rounding floor that the tensor loop may first reject a
-    few times, and on runs of 100 iterations along a curved valley rounding moves the last steps.  Where only one
-    did, the other stopped at the rounding floor of the objective with a gradient within 100 gtol (``damping`` or
-    ``stall``: no step it could verify, see ``test_step_below_the_rounding_floor``)."""
+def _assert_same_fits(spec, data, tensor, native, iter_slack: int = 2, short_run: int = 60, long_run: int = 100
+                      ) -> None:
+    """Restarts that either loop converged within ``long_run`` iterations end at the same minimum in both: the same
+    objective and the same fitted mean at the data (parameters themselves can differ along flat directions, e.g. a
+    saturated gate's intercept, 17.56 against 17.84 with the same fit; sigmoid gate and expert, k = 1, seed 162).
+    Where both converged within ``short_run`` iterations, the C++ loop needs at most ``iter_slack`` more: it takes
+    steps at the rounding floor that the tensor loop may first reject a few times.  Where only one loop converged,
+    the other stopped at the rounding floor of the objective with a gradient within 100 gtol (``damping`` or
+    ``stall``: no step it could verify, see ``test_step_below_the_rounding_floor``).
+
+    Longer runs crawl along curved valleys, where rounding moves accept/reject decisions: 111 against 122
+    iterations to the same minimum (sigmoid gate, k = 1, seed 162), objectives 3.7e-9 apart at two points that both
+    meet the gradient tolerance after 174 and 176 iterations, or one loop converging at 192 iterations where the
+    other reaches the 200-iteration cap (sigmoid gates at temperature 0.7, k = 2; 3 of 150 draws of k <= 2)."""
     assert native.settings["newton_loop"] == "native"
     assert "newton_loop" not in tensor.settings
     a, b = tensor.restarts, native.restarts
     # the loops' own stops: fit_lse relabels the best restart's gtol stop "saddle" by its Hessian, and which of two
     # restarts at the same minimum is best is decided by rounding
     stop_a, stop_b = a["status"].replace("saddle", "gtol"), b["status"].replace("saddle", "gtol")
+    n_a, n_b = a["n_iter"].to_numpy(), b["n_iter"].to_numpy()
     ca, cb = stop_a.isin(["gtol", "kink"]).to_numpy(), stop_b.isin(["gtol", "kink"]).to_numpy()
-    same = ca | cb
+    same = (ca & (n_a <= long_run)) | (cb & (n_b <= long_run))
     np.testing.assert_allclose(b["objective"][same], a["objective"][same], rtol=1e-9)
     rows = np.flatnonzero(same)
-    theta_a, theta_b = _flat(tensor.restart_params.select(rows)), _flat(native.restart_params.select(rows))
-    scale = max(1.0, float(np.abs(theta_a).max(initial=0.0)))  # gates run off to 1e3 along flat directions
-    np.testing.assert_allclose(theta_b, theta_a, rtol=1e-5, atol=1e-4 * scale)
-    n_a = a["n_iter"].to_numpy()
-    assert np.all((b["n_iter"].to_numpy() - n_a)[ca & cb] <= iter_slack + n_a[ca & cb] // 20)
-    assert set(stop_a[cb & ~ca]) | set(stop_b[ca & ~cb]) <= {"damping", "stall"}
-    assert (a["grad_norm"][cb & ~ca] <= 1e-8).all() and (b["grad_norm"][ca & ~cb] <= 1e-8).all()
+    X = data.X[a["rep"].to_numpy()[rows]]
+    mean_a = spec.mean(tensor.restart_params.select(rows), X)
+    mean_b = spec.mean(native.restart_params.select(rows), X)
+    np.testing.assert_allclose(mean_b, mean_a, rtol=1e-5, atol=1e-5)  # responses of order 1
+    short = ca & cb & (n_a <= short_run)
+    assert np.all((n_b - n_a)[short] <= iter_slack)
+    assert set(stop_a[same & ~ca]) | set(stop_b[same & ~cb]) <= {"damping", "stall"}
+    assert (a["grad_norm"][same & ~ca] <= 1e-8).all() and (b["grad_norm"][same & ~cb] <= 1e-8).all()
 
 
 @pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
@@ -112,7 +121,7 @@ def test_hessian_and_gradient_match_autograd(gate, expert, temperature):
 def test_fits_match_the_tensor_loop(gate, expert, k, d, boxed, temperature, seed):
     spec, data = _data(gate, expert, k, d, n=300, reps=2, seed=seed, temperature=temperature)
     tensor, native = _fits(spec, data, restarts=2, seed=seed, box=2.0 if boxed else None)
-    _assert_same_fits(tensor, native)
+    _assert_same_fits(spec, data, tensor, native)
 
 
 @pytest.mark.parametrize("case", ["relu", "constant", "held_by_box", "k4_d3", "lapack"])
@@ -123,7 +132,7 @@ def test_fixed_cases_match_the_tensor_loop(case):
                                "lapack": ("sigmoid", "tanh", 3, 32, None)}[case]  # 198 free: LAPACK's Cholesky
     spec, data = _data(gate, expert, k, d, n=400, reps=2, seed=11)
     tensor, native = _fits(spec, data, restarts=3, seed=5, box=box)
-    _assert_same_fits(tensor, native)
+    _assert_same_fits(spec, data, tensor, native)
     # the saddle check's curvature, from the C++ loop's own Hessian (native_hessians): the same smallest eigenvalue
     stopped = ["gtol", "saddle", "kink"]
     both = np.isin(tensor.status, stopped) & np.isin(native.status, stopped)
