@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 import torch
+from lse_vs_scipy import md_table, truth_params  # benchmarks/ is on the path when this script runs
 
 import moestat as ms
 from moestat.fit.init import kmeans_init
@@ -29,14 +30,6 @@ from moestat.fit.init import kmeans_init
 SMALL = [("softmax", 1, 2, 500), ("softmax", 2, 3, 1000), ("softmax", 4, 4, 5000), ("sigmoid", 1, 2, 500),
          ("sigmoid", 2, 3, 1000), ("sigmoid", 4, 4, 5000)]
 LARGE = [(16, 4, 2000), (8, 8, 2000), (24, 4, 2000), (49, 10, 2000)]
-
-
-def linear_truth(gate: str, k: int, d: int) -> ms.Params:
-    """The truth of ``lse_vs_scipy.py``: gate and expert slopes N(0, 4), expert intercepts spread on [-2, 2]."""
-    rng = np.random.default_rng(0)
-    p = ms.Params(gate_bias=rng.normal(size=k), gate_weight=2.0 * rng.normal(size=(k, d)),
-                  expert_weight=2.0 * rng.normal(size=(k, d)), expert_bias=np.linspace(-2.0, 2.0, k))
-    return p.normalize_softmax(-1) if gate == "softmax" else p
 
 
 def gelu_truth(k: int, d: int) -> ms.Params:
@@ -71,14 +64,6 @@ def compare(label: str, spec: ms.MoE, X, y, repeat: int, **kw) -> dict:
             "median iterations default / compiled": f"{int(a['n_iter'].median())}/{int(b['n_iter'].median())}"}
 
 
-def table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        out.append("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    return "\n".join(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer cells and replicates")
@@ -91,11 +76,11 @@ def main() -> None:
     R, S = (2, 3) if args.quick else (5, 4)
     for gate, d, k, n in SMALL[::2] if args.quick else SMALL:
         spec = ms.MoE(gate=gate, expert="linear", k=k, d=d)
-        data = ms.simulate(spec, linear_truth(gate, k, d), n=n, reps=R, seed=1, inputs="gaussian")
+        data = ms.simulate(spec, truth_params(gate, k, d), n=n, reps=R, seed=1, inputs="gaussian")
         starts = kmeans_init(spec, data.X, data.y, S, seed=2)
         rows.append(compare(f"{gate} linear d={d} k={k} n={n}, {R}x{S} k-means starts", spec, data.X, data.y,
                             args.repeat, init=starts, restarts=S))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        print(md_table(rows[-1:]).splitlines()[-1], flush=True)
     for d, k, n in LARGE[:1] if args.quick else LARGE:
         spec = ms.MoE(gate="softmax", expert="gelu", k=k, d=d)
         truth = gelu_truth(k, d)
@@ -103,13 +88,13 @@ def main() -> None:
         F = (2 * k - 1) * (d + 1)
         rows.append(compare(f"softmax gelu d={d} k={k} n={n} (F={F}), 2 near-truth fits", spec, data.X, data.y,
                             1 if args.quick else args.repeat, init="near_truth", truth=truth, seed=2))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
+        print(md_table(rows[-1:]).splitlines()[-1], flush=True)
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     Rf = 4 if args.quick else 20
     data = ms.simulate(spec, truth, n=1000, reps=Rf, seed=1)
     rows.append(compare(f"flagship preset, regime 2 relu, k=9, n=1000, R={Rf} near-truth", spec.with_k(9), data.X,
                         data.y, 1, init="near_truth", truth=truth, duplicate=[0], seed=2))
-    print("\n## fit_lse: the Newton loop in C++ (compile=True) vs the batched tensor loop (default)\n" + table(rows))
+    print("\n## fit_lse: the Newton loop in C++ (compile=True) vs the batched tensor loop (default)\n" + md_table(rows))
 
 
 if __name__ == "__main__":

@@ -16,22 +16,8 @@
 
 namespace {
 
-constexpr int64_t KMAX = 32;
-
-enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
-
-// phi(z) and phi'(z) of expert family number `act`: the cases are generated from the expert registry
-// (ExpertFamily.native in moestat/experts.py) by moestat/fit/_native.py, which replaces the marker below.
-template <typename T>
-inline void activation(int64_t act, const at::vec::Vectorized<T>& z, at::vec::Vectorized<T>& h,
-                       at::vec::Vectorized<T>& dh) {
-  using V = at::vec::Vectorized<T>;
-  const V one(T(1)), zero(T(0));
-  switch (act) {
-    // @ACTIVATION_CASES@
-    default: h = z; dh = one;
-  }
-}
+// KMAX, Gate, activation(), activation_second(), gate_weights(): _native_common.cpp, inserted here.
+// @NATIVE_COMMON@
 
 // One block: Z (S*2k x ldz rows, first c columns) -> U (same layout), loss[s] += sum_t r^2.
 template <typename T>
@@ -51,16 +37,7 @@ void block(const T* Z, const T* y, T* U, T* loss, int64_t S, int64_t k, int64_t 
         pi[i] = V::loadu(zs + i * ld + t, m) * V(inv_tau);
         activation<T>(act, V::loadu(zs + (k + i) * ld + t, m), h[i], dh[i]);
       }
-      if (gate == SIGMOID) {
-        for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
-      } else {
-        V mx = pi[0];
-        for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
-        V tot(T(0));
-        for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx).exp(); tot = tot + pi[i]; }
-        const V inv = one / tot;
-        for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
-      }
+      gate_weights<T>(gate, k, pi);
       V f(T(0));
       for (int64_t i = 0; i < k; ++i) f = at::vec::fmadd(pi[i], h[i], f);
       V r = f - V::loadu(y + t, m);

@@ -34,6 +34,8 @@ from ..experts import ExpertFamily, registered_families
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
 EM_SOURCE = Path(__file__).with_name("_em_native.cpp")
 NEWTON_SOURCE = Path(__file__).with_name("_newton_native.cpp")
+#: The element-wise pieces both least-squares kernels share (activations, gate weights), inserted into each.
+COMMON_SOURCE = Path(__file__).with_name("_native_common.cpp")
 
 #: Largest number of experts the kernel takes (its per-observation work arrays are sized at compile time).
 MAX_K = 32
@@ -42,6 +44,7 @@ GATE_CODES = {"sigmoid": 0, "softmax": 1}
 ACTIVATION_CODES = {f.name: i for i, f in enumerate(fam for fam in registered_families() if fam.native is not None)}
 _MARKER = "// @ACTIVATION_CASES@"
 _SECOND_MARKER = "// @SECOND_DERIVATIVE_CASES@"
+_COMMON_MARKER = "// @NATIVE_COMMON@"
 
 #: Bytes of one block's inputs, Z and U (the kernel's working set: half of a 2 MiB L2 cache).  At k = 9, d = 32
 #: (1,899 rows) it measured best or within 1% of best among 474-7,598 rows at 20 x 1,000, 20 x 10,000 and
@@ -67,18 +70,26 @@ def _cases(template: str, path: Path, marker: str, field: str) -> str:
     return template.replace(marker, cases)
 
 
+def _generated(path: Path) -> str:
+    r"""The C++ source of ``path`` with :data:`COMMON_SOURCE` inserted and one ``case`` of :math:`\varphi, \varphi'`
+    and :math:`\varphi''` per family of :data:`ACTIVATION_CODES` (from the registry)."""
+    code = path.read_text()
+    if _COMMON_MARKER not in code:
+        raise RuntimeError(f"{path.name} lost its {_COMMON_MARKER!r} marker.")
+    code = code.replace(_COMMON_MARKER, COMMON_SOURCE.read_text())
+    return _cases(_cases(code, COMMON_SOURCE, _MARKER, "native"), COMMON_SOURCE, _SECOND_MARKER, "native_second")
+
+
 @functools.cache
 def source() -> str:
     """The kernel's C++ source with one ``case`` per family of :data:`ACTIVATION_CODES` (from the registry)."""
-    return _cases(SOURCE.read_text(), SOURCE, _MARKER, "native")
+    return _generated(SOURCE)
 
 
 @functools.cache
 def newton_source() -> str:
-    r"""The Newton loop's C++ source: :math:`\varphi, \varphi'` and :math:`\varphi''` of every family of
-    :data:`ACTIVATION_CODES` (from the registry)."""
-    code = _cases(NEWTON_SOURCE.read_text(), NEWTON_SOURCE, _MARKER, "native")
-    return _cases(code, NEWTON_SOURCE, _SECOND_MARKER, "native_second")
+    """The Newton loop's C++ source, generated as :func:`source`."""
+    return _generated(NEWTON_SOURCE)
 
 
 def supports(gate: str, k: int, family: ExpertFamily) -> bool:

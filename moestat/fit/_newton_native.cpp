@@ -19,41 +19,26 @@
 
 namespace {
 
-constexpr int64_t KMAX = 32;
+// KMAX, Gate, activation(), activation_second(), gate_weights(): _native_common.cpp, inserted here.
+// @NATIVE_COMMON@
+
 // Pair sums M (mu x mx entries) up to which each block's products are plain dot products instead of two BLAS calls.
 constexpr int64_t SMALL_PRODUCT = 128;
 // Free parameters from which the damped step is factored by LAPACK instead of the loop's own Cholesky.
 constexpr int64_t LAPACK_MIN_F = 192;
 // Rounding error of the objective sum_t r_t^2 / n, as a multiple of sqrt(n) eps |L|.
 constexpr double NOISE_ULPS = 4.0;
-
-enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
 // Status codes of _optim.STATUS.
 enum Status : int64_t { RUNNING = 0, GTOL = 1, MAX_ITER = 4, DAMPING = 6, STALL = 9 };
 
-// phi(z), phi'(z) and phi''(z) of expert family number `act`: the cases are generated from the expert registry
-// (ExpertFamily.native and ExpertFamily.native_second in moestat/experts.py) by moestat/fit/_native.py.
+// Sum of a vector register's lanes, in lane order.
 template <typename T>
-inline void activation(int64_t act, const at::vec::Vectorized<T>& z, at::vec::Vectorized<T>& h,
-                       at::vec::Vectorized<T>& dh) {
-  using V = at::vec::Vectorized<T>;
-  const V one(T(1)), zero(T(0));
-  switch (act) {
-    // @ACTIVATION_CASES@
-    default: h = z; dh = one;
-  }
-}
-
-template <typename T>
-inline void activation_second(int64_t act, const at::vec::Vectorized<T>& z, const at::vec::Vectorized<T>& h,
-                              const at::vec::Vectorized<T>& dh, at::vec::Vectorized<T>& d2h) {
-  using V = at::vec::Vectorized<T>;
-  const V one(T(1)), zero(T(0));
-  (void)one; (void)h; (void)dh;
-  switch (act) {
-    // @SECOND_DERIVATIVE_CASES@
-    default: d2h = zero;
-  }
+inline T lane_sum(const at::vec::Vectorized<T>& v) {
+  T buf[at::vec::Vectorized<T>::size()];
+  v.store(buf);
+  T s = 0;
+  for (const T x : buf) s += x;
+  return s;
 }
 
 template <typename T>
@@ -63,10 +48,7 @@ inline T dot(const T* a, const T* b, int64_t m) {
   V acc(T(0));
   int64_t q = 0;
   for (; q + W <= m; q += W) acc = at::vec::fmadd(V::loadu(a + q), V::loadu(b + q), acc);
-  T buf[W];
-  acc.store(buf);
-  T s = 0;
-  for (int64_t j = 0; j < W; ++j) s += buf[j];
+  T s = lane_sum(acc);
   for (; q < m; ++q) s += a[q] * b[q];
   return s;
 }
@@ -174,28 +156,25 @@ struct Workspace {
     }
   }
 
-  // Gate weights and experts of lanes [t, t + mm) of the block in Z.
-  void forward_lanes(int64_t t, int64_t mm, at::vec::Vectorized<T>* pi, at::vec::Vectorized<T>* h,
-                     at::vec::Vectorized<T>* dh, at::vec::Vectorized<T>& f) const {
+  // Gate weights, experts, mean and residual of lanes [t, t + mm) of the block at observation lo in Z; the squared
+  // residual is added to acc (lanes past the block's end: residual 0).
+  at::vec::Vectorized<T> residual_lanes(int64_t lo, int64_t t, int64_t mm, at::vec::Vectorized<T>* pi,
+                                        at::vec::Vectorized<T>* h, at::vec::Vectorized<T>* dh,
+                                        at::vec::Vectorized<T>& f, at::vec::Vectorized<T>& acc) const {
     using V = at::vec::Vectorized<T>;
     const int64_t k = m.k;
-    const V one(T(1)), inv_tau(T(1.0 / m.tau));
+    const V inv_tau(T(1.0 / m.tau));
     for (int64_t i = 0; i < k; ++i) {
       pi[i] = V::loadu(Z.data() + i * c + t, mm) * inv_tau;
       activation<T>(m.act, V::loadu(Z.data() + (k + i) * c + t, mm), h[i], dh[i]);
     }
-    if (m.gate == SIGMOID) {
-      for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
-    } else {
-      V mx_ = pi[0];
-      for (int64_t i = 1; i < k; ++i) mx_ = at::vec::maximum(mx_, pi[i]);
-      V tot(T(0));
-      for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx_).exp(); tot = tot + pi[i]; }
-      const V inv = one / tot;
-      for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
-    }
+    gate_weights<T>(m.gate, k, pi);
     f = V(T(0));
     for (int64_t i = 0; i < k; ++i) f = at::vec::fmadd(pi[i], h[i], f);
+    V res = f - V::loadu(y + lo + t, mm);
+    if (mm < V::size()) res = V::set(V(T(0)), res, mm);
+    acc = at::vec::fmadd(res, res, acc);
+    return res;
   }
 
   // Sum of squared residuals at theta.
@@ -207,19 +186,9 @@ struct Workspace {
     for (int64_t lo = 0; lo < m.n; lo += c) {
       const int64_t cc = std::min(c, m.n - lo);
       linear(theta, lo, cc);
-      for (int64_t t = 0; t < cc; t += W) {
-        const int64_t mm = std::min<int64_t>(W, cc - t);
-        forward_lanes(t, mm, pi, h, dh, f);
-        V res = f - V::loadu(y + lo + t, mm);
-        if (mm < W) res = V::set(V(T(0)), res, mm);
-        acc = at::vec::fmadd(res, res, acc);
-      }
+      for (int64_t t = 0; t < cc; t += W) residual_lanes(lo, t, std::min<int64_t>(W, cc - t), pi, h, dh, f, acc);
     }
-    T buf[W];
-    acc.store(buf);
-    T s = 0;
-    for (int64_t j = 0; j < W; ++j) s += buf[j];
-    return s;
+    return lane_sum(acc);
   }
 
   // Sum of squared residuals, b = J^T r / n (P) and H = (1/n) sum_t C_t (x) x_t x_t^T on the free coordinates.
@@ -240,10 +209,7 @@ struct Workspace {
       linear(theta, lo, cc);
       for (int64_t t = 0; t < cc; t += W) {
         const int64_t mm = std::min<int64_t>(W, cc - t);
-        forward_lanes(t, mm, pi, h, dh, f);
-        V res = f - V::loadu(y + lo + t, mm);
-        if (mm < W) res = V::set(V(T(0)), res, mm);
-        acc = at::vec::fmadd(res, res, acc);
+        const V res = residual_lanes(lo, t, mm, pi, h, dh, f, acc);
         res.store(r.data() + t, mm);
         if (m.act2)
           for (int64_t i = 0; i < k; ++i)
@@ -317,11 +283,7 @@ struct Workspace {
     const int64_t FF = F * F;
     for (int64_t q = 0; q < FF; ++q) H[q] = Mbuf[hidx[q]] * inv_n;
     for (int64_t a = 0; a < F; ++a) b[a] = Bbuf[free[a]] * inv_n;
-    T buf[W];
-    acc.store(buf);
-    T s = 0;
-    for (int64_t j = 0; j < W; ++j) s += buf[j];
-    return s;
+    return lane_sum(acc);
   }
 };
 

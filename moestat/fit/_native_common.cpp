@@ -1,0 +1,49 @@
+// Element-wise pieces shared by the native kernels (_lsq_native.cpp, _newton_native.cpp): moestat/fit/_native.py
+// inserts this file at each kernel's "@NATIVE_COMMON@" marker, inside its anonymous namespace, and then generates
+// the activation cases from the expert registry (ExpertFamily.native and native_second in moestat/experts.py).
+
+constexpr int64_t KMAX = 32;
+
+enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
+
+// phi(z) and phi'(z) of expert family number `act`.
+template <typename T>
+inline void activation(int64_t act, const at::vec::Vectorized<T>& z, at::vec::Vectorized<T>& h,
+                       at::vec::Vectorized<T>& dh) {
+  using V = at::vec::Vectorized<T>;
+  const V one(T(1)), zero(T(0));
+  switch (act) {
+    // @ACTIVATION_CASES@
+    default: h = z; dh = one;
+  }
+}
+
+// phi''(z) of expert family number `act`, from z and the phi(z), phi'(z) of `activation`.
+template <typename T>
+inline void activation_second(int64_t act, const at::vec::Vectorized<T>& z, const at::vec::Vectorized<T>& h,
+                              const at::vec::Vectorized<T>& dh, at::vec::Vectorized<T>& d2h) {
+  using V = at::vec::Vectorized<T>;
+  const V one(T(1)), zero(T(0));
+  (void)one; (void)h; (void)dh;
+  switch (act) {
+    // @SECOND_DERIVATIVE_CASES@
+    default: d2h = zero;
+  }
+}
+
+// Gate weights pi_1..pi_k in place from the tempered logits pi_i = z_i / tau: sigmoid, or softmax (max-shifted).
+template <typename T>
+inline void gate_weights(int64_t gate, int64_t k, at::vec::Vectorized<T>* pi) {
+  using V = at::vec::Vectorized<T>;
+  const V one(T(1));
+  if (gate == SIGMOID) {
+    for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
+  } else {
+    V mx = pi[0];
+    for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
+    V tot(T(0));
+    for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx).exp(); tot = tot + pi[i]; }
+    const V inv = one / tot;
+    for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+  }
+}
