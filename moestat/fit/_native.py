@@ -13,6 +13,11 @@ The extension is compiled once per machine and torch version (about 30 s with g+
 the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler on PATH, or if a build fails, the callers
 use the eager kernel.  The expert activations are not written here: :func:`source` generates them from the
 expert registry (:attr:`moestat.experts.ExpertFamily.native`), so a family's formulas live in one file.
+
+Two more extensions are built the same way: the trust-region Newton loop of ``fit_lse(compile=True)``
+(``_newton_native.cpp``, :func:`load_newton`), which shares the activations and gate weights of
+``_native_common.cpp`` with this kernel, and the EM loop of ``fit_mle(compile=True)`` (``_em_native.cpp``,
+:func:`load_em`).
 """
 
 from __future__ import annotations
