@@ -679,7 +679,7 @@ def native_hessians(problem: LSProblem, theta: torch.Tensor, module, block_bytes
 
 
 def _native_model(problem: LSProblem, itemsize: int, block_bytes: int) -> tuple[int, int, int, bool, float, int]:
-    """The model arguments of the C++ Newton loop's functions: k, gate and activation codes, whether
+    r"""The model arguments of the C++ Newton loop's functions: k, gate and activation codes, whether
     :math:`\varphi''` is used, the temperature, and the observations per block (its work arrays in ``block_bytes``)."""
     kernel = problem.kernel
     assert isinstance(kernel, MeanKernel) and kernel.native_act is not None
