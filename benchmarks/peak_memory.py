@@ -11,7 +11,8 @@ Three measures of one call, each from its own run of the call (they disturb one 
 
 ``fits``: ``fit_lse`` (sigmoid gate, k = 3 linear experts, d = 4, k-means start, Newton, at most 20 iterations;
 with its CPU default ``block_bytes="auto"``, 8 MiB of inputs per block of replicates, and as one program,
-``block_bytes=None``, the CUDA default) and ``fit_mle`` (softmax gate, k = 3 linear experts, d = 4, EM with 2
+``block_bytes=None``, the CUDA default; and with ``compile=True``, each problem's Newton run in C++, whose work arrays
+are one block of observations per thread) and ``fit_mle`` (softmax gate, k = 3 linear experts, d = 4, EM with 2
 random starts, at most 100 iterations) on R replicates of n observations.  Printed with each peak divided by n R:
 a constant means memory linear in n R; the inputs take 8 (d + 1) = 40 bytes per observation and replicate.
 
@@ -125,7 +126,8 @@ def fit_call(which: str, n: int, R: int):
         spec = ms.MoE(gate="sigmoid", expert="linear", k=k, d=d)
         data = ms.simulate(spec, truth_params("sigmoid", k, d), n=n, reps=R, seed=1, inputs="gaussian")
         blocks = None if "one program" in which else "auto"
-        return lambda: ms.fit_lse(spec, data.X, data.y, seed=2, max_iter=20, block_bytes=blocks)
+        compiled = "compile=True" in which
+        return lambda: ms.fit_lse(spec, data.X, data.y, seed=2, max_iter=20, block_bytes=blocks, compile=compiled)
     spec = ms.MoE(gate="softmax", expert="linear", k=k, d=d)
     truth = truth_params("softmax", k, d)
     truth = ms.Params(truth.gate_bias, truth.gate_weight, truth.expert_weight, truth.expert_bias,
@@ -134,9 +136,10 @@ def fit_call(which: str, n: int, R: int):
     return lambda: ms.fit_mle(spec, data.X, data.y, restarts=2, seed=2, max_iter=100, progress=False)
 
 
-FITS = ("fit_lse", "fit_lse, one program (block_bytes=None)", "fit_mle (2 restarts)")
+FITS = ("fit_lse", "fit_lse, one program (block_bytes=None)", "fit_mle (2 restarts)",
+        "fit_lse(compile=True): the Newton loop in C++")
 #: ``--fits`` names of :data:`FITS`.
-FIT_KEYS = {"lse": FITS[0], "lse-one-program": FITS[1], "mle": FITS[2]}
+FIT_KEYS = {"lse": FITS[0], "lse-one-program": FITS[1], "mle": FITS[2], "lse-compiled": FITS[3]}
 
 
 def fit_rows(ns: list[int], Rs: list[int], fits: tuple[str, ...] = FITS) -> list[dict]:
