@@ -68,9 +68,9 @@ _DEFAULT_MAX_ITER = {"newton": 200, "lbfgs": 1000, "adam": 5000, "lm": 200, "sgd
 #: ``optimizer="auto"`` runs Newton up to this many free parameters per problem (its Hessian takes F^2 floats per
 #: problem and its factorisation F^3/3 flops per iteration), L-BFGS above.
 NEWTON_MAX_PARAMS = 1000
-#: ``compile=True`` runs Newton fits with at most this many free parameters per problem in the C++ loop.  Its Cholesky
-#: factorisation is unblocked; up to 950 free parameters the loop was still faster than the tensor loop with LAPACK
-#: (benchmarks/lse_newton_native.py), larger problems are unmeasured and keep the tensor loop.
+#: ``compile=True`` runs Newton fits with at most this many free parameters per problem in the C++ loop: up to 950 it
+#: measured faster than the tensor loop (benchmarks/lse_newton_native.py); larger problems (only with
+#: ``optimizer="newton"``) are unmeasured and keep the tensor loop.
 NATIVE_NEWTON_MAX_FREE = NEWTON_MAX_PARAMS
 _DEFAULT_LR = {"adam": 1e-2, "sgd": 0.1}
 _SADDLE_TOL = 1e-8  # smallest Hessian eigenvalue below -tol * largest |eigenvalue|: negative curvature
@@ -522,8 +522,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         experts; built once per machine in about 30 s), worth it for long studies at large n
         (docs/performance/lse.md).  Everything else (CUDA tensors, top-K gates, more experts) and the
         default ``False`` run the eager kernel, already fused by hand.  Results agree with the eager kernel
-        to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.  Newton fits (``optimizer="auto"``
-        up to :data:`NATIVE_NEWTON_MAX_FREE` free parameters) also run the whole Newton loop in C++, one problem
+        to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.  Newton fits (up to
+        :data:`NATIVE_NEWTON_MAX_FREE` free parameters) also run the whole Newton loop in C++, one problem
         at a time with its arrays in cache (:func:`moestat.fit._optim.newton_native`; 1.9-7.6x faster on small
         problems, where the batched loop's cost is dispatch, 1.1x at the flagship size;
         ``settings["newton_loop"] == "native"``), unless
