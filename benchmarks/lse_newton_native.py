@@ -66,7 +66,7 @@ def compare(label: str, spec: ms.MoE, X, y, repeat: int, **kw) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cells and replicates")
+    ap.add_argument("--quick", action="store_true", help="fewer cells and replicates (about 20 s)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)

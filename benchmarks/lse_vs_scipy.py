@@ -304,7 +304,7 @@ def jac_rows(gtol: float, max_iter: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="3 cells per gate, R=2, S=3 (about 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="3 cells per gate, R=2, S=3 (about 20 s)")
     ap.add_argument("--gates", default="softmax,sigmoid")
     ap.add_argument("--reps", type=int, default=None, help="replicates R (default 5; quick 2)")
     ap.add_argument("--restarts", type=int, default=None, help="starts per replicate S (default 4; quick 3)")
