@@ -119,7 +119,7 @@ struct Workspace {
   int64_t c, mu, mx, P, F;
   const T* XT;  // (p, n) inputs of the problem's replicate, transposed
   const T* y;   // (n,)
-  std::vector<T> Z, U, RU, C, XX, r, Mbuf, Bbuf;
+  std::vector<T> Z, RU, C, XX, Mbuf, Bbuf;  // a block's Z, r u, pair rows, input pairs; the pair sums
   std::vector<int64_t> hidx;  // (F*F,) flat position in M of each entry of H
   std::vector<int64_t> free;  // (F,)
 
@@ -130,7 +130,7 @@ struct Workspace {
     mx = m.p * (m.p + 1) / 2;
     P = k2 * m.p;
     F = int64_t(free.size());
-    Z.resize(k2 * c); U.resize(k2 * c); RU.resize(k2 * c); C.resize(mu * c); XX.resize(mx * c); r.resize(c);
+    Z.resize(k2 * c); RU.resize(k2 * c); C.resize(mu * c); XX.resize(mx * c);
     Mbuf.resize(mu * mx); Bbuf.resize(k2 * m.p);
     hidx.resize(F * F);
     for (int64_t a = 0; a < F; ++a)
@@ -210,7 +210,6 @@ struct Workspace {
       for (int64_t t = 0; t < cc; t += W) {
         const int64_t mm = std::min<int64_t>(W, cc - t);
         const V res = residual_lanes(lo, t, mm, pi, h, dh, f, acc);
-        res.store(r.data() + t, mm);
         if (m.act2)
           for (int64_t i = 0; i < k; ++i)
             activation_second<T>(m.act, V::loadu(Z.data() + (k + i) * c + t, mm), h[i], dh[i], d2h[i]);
@@ -218,10 +217,7 @@ struct Workspace {
           u[i] = (m.gate == SIGMOID ? h[i] * pi[i] * (one - pi[i]) : pi[i] * (h[i] - f)) * vt;
           u[k + i] = pi[i] * dh[i];
         }
-        for (int64_t a = 0; a < k2; ++a) {
-          u[a].store(U.data() + a * c + t, mm);
-          (res * u[a]).store(RU.data() + a * c + t, mm);
-        }
+        for (int64_t a = 0; a < k2; ++a) (res * u[a]).store(RU.data() + a * c + t, mm);
         int64_t row = 0;
         for (int64_t a = 0; a < k2; ++a) {
           for (int64_t bb = a; bb < k2; ++bb, ++row) {

@@ -685,5 +685,7 @@ def _native_model(problem: LSProblem, itemsize: int, block_bytes: int) -> tuple[
     assert isinstance(kernel, MeanKernel) and kernel.native_act is not None
     k, p = kernel.k, problem.p
     mu, mx = k * (2 * k + 1), p * (p + 1) // 2
+    # rows per observation: Z and r u (4k), the pair rows (mu) and input pairs (mx), and 2k + 1 more that the loop
+    # held when the blocks were measured (kept: the block size sets the order of the sums, and so the bits)
     chunk = max(64, block_bytes // ((6 * k + mu + mx + 1) * itemsize))
     return k, _native.GATE_CODES[kernel.gate], kernel.native_act, kernel.act2 is not None, kernel.temperature, chunk
