@@ -4,8 +4,10 @@
 // Per problem (a replicate x restart) and per evaluation, for each block of `chunk` observations:
 //   Z   = Theta X_c^T                       (2k x c; p small: an axpy per input column)
 //   r, u = df/dZ and the pair rows C_ab = u_a u_b + r W_ab (a <= b), W = d2f/dZ dZ^T   (one at::vec pass)
-//   M  += C XX_c^T,  B += (r u) X_c          (two BLAS calls; XX the pair products of the inputs)
-// and H (half the exact Hessian of the objective on the free coordinates) is gathered from M, b from B.  The
+//   M  += C XX_c^T,  B += (r u) X_c          (XX the pair products of the inputs; tiles of FMAs, BLAS when large)
+// and H (half the exact Hessian of the objective on the free coordinates) is gathered from M, b from B.  When all
+// observations fit one block, the lane pass of a trial point's value (Z, gate weights, experts, residuals) is kept,
+// and the Hessian at an accepted trial point starts from it.  The
 // element-wise formulas are those of MeanKernel.exact_curvature_rows (moestat/fit/_objective.py); the step, its
 // damping, projection, gain ratio and stopping rules those of _optim.newton, so the two agree to rounding.
 #include <torch/extension.h>
@@ -22,8 +24,9 @@ namespace {
 // KMAX, Gate, activation(), activation_second(), gate_weights(): _native_common.cpp, inserted here.
 // @NATIVE_COMMON@
 
-// Pair sums M (mu x mx entries) up to which each block's products are plain dot products instead of two BLAS calls.
-constexpr int64_t SMALL_PRODUCT = 128;
+// Pair sums M (mu x mx entries) up to which each block's products run in pair_sums' register tiles rather than as two
+// BLAS calls (measured on 2 AVX-512 cores: the tiles 1.07x BLAS at 95,931 sums, the flagship preset; 0.93x at 267,750).
+constexpr int64_t SMALL_PRODUCT = 131072;
 // Free parameters from which the damped step is factored by LAPACK instead of the loop's own Cholesky.
 constexpr int64_t LAPACK_MIN_F = 192;
 // Rounding error of the objective sum_t r_t^2 / n, as a multiple of sqrt(n) eps |L|.
@@ -51,6 +54,57 @@ inline T dot(const T* a, const T* b, int64_t m) {
   T s = lane_sum(acc);
   for (; q < m; ++q) s += a[q] * b[q];
   return s;
+}
+
+// out[a * ldo + q] += sum_t A[a * lda + t] B[q * ldb + t] for a < RA, q < RQ, t < len: RA x RQ independent
+// accumulators, so the FMA chains overlap and each loaded vector serves RQ (or RA) products.
+template <typename T, int RA, int RQ>
+inline void pair_tile(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t len, T* out, int64_t ldo) {
+  using V = at::vec::Vectorized<T>;
+  constexpr int64_t W = V::size();
+  V acc[RA][RQ];
+  for (int i = 0; i < RA; ++i)
+    for (int j = 0; j < RQ; ++j) acc[i][j] = V(T(0));
+  int64_t t = 0;
+  for (; t + W <= len; t += W) {
+    V b[RQ];
+    for (int j = 0; j < RQ; ++j) b[j] = V::loadu(B + j * ldb + t);
+    for (int i = 0; i < RA; ++i) {
+      const V a = V::loadu(A + i * lda + t);
+      for (int j = 0; j < RQ; ++j) acc[i][j] = at::vec::fmadd(a, b[j], acc[i][j]);
+    }
+  }
+  if (t < len) {
+    const int64_t r = len - t;
+    V b[RQ];
+    for (int j = 0; j < RQ; ++j) b[j] = V::loadu(B + j * ldb + t, r);
+    for (int i = 0; i < RA; ++i) {
+      const V a = V::loadu(A + i * lda + t, r);
+      for (int j = 0; j < RQ; ++j) acc[i][j] = at::vec::fmadd(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < RA; ++i)
+    for (int j = 0; j < RQ; ++j) out[i * ldo + j] += lane_sum(acc[i][j]);
+}
+
+// out (ma x mb, row stride ldo) += A B^T for A (ma x len, row stride lda), B (mb x len, row stride ldb), in tiles of
+// up to 4 x 4.
+template <typename T>
+void pair_sums(const T* A, int64_t lda, int64_t ma, const T* B, int64_t ldb, int64_t mb, int64_t len, T* out,
+               int64_t ldo) {
+  using Tile = void (*)(const T*, int64_t, const T*, int64_t, int64_t, T*, int64_t);
+  static constexpr Tile tiles[4][4] = {
+      {pair_tile<T, 1, 1>, pair_tile<T, 1, 2>, pair_tile<T, 1, 3>, pair_tile<T, 1, 4>},
+      {pair_tile<T, 2, 1>, pair_tile<T, 2, 2>, pair_tile<T, 2, 3>, pair_tile<T, 2, 4>},
+      {pair_tile<T, 3, 1>, pair_tile<T, 3, 2>, pair_tile<T, 3, 3>, pair_tile<T, 3, 4>},
+      {pair_tile<T, 4, 1>, pair_tile<T, 4, 2>, pair_tile<T, 4, 3>, pair_tile<T, 4, 4>}};
+  for (int64_t a = 0; a < ma; a += 4) {
+    const int64_t ra = std::min<int64_t>(4, ma - a);
+    for (int64_t q = 0; q < mb; q += 4) {
+      const int64_t rq = std::min<int64_t>(4, mb - q);
+      tiles[ra - 1][rq - 1](A + a * lda, lda, B + q * ldb, ldb, len, out + a * ldo + q, ldo);
+    }
+  }
 }
 
 // In-place Cholesky factor of the symmetric F x F matrix A (row-major, lower triangle used); false when A is not
@@ -117,14 +171,22 @@ template <typename T>
 struct Workspace {
   const Model& m;
   int64_t c, mu, mx, P, F;
+  int64_t small_product;  // mu * mx up to which the pair sums run in pair_sums' tiles, not BLAS
   const T* XT;  // (p, n) inputs of the problem's replicate, transposed
   const T* y;   // (n,)
   std::vector<T> Z, RU, C, XX, Mbuf, Bbuf;  // a block's Z, r u, pair rows, input pairs; the pair sums
+  // With all observations in one block, value() keeps Z and each lane group's gate weights, experts, derivatives,
+  // mean and residual (3k + 2 registers, `lanes`), and its sum of squares: value_hessian(..., reuse = true) at the
+  // same theta (an accepted trial point) starts from them instead of evaluating the mean again.
+  bool one_block;
+  std::vector<at::vec::Vectorized<T>> lanes;
+  T kept_value;
   std::vector<int64_t> hidx;  // (F*F,) flat position in M of each entry of H
   std::vector<int64_t> free;  // (F,)
 
-  Workspace(const Model& model, int64_t chunk, const std::vector<int64_t>& free_idx)
-      : m(model), c(chunk), XT(nullptr), y(nullptr), free(free_idx) {
+  Workspace(const Model& model, int64_t chunk, const std::vector<int64_t>& free_idx,
+            int64_t tile_max = SMALL_PRODUCT)
+      : m(model), c(chunk), small_product(tile_max), XT(nullptr), y(nullptr), free(free_idx) {
     const int64_t k2 = 2 * m.k;
     mu = k2 * (k2 + 1) / 2;
     mx = m.p * (m.p + 1) / 2;
@@ -132,6 +194,9 @@ struct Workspace {
     F = int64_t(free.size());
     Z.resize(k2 * c); RU.resize(k2 * c); C.resize(mu * c); XX.resize(mx * c);
     Mbuf.resize(mu * mx); Bbuf.resize(k2 * m.p);
+    one_block = m.n <= c;
+    if (one_block) lanes.resize(lane_groups() * lane_stride());
+    kept_value = T(0);
     hidx.resize(F * F);
     for (int64_t a = 0; a < F; ++a)
       for (int64_t b = 0; b < F; ++b) {
@@ -139,6 +204,9 @@ struct Workspace {
         hidx[a * F + b] = pair_pos(ia, ib, k2) * mx + pair_pos(la, lb, m.p);
       }
   }
+
+  int64_t lane_groups() const { return (c + at::vec::Vectorized<T>::size() - 1) / at::vec::Vectorized<T>::size(); }
+  int64_t lane_stride() const { return 3 * m.k + 2; }  // pi, h, dh (k each), f, residual
 
   // Z (2k x cc) = Theta X_c^T for observations [lo, lo + cc).
   void linear(const T* theta, int64_t lo, int64_t cc) {
@@ -183,33 +251,51 @@ struct Workspace {
     constexpr int64_t W = V::size();
     V pi[KMAX], h[KMAX], dh[KMAX], f;
     V acc(T(0));
+    const int64_t k = m.k, stride = lane_stride();
     for (int64_t lo = 0; lo < m.n; lo += c) {
       const int64_t cc = std::min(c, m.n - lo);
       linear(theta, lo, cc);
-      for (int64_t t = 0; t < cc; t += W) residual_lanes(lo, t, std::min<int64_t>(W, cc - t), pi, h, dh, f, acc);
+      for (int64_t t = 0; t < cc; t += W) {
+        if (one_block) {
+          V* kept = lanes.data() + (t / W) * stride;
+          kept[3 * k + 1] = residual_lanes(lo, t, std::min<int64_t>(W, cc - t), kept, kept + k, kept + 2 * k,
+                                           kept[3 * k], acc);
+        } else {
+          residual_lanes(lo, t, std::min<int64_t>(W, cc - t), pi, h, dh, f, acc);
+        }
+      }
     }
-    return lane_sum(acc);
+    kept_value = lane_sum(acc);
+    return kept_value;
   }
 
   // Sum of squared residuals, b = J^T r / n (P) and H = (1/n) sum_t C_t (x) x_t x_t^T on the free coordinates.
-  T value_hessian(const T* theta, T* b, T* H) {
+  // reuse: theta is the point of the last value() call, whose lane pass is kept (one block only).
+  T value_hessian(const T* theta, T* b, T* H, bool reuse = false) {
     using V = at::vec::Vectorized<T>;
     constexpr int64_t W = V::size();
     const int64_t k = m.k, k2 = 2 * k, p = m.p, n = m.n;
     const T inv_tau = T(1.0 / m.tau), inv_tau2 = inv_tau * inv_tau;
     const V one(T(1)), two(T(2)), vt(inv_tau), vt2(inv_tau2);
-    V pi[KMAX], h[KMAX], dh[KMAX], d2h[KMAX], u[2 * KMAX], f;
+    V own[3 * KMAX + 2], d2h[KMAX], u[2 * KMAX];
     V acc(T(0));
+    reuse = reuse && one_block;
+    const int64_t stride = lane_stride();
     std::fill(Mbuf.begin(), Mbuf.end(), T(0));
     std::fill(Bbuf.begin(), Bbuf.end(), T(0));
     auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
     at::Tensor Mt = at::from_blob(Mbuf.data(), {mu, mx}, opts), Bt = at::from_blob(Bbuf.data(), {k2, p}, opts);
     for (int64_t lo = 0; lo < n; lo += c) {
       const int64_t cc = std::min(c, n - lo);
-      linear(theta, lo, cc);
+      if (!reuse) linear(theta, lo, cc);
       for (int64_t t = 0; t < cc; t += W) {
         const int64_t mm = std::min<int64_t>(W, cc - t);
-        const V res = residual_lanes(lo, t, mm, pi, h, dh, f, acc);
+        V* const lane = reuse ? lanes.data() + (t / W) * stride : own;
+        const V* const pi = lane;
+        const V* const h = lane + k;
+        const V* const dh = lane + 2 * k;
+        if (!reuse) lane[3 * k + 1] = residual_lanes(lo, t, mm, lane, lane + k, lane + 2 * k, lane[3 * k], acc);
+        const V f = lane[3 * k], res = lane[3 * k + 1];
         if (m.act2)
           for (int64_t i = 0; i < k; ++i)
             activation_second<T>(m.act, V::loadu(Z.data() + (k + i) * c + t, mm), h[i], dh[i], d2h[i]);
@@ -261,11 +347,9 @@ struct Workspace {
           for (int64_t t = 0; t < cc; ++t) out[t] = xl[t] * xl2[t];
         }
       }
-      if (mu * mx <= SMALL_PRODUCT) {  // a BLAS call costs more than these few dot products
-        for (int64_t a = 0; a < mu; ++a)
-          for (int64_t q = 0; q < mx; ++q) Mbuf[a * mx + q] += dot(C.data() + a * c, XX.data() + q * c, cc);
-        for (int64_t a = 0; a < k2; ++a)
-          for (int64_t l = 0; l < p; ++l) Bbuf[a * p + l] += dot(RU.data() + a * c, XT + l * n + lo, cc);
+      if (mu * mx <= small_product) {
+        pair_sums(C.data(), c, mu, XX.data(), c, mx, cc, Mbuf.data(), mx);
+        pair_sums(RU.data(), c, k2, XT + lo, n, p, cc, Bbuf.data(), p);
       } else {
         at::Tensor Ct = at::from_blob(C.data(), {mu, cc}, {c, 1}, opts);
         at::Tensor XXt = at::from_blob(XX.data(), {mx, cc}, {c, 1}, opts);
@@ -279,7 +363,7 @@ struct Workspace {
     const int64_t FF = F * F;
     for (int64_t q = 0; q < FF; ++q) H[q] = Mbuf[hidx[q]] * inv_n;
     for (int64_t a = 0; a < F; ++a) b[a] = Bbuf[free[a]] * inv_n;
-    return lane_sum(acc);
+    return reuse ? kept_value : lane_sum(acc);
   }
 };
 
@@ -403,7 +487,7 @@ Outcome solve(Workspace<T>& ws, T* theta, const T* lower, const T* upper, const 
     out.n_iter += 1;
     if (accept) {
       std::copy(trial.begin(), trial.end(), theta);
-      f = ws.value_hessian(theta, b.data(), H.data()) * inv_n;
+      f = ws.value_hessian(theta, b.data(), H.data(), true) * inv_n;
       out.evals += 1;
     }
     past.push_back(f);
@@ -471,9 +555,12 @@ std::vector<at::Tensor> newton(at::Tensor theta, at::Tensor XT, at::Tensor y, at
 }
 
 // The loop's own objective (sum_t r_t^2 / n), b = J^T r / n and H (half the exact Hessian) at one theta (2k*p), on the
-// free coordinates: what each Newton iteration builds, exposed for the tests.
+// free coordinates: what each Newton iteration builds, exposed for the saddle check, the tests and the benchmarks.
+// small_product: the largest mu * mx whose pair sums run in tiles rather than BLAS (negative: the loop's
+// SMALL_PRODUCT); evaluations: how many times to evaluate with one workspace, as the loop does (for timing).
 std::vector<at::Tensor> value_hessian(at::Tensor theta, at::Tensor XT, at::Tensor y, at::Tensor free_idx, int64_t k,
-                                      int64_t gate, int64_t act, bool act2, double tau, int64_t chunk) {
+                                      int64_t gate, int64_t act, bool act2, double tau, int64_t chunk,
+                                      int64_t small_product, int64_t evaluations) {
   TORCH_CHECK(k >= 1 && k <= KMAX, "moe_newton: k must be in [1, ", KMAX, "]");
   theta = theta.contiguous(); XT = XT.contiguous(); y = y.contiguous();
   const int64_t p = XT.size(0), n = XT.size(1);
@@ -484,11 +571,14 @@ std::vector<at::Tensor> value_hessian(at::Tensor theta, at::Tensor XT, at::Tenso
   const Model model{k, p, n, gate, act, act2, tau};
   auto loss = at::empty({}, theta.options()), b = at::empty({F}, theta.options()), H = at::empty({F, F}, theta.options());
   AT_DISPATCH_FLOATING_TYPES(theta.scalar_type(), "moe_newton_hessian", [&] {
-    Workspace<scalar_t> ws(model, std::max<int64_t>(1, std::min(chunk, n)), free);
+    Workspace<scalar_t> ws(model, std::max<int64_t>(1, std::min(chunk, n)), free,
+                           small_product < 0 ? SMALL_PRODUCT : small_product);
     ws.XT = XT.data_ptr<scalar_t>();
     ws.y = y.data_ptr<scalar_t>();
-    loss.fill_(ws.value_hessian(theta.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), H.data_ptr<scalar_t>()) /
-               scalar_t(n));
+    scalar_t value = 0;
+    for (int64_t e = 0; e < std::max<int64_t>(1, evaluations); ++e)
+      value = ws.value_hessian(theta.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), H.data_ptr<scalar_t>());
+    loss.fill_(value / scalar_t(n));
   });
   return {loss, b, H};
 }

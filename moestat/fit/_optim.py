@@ -675,7 +675,17 @@ def native_hessians(problem: LSProblem, theta: torch.Tensor, module, block_bytes
     k, gate, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
     reps = problem.rep_of[problem.active].tolist()
     return torch.stack([module.value_hessian(theta[a], problem.X[r].T.contiguous(), problem.y[r], problem.free_idx,
-                                             k, gate, act, act2, tau, chunk)[2] for a, r in enumerate(reps)])
+                                             k, gate, act, act2, tau, chunk, -1, 1)[2] for a, r in enumerate(reps)])
+
+
+def native_block_rows(k: int, p: int, itemsize: int, block_bytes: int = 2**20) -> int:
+    """Observations per block of the C++ Newton loop for k experts and p = d + 1 input columns: its work arrays in
+    about ``block_bytes``."""
+    mu, mx = k * (2 * k + 1), p * (p + 1) // 2
+    # rows per observation: Z and r u (4k), the pair rows (mu) and input pairs (mx), and 2k + 1 more that the loop
+    # held when the blocks were measured (kept: the block size sets the order of the sums, and so the bits); a
+    # problem in one block also keeps its trial point's lane pass (3k + 2 rows), which stays within 1.2 block_bytes
+    return max(64, block_bytes // ((6 * k + mu + mx + 1) * itemsize))
 
 
 def _native_model(problem: LSProblem, itemsize: int, block_bytes: int) -> tuple[int, int, int, bool, float, int]:
@@ -683,9 +693,6 @@ def _native_model(problem: LSProblem, itemsize: int, block_bytes: int) -> tuple[
     :math:`\varphi''` is used, the temperature, and the observations per block (its work arrays in ``block_bytes``)."""
     kernel = problem.kernel
     assert isinstance(kernel, MeanKernel) and kernel.native_act is not None
-    k, p = kernel.k, problem.p
-    mu, mx = k * (2 * k + 1), p * (p + 1) // 2
-    # rows per observation: Z and r u (4k), the pair rows (mu) and input pairs (mx), and 2k + 1 more that the loop
-    # held when the blocks were measured (kept: the block size sets the order of the sums, and so the bits)
-    chunk = max(64, block_bytes // ((6 * k + mu + mx + 1) * itemsize))
-    return k, _native.GATE_CODES[kernel.gate], kernel.native_act, kernel.act2 is not None, kernel.temperature, chunk
+    chunk = native_block_rows(kernel.k, problem.p, itemsize, block_bytes)
+    return (kernel.k, _native.GATE_CODES[kernel.gate], kernel.native_act, kernel.act2 is not None,
+            kernel.temperature, chunk)

@@ -105,10 +105,13 @@ def test_hessian_and_gradient_match_autograd(gate, expert, temperature):
     r, J, Hx = ReferenceKernel(spec).residual_derivatives(theta[None], X[None], y[None], exact=True)
     H_ref = Hx[0][free_idx][:, free_idx] / n
     b_ref = (J[0].T @ r[0])[free_idx] / n
-    for chunk in (n, 37, 5):  # one block; several with a short last one; blocks shorter than a vector register
+    # one block; several with a short last one; blocks shorter than a vector register; pair sums in the loop's
+    # register tiles (-1: the loop's own threshold, far above these 126 sums) and as BLAS products (0); evaluated
+    # twice with one workspace, as in the loop
+    for chunk, small_product in [(n, -1), (37, -1), (5, -1), (n, 0), (37, 0)]:
         loss, b, H = module.value_hessian(theta.reshape(-1), X.T.contiguous(), y, free_idx, k,
                                           _native.GATE_CODES[gate], kernel.native_act, kernel.act2 is not None,
-                                          temperature, chunk)
+                                          temperature, chunk, small_product, 2)
         assert float(loss) == pytest.approx(float(r.square().mean()), rel=1e-13)
         np.testing.assert_allclose(b, b_ref, rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(H, H_ref, rtol=1e-10, atol=1e-12)
