@@ -287,6 +287,13 @@ _NATIVE_GELU = ("const V cdf = V(T(0.5)) * (one + (z * V(T(0.7071067811865475244
 
 _NATIVE_GELU_D2 = "d2h = (V(T(-0.5)) * z * z).exp() * V(T(0.39894228040143267794)) * (V(T(2)) - z * z);"
 
+# softplus as torch computes it (beta 1, threshold 20: z itself above 20), phi' = sigmoid, phi'' = s (1 - s)
+_NATIVE_SOFTPLUS = ("h = V::blendv(z.exp().log1p(), z, z > V(T(20))); dh = one / (one + z.neg().exp());")
+# celu with alpha = 1: expm1(z) below 0; phi' = exp(z) and phi'' = exp(z) there, 1 and 0 above
+_NATIVE_CELU = "const V e = z.exp(); h = V::blendv(z.expm1(), z, z > zero); dh = V::blendv(e, one, z > zero);"
+_NATIVE_LEAKY_RELU = (f"h = V::blendv(z * V(T({LEAKY_SLOPE!r})), z, z > zero); "
+                      f"dh = V::blendv(V(T({LEAKY_SLOPE!r})), one, z > zero);")
+
 _FAMILIES: dict[str, ExpertFamily] = {
     "linear": ExpertFamily("linear", _identity, homogeneous=True, derivative=torch.ones_like, piecewise_linear=True,
                            odd=True, fused=_fused_linear, native="h = z; dh = one;"),
@@ -294,7 +301,7 @@ _FAMILIES: dict[str, ExpertFamily] = {
                          fused=_fused_relu,
                          native="h = at::vec::maximum(z, zero); dh = V::blendv(zero, one, z > zero);"),
     "leaky_relu": ExpertFamily("leaky_relu", _leaky_relu, homogeneous=True, derivative=_leaky_relu_d1,
-                               piecewise_linear=True, kinks=(0.0,)),
+                               piecewise_linear=True, kinks=(0.0,), native=_NATIVE_LEAKY_RELU),
     "gelu": ExpertFamily("gelu", _gelu, homogeneous=False, derivative=_gelu_d1, second_derivative=_gelu_d2,
                          fused=_fused_gelu, native=_NATIVE_GELU, native_second=_NATIVE_GELU_D2),
     "tanh": ExpertFamily("tanh", torch.tanh, homogeneous=False, derivative=_tanh_d1, second_derivative=_tanh_d2,
@@ -305,8 +312,10 @@ _FAMILIES: dict[str, ExpertFamily] = {
                             native="h = one / (one + z.neg().exp()); dh = h * (one - h);",
                             native_second="d2h = dh * (one - V(T(2)) * h);"),
     "softplus": ExpertFamily("softplus", torch.nn.functional.softplus, homogeneous=False, derivative=torch.sigmoid,
-                             second_derivative=_sigmoid_d1),
-    "celu": ExpertFamily("celu", torch.nn.functional.celu, homogeneous=False),
+                             second_derivative=_sigmoid_d1, native=_NATIVE_SOFTPLUS,
+                             native_second="d2h = dh * (one - dh);"),
+    "celu": ExpertFamily("celu", torch.nn.functional.celu, homogeneous=False, native=_NATIVE_CELU,
+                         native_second="d2h = V::blendv(z.exp(), zero, z > zero);"),
     "constant": ExpertFamily("constant", _identity, homogeneous=False, input_dependent=False,
                              derivative=torch.ones_like, piecewise_linear=True, fused=_fused_linear),
 }
@@ -316,6 +325,18 @@ _ALIASES = {"id": "linear", "identity": "linear", "cubic": "poly3"}
 def registered_families() -> tuple[ExpertFamily, ...]:
     """The named expert families of the registry (without the ``polyP`` family made on demand), in order."""
     return tuple(_FAMILIES.values())
+
+
+#: Polynomial degrees whose families the native C++ kernels are built with (the papers' ``poly2`` and ``poly3``);
+#: other degrees run the eager kernels.
+NATIVE_POLY_DEGREES = (2, 3)
+
+
+def native_families() -> tuple[ExpertFamily, ...]:
+    """The families with C++ forms (``native``) that the native kernels are built with, in a fixed order: the
+    registered ones, then ``polyP`` for P in :data:`NATIVE_POLY_DEGREES`."""
+    polys = tuple(_poly_family(p) for p in NATIVE_POLY_DEGREES)
+    return tuple(f for f in (*registered_families(), *polys) if f.native is not None)
 _POLY = re.compile(r"^poly([1-9][0-9]*)$")
 
 EXPERTS = ("linear", "relu", "gelu", "tanh", "sigmoid", "poly2", "poly3", "constant")
@@ -330,8 +351,20 @@ ACTIVATION_NAMES = tuple(sorted({*_FAMILIES, *_ALIASES, "poly2", "poly3"} - {"co
 def _poly_family(p: int) -> ExpertFamily:
     """The family ``polyP`` (one object per degree, so families compare equal)."""
     phi, d1, d2, fused = _power(p)
+    native, native_second = _native_power(p) if p in NATIVE_POLY_DEGREES else (None, None)
     return ExpertFamily(f"poly{p}", phi, homogeneous=False, derivative=d1, second_derivative=d2, odd=p % 2 == 1,
-                        fused=fused)
+                        fused=fused, native=native, native_second=native_second)
+
+
+def _native_power(p: int) -> tuple[str, str]:
+    r"""C++ forms of :math:`z^p`, :math:`pz^{p-1}` and :math:`p(p-1)z^{p-2}` (p >= 2) by repeated multiplication, as
+    torch computes the low powers of the fused evaluator."""
+
+    def power(q: int) -> str:
+        return " * ".join(["z"] * q) if q else "one"
+
+    native = f"dh = {power(p - 1)}; h = dh * z; dh = dh * V(T({p}));"
+    return native, f"d2h = V(T({p * (p - 1)})) * {power(p - 2)};"
 
 
 def get_expert(name: str | ExpertFamily) -> ExpertFamily:

@@ -34,7 +34,7 @@ from types import ModuleType
 import torch
 
 from ..exceptions import warn_user
-from ..experts import ExpertFamily, registered_families
+from ..experts import ExpertFamily, native_families
 
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
 EM_SOURCE = Path(__file__).with_name("_em_native.cpp")
@@ -46,7 +46,7 @@ COMMON_SOURCE = Path(__file__).with_name("_native_common.cpp")
 MAX_K = 32
 GATE_CODES = {"sigmoid": 0, "softmax": 1}
 #: Kernel code of each expert family with a C++ form, in registry order.
-ACTIVATION_CODES = {f.name: i for i, f in enumerate(fam for fam in registered_families() if fam.native is not None)}
+ACTIVATION_CODES = {f.name: i for i, f in enumerate(native_families())}
 _MARKER = "// @ACTIVATION_CASES@"
 _SECOND_MARKER = "// @SECOND_DERIVATIVE_CASES@"
 _COMMON_MARKER = "// @NATIVE_COMMON@"
@@ -69,7 +69,7 @@ def _cases(template: str, path: Path, marker: str, field: str) -> str:
     statements in ``field`` (:class:`~moestat.experts.ExpertFamily`)."""
     if marker not in template:
         raise RuntimeError(f"{path.name} lost its {marker!r} marker.")
-    families = {f.name: f for f in registered_families()}
+    families = {f.name: f for f in native_families()}
     cases = "\n    ".join(f"case {code}: {{ {getattr(families[name], field)} break; }}"
                            for name, code in ACTIVATION_CODES.items() if getattr(families[name], field) is not None)
     return template.replace(marker, cases)

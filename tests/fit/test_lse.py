@@ -179,10 +179,12 @@ def test_native_fit_matches_eager_fit():
 def test_native_activations_come_from_the_expert_registry():
     """The kernel's activation cases are generated from ExpertFamily.native: one case per family with a C++
     form, the built-in five among them, and none written in the C++ file itself."""
-    families = {f.name: f for f in ms.experts.registered_families()}
+    families = {f.name: f for f in ms.experts.native_families()}
+    registered = {f.name for f in ms.experts.registered_families() if f.native is not None}
     with_native = sorted(name for name, f in families.items() if f.native is not None)
     assert sorted(_native.ACTIVATION_CODES) == with_native
-    assert {"linear", "relu", "tanh", "sigmoid", "gelu"} <= set(with_native)
+    assert set(with_native) == registered | {"poly2", "poly3"}
+    assert {"linear", "relu", "tanh", "sigmoid", "gelu", "softplus", "celu", "leaky_relu"} <= registered
     src = _native.source()
     for name, code in _native.ACTIVATION_CODES.items():
         assert f"case {code}: {{ {families[name].native} break; }}" in src
@@ -192,7 +194,8 @@ def test_native_activations_come_from_the_expert_registry():
         assert f"case {code}: {{ {families[name].native} break; }}" in newton
         if families[name].native_second is not None:
             assert f"case {code}: {{ {families[name].native_second} break; }}" in newton
-    assert {name for name, f in families.items() if f.native_second is not None} == {"gelu", "tanh", "sigmoid"}
+    assert {name for name, f in families.items() if f.native_second is not None} == {
+        "gelu", "tanh", "sigmoid", "softplus", "celu", "poly2", "poly3"}
     for path in (_native.SOURCE, _native.NEWTON_SOURCE, _native.COMMON_SOURCE):  # no formula written in C++ files
         assert "erf()" not in path.read_text() and "tanh()" not in path.read_text()
 
