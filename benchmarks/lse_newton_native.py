@@ -7,8 +7,9 @@ the default call over the time of the compiled one, whole calls (starts given, `
 two fits' objectives over the restarts both converged, converged restarts of each, and the median iterations.
 
 Cells: the softmax and sigmoid cells of ``lse_vs_scipy.py`` (linear experts, k-means starts, R = 5 replicates x 4
-starts), gelu experts with near-truth starts at 119-950 free parameters, and the flagship preset (regime 2, relu
-experts, sigmoid gate, k = 9, near-truth starts, R = 20, 594 free parameters).  Run::
+starts), d = 2 cells with the experts whose C++ forms came later (leaky_relu, softplus, celu, poly2, poly3), gelu
+experts with near-truth starts at 119-950 free parameters, and the flagship preset (regime 2,
+relu experts, sigmoid gate, k = 9, near-truth starts, R = 20, 594 free parameters).  Run::
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_newton_native.py [--quick]
 """
@@ -30,6 +31,10 @@ from moestat.fit.init import kmeans_init
 SMALL = [("softmax", 1, 2, 500), ("softmax", 2, 3, 1000), ("softmax", 4, 4, 5000), ("sigmoid", 1, 2, 500),
          ("sigmoid", 2, 3, 1000), ("sigmoid", 4, 4, 5000)]
 LARGE = [(16, 4, 2000), (8, 8, 2000), (24, 4, 2000), (49, 10, 2000)]
+# the families whose C++ forms came after the first five, at d = 2, n = 1,000 with the truths of SMALL: polynomial
+# experts at k = 2 with a softmax gate, where poly2 fits converge (poly3 fits there run to the iteration cap)
+FAMILIES = [("sigmoid", "leaky_relu", 3), ("sigmoid", "softplus", 3), ("sigmoid", "celu", 3), ("softmax", "poly2", 2),
+            ("softmax", "poly3", 2)]
 
 
 def gelu_truth(k: int, d: int) -> ms.Params:
@@ -79,6 +84,13 @@ def main() -> None:
         data = ms.simulate(spec, truth_params(gate, k, d), n=n, reps=R, seed=1, inputs="gaussian")
         starts = kmeans_init(spec, data.X, data.y, S, seed=2)
         rows.append(compare(f"{gate} linear d={d} k={k} n={n}, {R}x{S} k-means starts", spec, data.X, data.y,
+                            args.repeat, init=starts, restarts=S))
+        print(md_table(rows[-1:]).splitlines()[-1], flush=True)
+    for gate, expert, k in FAMILIES[1::2] if args.quick else FAMILIES:
+        spec = ms.MoE(gate=gate, expert=expert, k=k, d=2)
+        data = ms.simulate(spec, truth_params(gate, k, 2), n=1000, reps=R, seed=1, inputs="gaussian")
+        starts = kmeans_init(spec, data.X, data.y, S, seed=2)
+        rows.append(compare(f"{gate} {expert} d=2 k={k} n=1000, {R}x{S} k-means starts", spec, data.X, data.y,
                             args.repeat, init=starts, restarts=S))
         print(md_table(rows[-1:]).splitlines()[-1], flush=True)
     for d, k, n in LARGE[:1] if args.quick else LARGE:
