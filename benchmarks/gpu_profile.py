@@ -6,7 +6,8 @@
 2. ``--parts gbar``: :func:`moestat.estimate_gbar` for one truth of the sigmoid-vs-softmax vignette (gelu experts,
    sigmoid gate, d = 3, k = k* + 1, the study's settings: 20,000 Monte-Carlo inputs, ``--gbar-restarts`` starts
    (default 4), at most 1,000 iterations of ``--gbar-optimizer``, box 10) on each device of ``--devices``: wall
-   time, and how far the devices' distances differ.
+   time, and how far the devices' distances differ.  The device ``cpu-compiled`` is the CPU with ``compile=True``
+   (each start's Newton run in C++).
 
     PYTHONPATH=. python benchmarks/gpu_profile.py --devices cpu,cuda [--parts newton,gbar]
 
@@ -66,15 +67,16 @@ def gbar_part(devices: list[str], optimizer: str, restarts: int = 4, duplicate: 
     k = truth.spec.k + 1
     dup = [int(v) for v in truth.info["duplicate"]][:1] if duplicate == "first" else None
     results = {}
-    for device in devices:
+    for name in devices:
+        device, compiled = ("cpu", True) if name == "cpu-compiled" else (name, False)
         _sync(device)
         t0 = time.perf_counter()
         gb = ms.estimate_gbar(truth.spec, truth.params, k, n_mc=20_000, restarts=restarts, duplicate=dup, seed=7,
-                              max_iter=1000, box=10.0, device=device, optimizer=optimizer)
+                              max_iter=1000, box=10.0, device=device, optimizer=optimizer, compile=compiled)
         _sync(device)
         wall = time.perf_counter() - t0
-        results[device] = gb
-        print(f"estimate_gbar on {device} ({restarts} starts): {wall:.2f} s; l2 {np.array2string(gb.l2, precision=6)}, "
+        results[name] = gb
+        print(f"estimate_gbar on {name} ({restarts} starts): {wall:.2f} s; l2 {np.array2string(gb.l2, precision=6)}, "
               f"near-minimisers {int(gb.near.sum())}/{len(gb.near)}", flush=True)
     if len(results) > 1:
         a, b = (results[d] for d in devices[:2])
@@ -84,7 +86,9 @@ def gbar_part(devices: list[str], optimizer: str, restarts: int = 4, duplicate: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--devices", default="cpu", help="comma-separated devices (newton part: the last one)")
+    ap.add_argument("--devices", default="cpu",
+                    help="comma-separated devices, cpu-compiled for the CPU with compile=True (newton part: the last "
+                         "one, which must be a torch device)")
     ap.add_argument("--parts", default="newton,gbar")
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--reps", type=int, default=20)

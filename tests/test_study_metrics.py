@@ -165,3 +165,30 @@ def test_invariance_from_the_winning_start_only():
     np.testing.assert_allclose(est.alt.objective, lm.objective, rtol=1e-12)
     with pytest.raises(ValueError, match=r"invariance\.starts"):
         lse_estimator(spec, data.X, data.y, truth=truth, invariance={"optimizer": "lm", "starts": "first"}, **opts)
+
+
+def test_gbar_compiled_gives_the_same_limits_under_its_own_cache_key():
+    """``gbar_compile=True`` runs each start's Newton run in C++: the same near-minimiser set as the default
+    estimate, recorded in the result's settings and cached apart from it.  The starts end along the flat split
+    valley, where two runs to the same gradient tolerance stop at points whose distances to f* differ by up to
+    about 1e-7 (at most 5.2e-8 here), three orders below ``tol_l2``."""
+    from moestat.cells import gate_matched_loss, gbar_for, representation_metric
+
+    truth_obj = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0)
+    spec, truth = truth_obj
+    ctx = _ctx(spec, _two_atoms(truth), truth, truth_obj.info, {"box": "none"})
+    kw = {"n_mc": 4_000, "restarts": 4, "max_iter": 1000, "init_scale": 0.05, "tol_l2": 1e-4, "box": None,
+          "device": "cpu"}
+    default, seed = gbar_for(ctx, None, **kw)
+    compiled, seed_c = gbar_for(ctx, None, **kw, compile=True)
+    assert seed == seed_c and "compile" not in default.settings and compiled.settings["compile"] is True
+    np.testing.assert_array_equal(compiled.converged, default.converged)  # three of four, in both
+    np.testing.assert_allclose(compiled.l2, default.l2, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(compiled.near, default.near)
+    assert default.l2.max() < 1e-6
+    cols = gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None, gbar_compile=True)
+    assert cols["gbar_compile"].all() and "gbar_compile" not in gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None)
+    # the representation metric's basin estimate takes the option too: the same nearest representation
+    rep = [representation_metric(ctx, n_mc=2_000, gbar_n_mc=4_000, gbar_box=None, gbar_compile=c) for c in (False, True)]
+    assert rep[0]["representation"][0] == rep[1]["representation"][0]
+    np.testing.assert_allclose(rep[1]["param"], rep[0]["param"], rtol=1e-4)
