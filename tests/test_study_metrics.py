@@ -189,6 +189,7 @@ def test_gbar_compiled_gives_the_same_limits_under_its_own_cache_key():
     cols = gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None, gbar_compile=True)
     assert cols["gbar_compile"].all() and "gbar_compile" not in gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None)
     # the representation metric's basin estimate takes the option too: the same nearest representation
-    rep = [representation_metric(ctx, n_mc=2_000, gbar_n_mc=4_000, gbar_box=None, gbar_compile=c) for c in (False, True)]
+    rep = [representation_metric(ctx, n_mc=2_000, gbar_n_mc=4_000, gbar_box=None, gbar_compile=c)
+           for c in (False, True)]
     assert rep[0]["representation"][0] == rep[1]["representation"][0]
     np.testing.assert_allclose(rep[1]["param"], rep[0]["param"], rtol=1e-4)
