@@ -110,11 +110,8 @@ def test_a_converged_gelu_sigmoid_split_ends_at_a_dead_atom_representation():
     (an arbitrary point of the valley, which the metric must not use as a limit)."""
     from moestat.cells import gbar_for, representation_metric
 
-    truth_obj = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0)
+    truth_obj, ctx0, kw = _gelu_split_problem(n_mc=20_000)
     spec, truth = truth_obj
-    ctx0 = _ctx(spec, _two_atoms(truth), truth, truth_obj.info, {"box": "none"})
-    kw = {"n_mc": 20_000, "restarts": 4, "max_iter": 1000, "init_scale": 0.05, "tol_l2": 1e-4, "box": None,
-          "device": "cpu"}
     newton, _ = gbar_for(ctx0, None, **kw)
     lbfgs, _ = gbar_for(ctx0, None, **kw, optimizer="lbfgs")
     assert newton.converged[0] and newton.l2[0] < 1e-9  # measured 2.5e-11: exact up to Newton's gradient tolerance
@@ -133,6 +130,17 @@ def test_a_converged_gelu_sigmoid_split_ends_at_a_dead_atom_representation():
     with pytest.raises(ValueError, match="basin"):
         representation_metric(_ctx(spec, newton.params.select([0]), truth, truth_obj.info, {"box": "none"}),
                               n_mc=100, basin="nearest")
+
+
+def _gelu_split_problem(n_mc: int):
+    """The sigmoid-gated gelu truth of the gate-comparison preset (d = 2, k* = 2), a metric context of a k* + 1
+    atom fit (no box), and gbar_for's keywords at ``n_mc`` Monte-Carlo inputs with four Newton starts."""
+    truth_obj = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0)
+    spec, truth = truth_obj
+    ctx = _ctx(spec, _two_atoms(truth), truth, truth_obj.info, {"box": "none"})
+    kw = {"n_mc": n_mc, "restarts": 4, "max_iter": 1000, "init_scale": 0.05, "tol_l2": 1e-4, "box": None,
+          "device": "cpu"}
+    return truth_obj, ctx, kw
 
 
 def _two_atoms(truth):
@@ -174,11 +182,7 @@ def test_gbar_compiled_gives_the_same_limits_under_its_own_cache_key():
     about 1e-7 (at most 5.2e-8 here), three orders below ``tol_l2``."""
     from moestat.cells import gate_matched_loss, gbar_for, representation_metric
 
-    truth_obj = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=2, k=2, seed=0)
-    spec, truth = truth_obj
-    ctx = _ctx(spec, _two_atoms(truth), truth, truth_obj.info, {"box": "none"})
-    kw = {"n_mc": 4_000, "restarts": 4, "max_iter": 1000, "init_scale": 0.05, "tol_l2": 1e-4, "box": None,
-          "device": "cpu"}
+    _, ctx, kw = _gelu_split_problem(n_mc=4_000)
     default, seed = gbar_for(ctx, None, **kw)
     compiled, seed_c = gbar_for(ctx, None, **kw, compile=True)
     assert seed == seed_c and "compile" not in default.settings and compiled.settings["compile"] is True
