@@ -7,9 +7,10 @@ the default call over the time of the compiled one, whole calls (starts given, `
 two fits' objectives over the restarts both converged, converged restarts of each, and the median iterations.
 
 Cells: the softmax and sigmoid cells of ``lse_vs_scipy.py`` (linear experts, k-means starts, R = 5 replicates x 4
-starts), d = 2 cells with the experts whose C++ forms came later (leaky_relu, softplus, celu, poly2, poly3), gelu
-experts with near-truth starts at 119-950 free parameters, and the flagship preset (regime 2,
-relu experts, sigmoid gate, k = 9, near-truth starts, R = 20, 594 free parameters).  Run::
+starts), d = 2 cells with the experts whose C++ forms came later (leaky_relu, softplus, celu, poly2, poly3) and with
+top-K gates (gelu experts, top 2 of 4 and of 8), gelu experts with near-truth starts at 119-950 free parameters, and
+the flagship preset (regime 2, relu experts, sigmoid gate, k = 9, near-truth starts, R = 20, 594 free parameters).
+Run::
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_newton_native.py [--quick]
 """
@@ -35,6 +36,8 @@ LARGE = [(16, 4, 2000), (8, 8, 2000), (24, 4, 2000), (49, 10, 2000)]
 # experts at k = 2 with a softmax gate, where poly2 fits converge (poly3 fits there run to the iteration cap)
 FAMILIES = [("sigmoid", "leaky_relu", 3), ("sigmoid", "softplus", 3), ("sigmoid", "celu", 3), ("softmax", "poly2", 2),
             ("softmax", "poly3", 2)]
+# top-K softmax gates (C++ since the same day): gelu experts, d = 2, n = 1,000, keeping top_k of k
+TOPK = [(4, 2), (8, 2)]
 
 
 def gelu_truth(k: int, d: int) -> ms.Params:
@@ -92,6 +95,13 @@ def main() -> None:
         starts = kmeans_init(spec, data.X, data.y, S, seed=2)
         rows.append(compare(f"{gate} {expert} d=2 k={k} n=1000, {R}x{S} k-means starts", spec, data.X, data.y,
                             args.repeat, init=starts, restarts=S))
+        print(md_table(rows[-1:]).splitlines()[-1], flush=True)
+    for k, top_k in TOPK[:1] if args.quick else TOPK:
+        spec = ms.MoE(gate="topk", expert="gelu", k=k, d=2, top_k=top_k)
+        data = ms.simulate(spec, truth_params("softmax", k, 2), n=1000, reps=R, seed=1, inputs="gaussian")
+        starts = kmeans_init(spec, data.X, data.y, S, seed=2)
+        rows.append(compare(f"topk (keeps {top_k}) gelu d=2 k={k} n=1000, {R}x{S} k-means starts", spec, data.X,
+                            data.y, args.repeat, init=starts, restarts=S))
         print(md_table(rows[-1:]).splitlines()[-1], flush=True)
     for d, k, n in LARGE[:1] if args.quick else LARGE:
         spec = ms.MoE(gate="softmax", expert="gelu", k=k, d=d)

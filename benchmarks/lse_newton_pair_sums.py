@@ -53,8 +53,8 @@ def shape_row(gate: str, d: int, k: int, n: int, calls: int, repeat: int) -> dic
 
     def evaluate(small_product: int, evaluations: int = 1) -> torch.Tensor:
         """H after ``evaluations`` evaluations with one work space (allocated once, as in the loop)."""
-        return module.value_hessian(theta, XT, y, free_idx, k, _native.GATE_CODES[gate], linear, False, 1.0, chunk,
-                                    small_product, evaluations)[2]
+        return module.value_hessian(theta, XT, y, free_idx, k, _native.GATE_CODES[gate], k, linear, False, 1.0,
+                                    chunk, small_product, evaluations)[2]
 
     H = {"tiles": evaluate(TILES), "BLAS": evaluate(BLAS)}
     times: dict[str, list[float]] = {"tiles": [], "BLAS": []}

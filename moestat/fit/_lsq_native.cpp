@@ -22,7 +22,7 @@ namespace {
 // One block: Z (S*2k x ldz rows, first c columns) -> U (same layout), loss[s] += sum_t r^2.
 template <typename T>
 void block(const T* Z, const T* y, T* U, T* loss, int64_t S, int64_t k, int64_t c, int64_t ld, int64_t gate,
-           int64_t act, T inv_tau, T scale) {
+           int64_t top_k, int64_t act, T inv_tau, T scale) {
   using V = at::vec::Vectorized<T>;
   constexpr int64_t W = V::size();
   V pi[KMAX], h[KMAX], dh[KMAX];
@@ -37,7 +37,7 @@ void block(const T* Z, const T* y, T* U, T* loss, int64_t S, int64_t k, int64_t 
         pi[i] = V::loadu(zs + i * ld + t, m) * V(inv_tau);
         activation<T>(act, V::loadu(zs + (k + i) * ld + t, m), h[i], dh[i]);
       }
-      gate_weights<T>(gate, k, pi);
+      gate_weights<T>(gate, top_k, k, pi);
       V f(T(0));
       for (int64_t i = 0; i < k; ++i) f = at::vec::fmadd(pi[i], h[i], f);
       V r = f - V::loadu(y + t, m);
@@ -62,7 +62,7 @@ void block(const T* Z, const T* y, T* U, T* loss, int64_t S, int64_t k, int64_t 
 // Blocks [begin, end) of the flattened (group, block) index into this thread's accumulators.
 template <typename T>
 void run_blocks(const at::Tensor& theta, const at::Tensor& X, const T* yp, T* lp, at::Tensor& grad, int64_t begin,
-                int64_t end, int64_t cmax, int64_t k, int64_t gate, int64_t act, T inv_tau, T scale) {
+                int64_t end, int64_t cmax, int64_t k, int64_t gate, int64_t top_k, int64_t act, T inv_tau, T scale) {
   const int64_t SK = theta.size(1), n = X.size(1), S = SK / (2 * k);
   const int64_t nb = (n + cmax - 1) / cmax;
   auto Zbuf = at::empty({SK * cmax}, theta.options()), Ubuf = at::empty({SK * cmax}, theta.options());
@@ -71,7 +71,8 @@ void run_blocks(const at::Tensor& theta, const at::Tensor& X, const T* yp, T* lp
     const at::Tensor Xc = X[g].narrow(0, lo, c);
     at::Tensor Zc = Zbuf.narrow(0, 0, SK * c).view({SK, c}), Uc = Ubuf.narrow(0, 0, SK * c).view({SK, c});
     at::mm_out(Zc, theta[g], Xc.t());
-    block<T>(Zc.data_ptr<T>(), yp + g * n + lo, Uc.data_ptr<T>(), lp + g * S, S, k, c, c, gate, act, inv_tau, scale);
+    block<T>(Zc.data_ptr<T>(), yp + g * n + lo, Uc.data_ptr<T>(), lp + g * S, S, k, c, c, gate, top_k, act, inv_tau,
+             scale);
     grad[g].addmm_(Uc, Xc);
   }
 }
@@ -81,7 +82,8 @@ void run_blocks(const at::Tensor& theta, const at::Tensor& X, const T* yp, T* lp
 // only through the order of that final sum.
 template <typename T>
 void value_grad_impl(const at::Tensor& theta, const at::Tensor& X, const at::Tensor& y, at::Tensor& loss,
-                     at::Tensor& grad, int64_t k, int64_t gate, int64_t act, double tau, int64_t chunk) {
+                     at::Tensor& grad, int64_t k, int64_t gate, int64_t top_k, int64_t act, double tau,
+                     int64_t chunk) {
   const int64_t G = theta.size(0), n = X.size(1);
   const int64_t cmax = std::max<int64_t>(1, std::min(chunk, n));
   const int64_t tasks = G * ((n + cmax - 1) / cmax);
@@ -89,7 +91,7 @@ void value_grad_impl(const at::Tensor& theta, const at::Tensor& X, const at::Ten
   const T* yp = y.data_ptr<T>();
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
   if (threads <= 1) {
-    run_blocks<T>(theta, X, yp, loss.data_ptr<T>(), grad, 0, tasks, cmax, k, gate, act, inv_tau, scale);
+    run_blocks<T>(theta, X, yp, loss.data_ptr<T>(), grad, 0, tasks, cmax, k, gate, top_k, act, inv_tau, scale);
     return;
   }
   auto losses = at::zeros({threads, loss.size(0), loss.size(1)}, loss.options());
@@ -99,7 +101,7 @@ void value_grad_impl(const at::Tensor& theta, const at::Tensor& X, const at::Ten
     for (int64_t t = t0; t < t1; ++t) {
       at::Tensor gt = grads[t];
       run_blocks<T>(theta, X, yp, losses[t].data_ptr<T>(), gt, t * per, std::min(tasks, (t + 1) * per), cmax, k,
-                    gate, act, inv_tau, scale);
+                    gate, top_k, act, inv_tau, scale);
     }
   });
   loss.copy_(losses.sum(0));
@@ -108,10 +110,10 @@ void value_grad_impl(const at::Tensor& theta, const at::Tensor& X, const at::Ten
 
 }  // namespace
 
-// theta (G, S*2k, p), X (G, n, p) augmented inputs, y (G, n); returns loss (G, S) = sum_t r^2 / n and
-// grad (G, S*2k, p).
+// theta (G, S*2k, p), X (G, n, p) augmented inputs, y (G, n); gate a Gate code (top_k: the experts a TOPK gate keeps);
+// returns loss (G, S) = sum_t r^2 / n and grad (G, S*2k, p).
 std::vector<at::Tensor> value_grad(at::Tensor theta, at::Tensor X, at::Tensor y, int64_t k, int64_t gate,
-                                   int64_t act, double tau, int64_t chunk) {
+                                   int64_t top_k, int64_t act, double tau, int64_t chunk) {
   TORCH_CHECK(k >= 1 && k <= KMAX, "moe_lsq: k must be in [1, ", KMAX, "]");
   TORCH_CHECK(theta.device().is_cpu() && X.device().is_cpu() && y.device().is_cpu(), "moe_lsq: CPU tensors only");
   theta = theta.contiguous(); X = X.contiguous(); y = y.contiguous();
@@ -120,7 +122,7 @@ std::vector<at::Tensor> value_grad(at::Tensor theta, at::Tensor X, at::Tensor y,
   auto loss = at::zeros({G, SK / (2 * k)}, theta.options());
   auto grad = at::zeros({G, SK, p}, theta.options());
   AT_DISPATCH_FLOATING_TYPES(theta.scalar_type(), "moe_lsq", [&] {
-    value_grad_impl<scalar_t>(theta, X, y, loss, grad, k, gate, act, tau, chunk);
+    value_grad_impl<scalar_t>(theta, X, y, loss, grad, k, gate, top_k, act, tau, chunk);
   });
   loss.div_(double(n));
   return {loss, grad};

@@ -44,7 +44,7 @@ COMMON_SOURCE = Path(__file__).with_name("_native_common.cpp")
 
 #: Largest number of experts the kernel takes (its per-observation work arrays are sized at compile time).
 MAX_K = 32
-GATE_CODES = {"sigmoid": 0, "softmax": 1}
+GATE_CODES = {"sigmoid": 0, "softmax": 1, "topk": 2}
 #: Kernel code of each expert family with a C++ form, in registry order.
 ACTIVATION_CODES = {f.name: i for i, f in enumerate(native_families())}
 _MARKER = "// @ACTIVATION_CASES@"
@@ -97,8 +97,15 @@ def newton_source() -> str:
     return _generated(NEWTON_SOURCE)
 
 
+def gate_args(gate: str, k: int, top_k: int | None) -> tuple[int, int]:
+    """The kernels' gate arguments: the gate's code and the number of experts it keeps (``top_k`` for a top-K gate,
+    all k otherwise)."""
+    return GATE_CODES[gate], top_k if gate == "topk" and top_k is not None else k
+
+
 def supports(gate: str, k: int, family: ExpertFamily) -> bool:
-    """Whether the native kernel evaluates this model (sigmoid or softmax gate, k <= 32, a built-in expert)."""
+    """Whether the native kernel evaluates this model (sigmoid, softmax or top-K softmax gate, k <= 32, an expert
+    family with a C++ form)."""
     return gate in GATE_CODES and 1 <= k <= MAX_K and activation_code(family) is not None
 
 

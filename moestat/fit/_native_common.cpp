@@ -4,7 +4,7 @@
 
 constexpr int64_t KMAX = 32;
 
-enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1 };
+enum Gate : int64_t { SIGMOID = 0, SOFTMAX = 1, TOPK = 2 };
 
 // phi(z) and phi'(z) of expert family number `act`.
 template <typename T>
@@ -31,18 +31,36 @@ inline void activation_second(int64_t act, const at::vec::Vectorized<T>& z, cons
   }
 }
 
-// Gate weights pi_1..pi_k in place from the tempered logits pi_i = z_i / tau: sigmoid, or softmax (max-shifted).
+// Gate weights pi_1..pi_k in place from the tempered logits pi_i = z_i / tau: sigmoid, softmax (max-shifted), or
+// top-K softmax: the softmax of the top_k largest logits of each observation, zero for the others (an expert is kept
+// when fewer than top_k logits exceed it, counting equal logits of lower index as larger).  Zero weights outside the
+// top K make the softmax formulas of the derivatives those of the softmax over the kept experts.
 template <typename T>
-inline void gate_weights(int64_t gate, int64_t k, at::vec::Vectorized<T>* pi) {
+inline void gate_weights(int64_t gate, int64_t top_k, int64_t k, at::vec::Vectorized<T>* pi) {
   using V = at::vec::Vectorized<T>;
-  const V one(T(1));
+  const V one(T(1)), zero(T(0));
   if (gate == SIGMOID) {
     for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
   } else {
+    V kept[KMAX];
+    const bool sparse = gate == TOPK && top_k < k;
+    if (sparse) {
+      const V cap = V(static_cast<T>(top_k));
+      for (int64_t i = 0; i < k; ++i) {
+        V rank = zero;
+        for (int64_t j = 0; j < k; ++j)
+          if (j != i) rank = rank + V::blendv(zero, one, j < i ? pi[j] >= pi[i] : pi[j] > pi[i]);
+        kept[i] = rank < cap;
+      }
+    }
     V mx = pi[0];
     for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
     V tot(T(0));
-    for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx).exp(); tot = tot + pi[i]; }
+    for (int64_t i = 0; i < k; ++i) {
+      pi[i] = (pi[i] - mx).exp();
+      if (sparse) pi[i] = V::blendv(zero, pi[i], kept[i]);
+      tot = tot + pi[i];
+    }
     const V inv = one / tot;
     for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
   }

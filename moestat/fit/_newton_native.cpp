@@ -161,7 +161,7 @@ inline int64_t pair_pos(int64_t a, int64_t b, int64_t m) {
 }
 
 struct Model {
-  int64_t k, p, n, gate, act;
+  int64_t k, p, n, gate, top_k, act;
   bool act2;  // phi'' not identically zero
   double tau;
 };
@@ -236,7 +236,7 @@ struct Workspace {
       pi[i] = V::loadu(Z.data() + i * c + t, mm) * inv_tau;
       activation<T>(m.act, V::loadu(Z.data() + (k + i) * c + t, mm), h[i], dh[i]);
     }
-    gate_weights<T>(m.gate, k, pi);
+    gate_weights<T>(m.gate, m.top_k, k, pi);
     f = V(T(0));
     for (int64_t i = 0; i < k; ++i) f = at::vec::fmadd(pi[i], h[i], f);
     V res = f - V::loadu(y + lo + t, mm);
@@ -526,13 +526,13 @@ void newton_impl(const at::Tensor& theta, const at::Tensor& XT, const at::Tensor
 }  // namespace
 
 // theta (B, 2k*p) starts (row j of problem b at [j*p, (j+1)*p)), XT (R, p, n) augmented inputs transposed, y (R, n),
-// problem b on replicate b / S; free_idx the optimised coordinates (increasing); lower/upper (P,) or empty (no box).
-// Returns theta (B, P) end points, loss (B,) = sum_t r^2 / n, the projected gradient's sup-norm (B,), iterations,
+// problem b on replicate b / S; free_idx the optimised coordinates (increasing); lower/upper (P,) or empty (no box);
+// gate a Gate code and top_k the experts a TOPK gate keeps.  Returns theta (B, P) end points, loss (B,) = sum_t r^2 / n, the projected gradient's sup-norm (B,), iterations,
 // status codes (_optim.STATUS) and evaluations (B,).
 std::vector<at::Tensor> newton(at::Tensor theta, at::Tensor XT, at::Tensor y, at::Tensor free_idx, at::Tensor lower,
-                               at::Tensor upper, int64_t S, int64_t k, int64_t gate, int64_t act, bool act2,
-                               double tau, int64_t max_iter, double gtol, double damping, int64_t stall_window,
-                               double stall_tol, int64_t chunk) {
+                               at::Tensor upper, int64_t S, int64_t k, int64_t gate, int64_t top_k, int64_t act,
+                               bool act2, double tau, int64_t max_iter, double gtol, double damping,
+                               int64_t stall_window, double stall_tol, int64_t chunk) {
   TORCH_CHECK(k >= 1 && k <= KMAX, "moe_newton: k must be in [1, ", KMAX, "]");
   TORCH_CHECK(theta.device().is_cpu() && XT.device().is_cpu() && y.device().is_cpu(), "moe_newton: CPU tensors only");
   theta = theta.contiguous().clone(); XT = XT.contiguous(); y = y.contiguous();
@@ -542,7 +542,7 @@ std::vector<at::Tensor> newton(at::Tensor theta, at::Tensor XT, at::Tensor y, at
   TORCH_CHECK(theta.size(1) == 2 * k * p && B % S == 0 && XT.size(0) * S == B, "moe_newton: shapes");
   auto fi = free_idx.to(at::kLong).contiguous();
   std::vector<int64_t> free(fi.data_ptr<int64_t>(), fi.data_ptr<int64_t>() + fi.numel());
-  const Model model{k, p, n, gate, act, act2, tau};
+  const Model model{k, p, n, gate, top_k, act, act2, tau};
   const Settings set{max_iter, stall_window, gtol, damping, stall_tol};
   auto dopt = at::TensorOptions().dtype(at::kDouble), lopt = at::TensorOptions().dtype(at::kLong);
   auto loss = at::empty({B}, dopt), gnorm = at::empty({B}, dopt);
@@ -559,7 +559,7 @@ std::vector<at::Tensor> newton(at::Tensor theta, at::Tensor XT, at::Tensor y, at
 // small_product: the largest mu * mx whose pair sums run in tiles rather than BLAS (negative: the loop's
 // SMALL_PRODUCT); evaluations: how many times to evaluate with one workspace, as the loop does (for timing).
 std::vector<at::Tensor> value_hessian(at::Tensor theta, at::Tensor XT, at::Tensor y, at::Tensor free_idx, int64_t k,
-                                      int64_t gate, int64_t act, bool act2, double tau, int64_t chunk,
+                                      int64_t gate, int64_t top_k, int64_t act, bool act2, double tau, int64_t chunk,
                                       int64_t small_product, int64_t evaluations) {
   TORCH_CHECK(k >= 1 && k <= KMAX, "moe_newton: k must be in [1, ", KMAX, "]");
   theta = theta.contiguous(); XT = XT.contiguous(); y = y.contiguous();
@@ -568,7 +568,7 @@ std::vector<at::Tensor> value_hessian(at::Tensor theta, at::Tensor XT, at::Tenso
   auto fi = free_idx.to(at::kLong).contiguous();
   std::vector<int64_t> free(fi.data_ptr<int64_t>(), fi.data_ptr<int64_t>() + fi.numel());
   const int64_t F = int64_t(free.size());
-  const Model model{k, p, n, gate, act, act2, tau};
+  const Model model{k, p, n, gate, top_k, act, act2, tau};
   auto loss = at::empty({}, theta.options()), b = at::empty({F}, theta.options()), H = at::empty({F, F}, theta.options());
   AT_DISPATCH_FLOATING_TYPES(theta.scalar_type(), "moe_newton_hessian", [&] {
     Workspace<scalar_t> ws(model, std::max<int64_t>(1, std::min(chunk, n)), free,

@@ -266,8 +266,9 @@ class MeanKernel:
         n = X.shape[1]
         if self.native is not None and X.device.type == "cpu":
             rows = _native.block_rows(s * two_k, p, X.element_size())
-            loss, grad = self.native(theta.reshape(G, s * two_k, p), X, y, self.k, _native.GATE_CODES[self.gate],
-                                     self.native_act, self.temperature, rows)
+            loss, grad = self.native(theta.reshape(G, s * two_k, p), X, y, self.k,
+                                     *_native.gate_args(self.gate, self.k, self.top_k), self.native_act,
+                                     self.temperature, rows)
             return loss, grad.view(G, s, two_k, p)
         c = self._chunk_rows(G, s, n, p, X.element_size(), X.device)
         loss = torch.zeros(G, s, dtype=X.dtype, device=X.device)

@@ -660,10 +660,10 @@ def newton_native(problem: LSProblem, theta: torch.Tensor, module, *, max_iter: 
     empty = theta.new_empty(0)
     lower = empty if problem.lower is None else problem.lower.to(theta.dtype)
     upper = empty if problem.upper is None else problem.upper.to(theta.dtype)
-    k, gate, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
+    k, gate, top_k, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
     th, loss, gnorm, n_iter, status, evals = module.newton(
-        theta, XT, problem.y, problem.free_idx, lower, upper, problem.S, k, gate, act, act2, tau, max_iter, gtol,
-        damping, stall_window, stall_tol, chunk)
+        theta, XT, problem.y, problem.free_idx, lower, upper, problem.S, k, gate, top_k, act, act2, tau, max_iter,
+        gtol, damping, stall_window, stall_tol, chunk)
     return OptimResult(th, loss.to(theta.dtype), gnorm.to(theta.dtype), n_iter, status,
                        n_evals=int(evals.max()) if evals.numel() else 0)
 
@@ -672,10 +672,11 @@ def native_hessians(problem: LSProblem, theta: torch.Tensor, module, block_bytes
     r"""Half the exact Hessian (A, F, F) of the objective at ``theta`` (A, P) for the active problems of ``problem``,
     as :func:`newton_native` forms it in each iteration (``module.value_hessian``): the curvature its stopping
     problems end with, for the saddle check of :func:`moestat.fit_lse`."""
-    k, gate, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
+    k, gate, top_k, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
     reps = problem.rep_of[problem.active].tolist()
     return torch.stack([module.value_hessian(theta[a], problem.X[r].T.contiguous(), problem.y[r], problem.free_idx,
-                                             k, gate, act, act2, tau, chunk, -1, 1)[2] for a, r in enumerate(reps)])
+                                             k, gate, top_k, act, act2, tau, chunk, -1, 1)[2]
+                        for a, r in enumerate(reps)])
 
 
 def native_block_rows(k: int, p: int, itemsize: int, block_bytes: int = 2**20) -> int:
@@ -688,11 +689,13 @@ def native_block_rows(k: int, p: int, itemsize: int, block_bytes: int = 2**20) -
     return max(64, block_bytes // ((6 * k + mu + mx + 1) * itemsize))
 
 
-def _native_model(problem: LSProblem, itemsize: int, block_bytes: int) -> tuple[int, int, int, bool, float, int]:
-    r"""The model arguments of the C++ Newton loop's functions: k, gate and activation codes, whether
-    :math:`\varphi''` is used, the temperature, and the observations per block (its work arrays in ``block_bytes``)."""
+def _native_model(problem: LSProblem, itemsize: int, block_bytes: int
+                  ) -> tuple[int, int, int, int, bool, float, int]:
+    r"""The model arguments of the C++ Newton loop's functions: k, the gate's code and the experts it keeps, the
+    activation code, whether :math:`\varphi''` is used, the temperature, and the observations per block (its work
+    arrays in ``block_bytes``)."""
     kernel = problem.kernel
     assert isinstance(kernel, MeanKernel) and kernel.native_act is not None
     chunk = native_block_rows(kernel.k, problem.p, itemsize, block_bytes)
-    return (kernel.k, _native.GATE_CODES[kernel.gate], kernel.native_act, kernel.act2 is not None,
-            kernel.temperature, chunk)
+    return (kernel.k, *_native.gate_args(kernel.gate, kernel.k, kernel.top_k), kernel.native_act,
+            kernel.act2 is not None, kernel.temperature, chunk)

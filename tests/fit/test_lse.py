@@ -90,17 +90,17 @@ def _native_or_skip():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("gate", ["sigmoid", "softmax"])
+@pytest.mark.parametrize(("gate", "top_k"), [("sigmoid", None), ("softmax", None), ("topk", 2), ("topk", 4)])
 @pytest.mark.parametrize("expert", sorted(_native.ACTIVATION_CODES))  # every family with a C++ form
-def test_native_kernel_matches_eager(gate, expert, dtype, monkeypatch):
+def test_native_kernel_matches_eager(gate, top_k, expert, dtype, monkeypatch):
     """The C++ kernel (``compile="native"``) equals the eager fused kernel: several replicates and restarts,
     a temperature, and a sample size that is neither a multiple of the vector width nor of the block size
-    (blocks shrunk so that one call runs several of them and a partial one)."""
+    (blocks shrunk so that one call runs several of them and a partial one); top-K gates keeping 2 and 4 of 5."""
     native = _native_or_skip()
     monkeypatch.setattr(native, "BLOCK_BYTES", 2**14)
     torch.manual_seed(4)
     G, s, n, d, k = 3, 2, 1001, 4, 5
-    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, temperature=0.7)
+    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, temperature=0.7, top_k=top_k)
     K = MeanKernel.from_spec(spec, compile="native")
     assert K.native is not None and native.block_rows(s * 2 * k, d + 1, dtype.itemsize) < n
     X = torch.rand(G, n, d, dtype=dtype) * 4 - 2
@@ -201,8 +201,9 @@ def test_native_activations_come_from_the_expert_registry():
 
 
 def test_kernel_choice_and_fallbacks():
-    """compile= picks the kernel: native for CPU tensors where it applies (sigmoid or softmax gate, k <= 32),
-    the eager kernel for CUDA tensors, top-K gates and more experts; "inductor" is refused with the reason."""
+    """compile= picks the kernel: native for CPU tensors where it applies (sigmoid, softmax or top-K gate, k <= 32,
+    an expert with a C++ form), the eager kernel for CUDA tensors, other experts and more experts; "inductor" is
+    refused with the reason."""
     native = _native_or_skip()
     relu = ms.MoE(gate="sigmoid", expert="relu", k=3, d=2)
     assert MeanKernel.from_spec(relu).native is None
@@ -210,7 +211,8 @@ def test_kernel_choice_and_fallbacks():
     assert auto.native is not None and MeanKernel.from_spec(relu, compile="native").native is not None
     assert auto.kind(torch.device("cpu")) == "native" and auto.kind(torch.device("cuda")) == "eager"
     assert MeanKernel.from_spec(relu).kind(torch.device("cpu")) == "eager"
-    for spec in (ms.MoE(gate="topk", expert="relu", k=3, d=2, top_k=2),
+    assert MeanKernel.from_spec(ms.MoE(gate="topk", expert="relu", k=3, d=2, top_k=2), compile=True).native is not None
+    for spec in (ms.MoE(gate="topk", expert="poly4", k=3, d=2, top_k=2),
                  ms.MoE(gate="softmax", expert="relu", k=native.MAX_K + 1, d=1)):
         K = MeanKernel.from_spec(spec, compile="native")
         assert K.native is None and K.kind(torch.device("cpu")) == "eager"

@@ -34,7 +34,9 @@ NATIVE_EXPERTS = tuple(sorted(_native.ACTIVATION_CODES))  # every family with a 
 
 
 def _data(gate: str, expert: str, k: int, d: int, n: int, reps: int, seed: int, temperature: float = 1.0):
-    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, temperature=temperature)
+    """A spec (top-K gates keep k - 1 experts) and R replicates of n rows from a random truth."""
+    spec = ms.MoE(gate=gate, expert=expert, k=k, d=d, temperature=temperature,
+                  top_k=k - 1 if gate == "topk" else None)
     rng = np.random.default_rng(seed)
     truth = ms.Params(rng.normal(size=k), 1.5 * rng.normal(size=(k, d)), rng.normal(size=(k, d)),
                       rng.normal(size=k), noise_sd=np.full(k, 0.1))
@@ -86,10 +88,12 @@ def _assert_same_fits(spec, data, tensor, native, iter_slack: int = 2, short_run
     assert (a["grad_norm"][same & ~ca] <= 1e-8).all() and (b["grad_norm"][same & ~cb] <= 1e-8).all()
 
 
-@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid", "topk"])
 @pytest.mark.parametrize("expert", NATIVE_EXPERTS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_hessian_and_gradient_match_autograd(gate, expert, temperature):
+    """The loop's objective, gradient and exact Hessian against torch.func on the model's own mean; the top-K gate
+    keeps 2 of 3 experts (the Hessian of the softmax over the kept ones, between changes of the kept set)."""
     k, d, n = 3, 2, 203
     spec, data = _data(gate, expert, k, d, n, reps=1, seed=3, temperature=temperature)
     module = _native.load_newton()
@@ -99,7 +103,7 @@ def test_hessian_and_gradient_match_autograd(gate, expert, temperature):
     X = torch.cat([torch.ones(n, 1, dtype=torch.float64), torch.as_tensor(data.X[0])], 1)
     y = torch.as_tensor(data.y[0])
     free = torch.ones(2 * k * (d + 1), dtype=torch.bool)
-    if gate == "softmax":
+    if gate in ("softmax", "topk"):
         free[(k - 1) * (d + 1) : k * (d + 1)] = False
     free_idx = torch.nonzero(free).squeeze(1)
     r, J, Hx = ReferenceKernel(spec).residual_derivatives(theta[None], X[None], y[None], exact=True)
@@ -110,8 +114,8 @@ def test_hessian_and_gradient_match_autograd(gate, expert, temperature):
     # twice with one workspace, as in the loop
     for chunk, small_product in [(n, -1), (37, -1), (5, -1), (n, 0), (37, 0)]:
         loss, b, H = module.value_hessian(theta.reshape(-1), X.T.contiguous(), y, free_idx, k,
-                                          _native.GATE_CODES[gate], kernel.native_act, kernel.act2 is not None,
-                                          temperature, chunk, small_product, 2)
+                                          *_native.gate_args(gate, k, spec.top_k), kernel.native_act,
+                                          kernel.act2 is not None, temperature, chunk, small_product, 2)
         assert float(loss) == pytest.approx(float(r.square().mean()), rel=1e-13)
         np.testing.assert_allclose(b, b_ref, rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(H, H_ref, rtol=1e-10, atol=1e-12)
@@ -128,7 +132,7 @@ def test_fits_match_the_tensor_loop(gate, expert, k, d, boxed, temperature, seed
 
 
 @pytest.mark.parametrize("case", ["relu", "constant", "held_by_box", "k4_d3", "lapack", "leaky_relu", "softplus",
-                                  "celu", "poly2", "poly3"])
+                                  "celu", "poly2", "poly3", "topk"])
 def test_fixed_cases_match_the_tensor_loop(case):
     gate, expert, k, d, box = {"relu": ("softmax", "relu", 2, 2, None), "constant": ("sigmoid", "constant", 3, 2, None),
                                "held_by_box": ("softmax", "linear", 3, 2, 0.6),
@@ -139,7 +143,8 @@ def test_fixed_cases_match_the_tensor_loop(case):
                                "softplus": ("softmax", "softplus", 2, 2, None),
                                "celu": ("sigmoid", "celu", 2, 2, None),
                                "poly2": ("softmax", "poly2", 2, 2, None),
-                               "poly3": ("sigmoid", "poly3", 2, 1, None)}[case]
+                               "poly3": ("sigmoid", "poly3", 2, 1, None),
+                               "topk": ("topk", "gelu", 4, 2, None)}[case]  # keeps 3 of 4
     spec, data = _data(gate, expert, k, d, n=400, reps=2, seed=11)
     tensor, native = _fits(spec, data, restarts=3, seed=5, box=box)
     _assert_same_fits(spec, data, tensor, native)
@@ -185,11 +190,11 @@ def test_threads_give_the_same_bits():
     np.testing.assert_array_equal(fits[0].restarts["n_iter"], fits[1].restarts["n_iter"])
 
 
-@pytest.mark.parametrize("option", ["history", "progress", "topk", "poly4", "learn_temperature", "eager"])
+@pytest.mark.parametrize("option", ["history", "progress", "cosine", "poly4", "learn_temperature", "eager"])
 def test_tensor_loop_where_the_native_one_does_not_apply(option):
-    gate = {"topk": "topk", "learn_temperature": "laplace"}.get(option, "softmax")
+    gate = {"cosine": "cosine", "learn_temperature": "laplace"}.get(option, "softmax")
     expert = "poly4" if option == "poly4" else "linear"  # degree 4: no C++ form (NATIVE_POLY_DEGREES)
-    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2, **({"top_k": 2} if gate == "topk" else {}))
+    spec = ms.MoE(gate=gate, expert=expert, k=3, d=2)
     _, data = _data("softmax", "linear", 3, 2, n=200, reps=1, seed=2)
     kwargs = {"history": option == "history", "progress": option == "progress",
               "learn_temperature": option == "learn_temperature", "compile": option != "eager"}
