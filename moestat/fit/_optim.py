@@ -652,8 +652,8 @@ def newton_native(problem: LSProblem, theta: torch.Tensor, module, *, max_iter: 
     sums run in another order, so results agree with :func:`newton` to rounding, not bit for bit.  Each problem
     iterates with its arrays in cache and without the batch's per-iteration dispatch, which dominates small problems
     (docs/performance/lse.md).  With several torch threads the problems are shared out between them (the same
-    bits as one thread).  The kernel must be a :class:`~moestat.fit._objective.MeanKernel` with a sigmoid or softmax
-    gate and the data on the CPU; no history or progress bar.  ``n_evals`` of the result is the largest number of
+    bits as one thread).  The kernel must be a :class:`~moestat.fit._objective.MeanKernel` with a sigmoid, softmax or
+    top-K gate and the data on the CPU; no history or progress bar.  ``n_evals`` of the result is the largest number of
     evaluations any problem made.
     """
     XT = problem.X.transpose(1, 2).contiguous()

@@ -301,7 +301,7 @@ def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
 def _compiled_newton(kernel: MeanKernel | ReferenceKernel, spec: MoE, device: torch.device, traced: bool,
                      n_free: int) -> ModuleType | None:
     """The C++ Newton loop (:func:`moestat.fit._optim.newton_native`) where ``compile`` asked for native code and it
-    applies: the native kernel in use (CPU, sigmoid or softmax gate), :math:`\\varphi''` in C++, at most
+    applies: the native kernel in use (CPU, sigmoid, softmax or top-K gate), :math:`\\varphi''` in C++, at most
     :data:`NATIVE_NEWTON_MAX_FREE` free parameters and no per-iteration ``history`` or ``progress`` (``traced``); None
     otherwise (the tensor loop)."""
     if traced or device.type != "cpu" or not isinstance(kernel, MeanKernel) or kernel.native is None:
@@ -518,14 +518,15 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         Compute ``fit.cond`` (one :math:`J^\top J` per replicate: :math:`O(nP^2)` work).
     compile : bool or {"native", "eager"}
         ``True`` or ``"native"``: a C++ kernel that keeps each block of observations in cache through both
-        products and the element-wise pass, for CPU tensors (sigmoid or softmax gate, k <= 32, built-in
-        experts; built once per machine in about 30 s), worth it for long studies at large n
-        (docs/performance/lse.md).  Everything else (CUDA tensors, top-K gates, more experts) and the
-        default ``False`` run the eager kernel, already fused by hand.  Results agree with the eager kernel
-        to round-off.  ``fit.settings["kernel"]`` records the kernel that ran.  Newton fits (up to
-        :data:`NATIVE_NEWTON_MAX_FREE` free parameters) also run the whole Newton loop in C++, one problem
-        at a time with its arrays in cache (:func:`moestat.fit._optim.newton_native`; 1.9-7.6x faster on small
-        problems, where the batched loop's cost is dispatch, 1.1x at the flagship size;
+        products and the element-wise pass, for CPU tensors (sigmoid, softmax or top-K softmax gate, k <= 32,
+        an expert family with a C++ form: :func:`moestat.experts.native_families`; built once per machine in
+        about 30 s), worth it for long studies at large n (docs/performance/lse.md).  Everything else (CUDA
+        tensors, other gates and experts, more experts) and the default ``False`` run the eager kernel, already
+        fused by hand.  Results agree with the eager kernel to round-off.  ``fit.settings["kernel"]`` records
+        the kernel that ran.  Newton fits (up to :data:`NATIVE_NEWTON_MAX_FREE` free parameters) also run the
+        whole Newton loop in C++, one problem at a time with its arrays in cache
+        (:func:`moestat.fit._optim.newton_native`; 3-13x faster on small problems, where the batched loop's
+        cost is dispatch, 1.15-1.2x at the flagship size;
         ``settings["newton_loop"] == "native"``), unless
         ``history`` or ``progress`` asks for per-iteration output.  It agrees with the tensor loop to rounding,
         except at the rounding floor of the objective, where it takes a step whose predicted decrease the
