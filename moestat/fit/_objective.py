@@ -117,7 +117,8 @@ class MeanKernel:
 
         ``compile`` (see :func:`kernel_mode`): ``False`` — the eager kernel; ``"native"`` or ``True`` — the
         fused C++ kernel (:mod:`moestat.fit._native`) for CPU tensors where it applies (sigmoid, softmax or
-        top-K gate, k <= 32, an expert family with a C++ form), the eager kernel for everything else (CUDA tensors included).
+        top-K gate, k <= 32, an expert family with a C++ form), the eager kernel for everything else (CUDA
+        tensors included).
         Gates the fused kernels do not know (every gate but softmax, sigmoid and top-K) get the autograd
         :class:`ReferenceKernel` whatever ``compile`` says, and so does a fitted temperature
         (``learn_temperature``)."""
