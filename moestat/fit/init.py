@@ -334,13 +334,22 @@ def lloyd_labels(Zs: np.ndarray, centres: np.ndarray, n_iter: int) -> np.ndarray
     the mean of its points, :math:`c_{bi} \leftarrow \frac1{|C_{bi}|}\sum_{t\in C_{bi}} z_{bt}` (summed in
     observation order, as ``Z[labels == i].mean(0)`` does); a cluster left empty keeps its centre.  Returns the
     labels of the final centres, (b, n).  ``Zs`` (b, n, q), ``centres`` (b, k, q) (not modified).
+
+    Once an iteration labels every point as the one before did, the centres it computes are the ones it started
+    from, bit for bit (the same sums in the same order; an empty cluster kept its centre both times), so every later
+    iteration repeats it: the loop stops there and returns those labels, which the remaining iterations would
+    have returned.
     """
     b, k, q = centres.shape
     cols = np.ascontiguousarray(Zs.transpose(2, 0, 1))  # (q, b, n)
     offset = (np.arange(b) * k)[:, None]
     centres = centres.copy()
+    previous = None
     for _ in range(n_iter):
         seg = (_nearest(cols, centres) + offset).ravel()  # one bin per data set and cluster
+        if previous is not None and np.array_equal(seg, previous):
+            return seg.reshape(b, -1) - offset
+        previous = seg
         counts = np.bincount(seg, minlength=b * k).reshape(b, k)
         sums = np.stack([np.bincount(seg, weights=cols[j].ravel(), minlength=b * k) for j in range(q)], -1)
         means = sums.reshape(b, k, q) / np.maximum(counts, 1)[..., None]

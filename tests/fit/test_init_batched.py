@@ -256,3 +256,19 @@ def test_too_few_observations():
     spec = ms.MoE(gate="softmax", expert="linear", k=5, d=1)
     with pytest.raises(ValueError, match=r"n >= k"):
         kmeans_init(spec, np.zeros((1, 3, 1)), np.zeros((1, 3)))
+
+
+def test_lloyd_stops_at_a_fixed_point_with_the_labels_of_the_full_run(monkeypatch):
+    """Labels that repeat make the next centres the current ones bit for bit, so lloyd_labels stops there: on well
+    separated clusters it labels twice or three times instead of n_iter + 1, with the labels of the full run."""
+    from moestat.fit import init
+
+    rng = np.random.default_rng(0)
+    Zs = np.concatenate([rng.normal(loc=c, scale=0.1, size=(40, 2)) for c in (-3.0, 0.0, 3.0)])[None]
+    centres = Zs[:, [0, 1, 2]]  # all three in the first cluster: a few iterations to move them apart
+    calls = []
+    nearest = init._nearest
+    monkeypatch.setattr(init, "_nearest", lambda *a: calls.append(1) or nearest(*a))
+    got = lloyd_labels(Zs, centres, 200)
+    assert 2 <= len(calls) < 20
+    np.testing.assert_array_equal(got[0], reference_lloyd(Zs[0], centres[0], 200))
