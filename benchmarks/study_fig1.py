@@ -14,6 +14,7 @@ study (n = 1e3..1e5, 20 replicates, 2 gates x 2 experts) from the measured per-o
     python benchmarks/study_fig1.py                      # default sub-grid
     python benchmarks/study_fig1.py --n 1000 4000 --reps 20 --iters 50
     python benchmarks/study_fig1.py --full --workers 2 --out out/fig1-bench   # the whole study, timed
+    python benchmarks/study_fig1.py --full --device cuda --gbar-compile ...      # G-bar estimates in C++
 
 ``--full`` runs the sigmoid-vs-softmax vignette's full-size study itself (its current design: ten paired truths,
 relu and gelu experts, both gates, n from 1,600 to 160,000, one converged least-squares fit per cell from three
@@ -29,6 +30,7 @@ jobs); the ratio is measured in one run and is the figure to compare.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 import warnings
 
@@ -53,6 +55,9 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="time the vignette's whole full-size study instead")
     ap.add_argument("--workers", type=int, default=2, help="worker processes for --full (CPU)")
     ap.add_argument("--out", default="out/fig1-bench", help="checkpoint folder for --full (must not exist)")
+    ap.add_argument("--gbar-compile", action="store_true",
+                    help="--full: the representation metric's G-bar estimates with gbar_compile=True (Newton in C++ "
+                         "on the CPU; not the vignette's setting)")
     args = ap.parse_args()
     if args.full:
         full_study(args)
@@ -115,6 +120,10 @@ def full_study(args: argparse.Namespace) -> None:
         raise SystemExit(f"--out {out} exists; a timed run needs a fresh folder.")
     vignette = _vignette_index.load(_vignette_index.find("sigmoid-vs-softmax"))
     study = vignette.make_study("full")
+    if args.gbar_compile:
+        options = {name: dict(opts) for name, opts in study.metric_options.items()}
+        options.setdefault("representation", {})["gbar_compile"] = True
+        study = dataclasses.replace(study, metric_options=options)
     workers = args.workers if args.device == "cpu" else 1
     t0 = time.perf_counter()
     frame = study.run(out, executor="processes" if workers > 1 else None, workers=workers, device=args.device,
