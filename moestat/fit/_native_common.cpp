@@ -41,26 +41,26 @@ inline void gate_weights(int64_t gate, int64_t top_k, int64_t k, at::vec::Vector
   const V one(T(1)), zero(T(0));
   if (gate == SIGMOID) {
     for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
-  } else {
+  } else if (gate == TOPK && top_k < k) {  // its own branch: the dense softmax below keeps its code
     V kept[KMAX];
-    const bool sparse = gate == TOPK && top_k < k;
-    if (sparse) {
-      const V cap = V(static_cast<T>(top_k));
-      for (int64_t i = 0; i < k; ++i) {
-        V rank = zero;
-        for (int64_t j = 0; j < k; ++j)
-          if (j != i) rank = rank + V::blendv(zero, one, j < i ? pi[j] >= pi[i] : pi[j] > pi[i]);
-        kept[i] = rank < cap;
-      }
+    const V cap = V(static_cast<T>(top_k));
+    for (int64_t i = 0; i < k; ++i) {
+      V rank = zero;
+      for (int64_t j = 0; j < k; ++j)
+        if (j != i) rank = rank + V::blendv(zero, one, j < i ? pi[j] >= pi[i] : pi[j] > pi[i]);
+      kept[i] = rank < cap;
     }
     V mx = pi[0];
     for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
     V tot(T(0));
-    for (int64_t i = 0; i < k; ++i) {
-      pi[i] = (pi[i] - mx).exp();
-      if (sparse) pi[i] = V::blendv(zero, pi[i], kept[i]);
-      tot = tot + pi[i];
-    }
+    for (int64_t i = 0; i < k; ++i) { pi[i] = V::blendv(zero, (pi[i] - mx).exp(), kept[i]); tot = tot + pi[i]; }
+    const V inv = one / tot;
+    for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+  } else {
+    V mx = pi[0];
+    for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
+    V tot(T(0));
+    for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx).exp(); tot = tot + pi[i]; }
     const V inv = one / tot;
     for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
   }
