@@ -315,7 +315,7 @@ _FAMILIES: dict[str, ExpertFamily] = {
                              second_derivative=_sigmoid_d1, native=_NATIVE_SOFTPLUS,
                              native_second="d2h = dh * (one - dh);"),
     "celu": ExpertFamily("celu", torch.nn.functional.celu, homogeneous=False, native=_NATIVE_CELU,
-                         native_second="d2h = V::blendv(z.exp(), zero, z > zero);"),
+                         native_second="d2h = V::blendv(dh, zero, z > zero);"),  # dh = exp(z) below 0
     "constant": ExpertFamily("constant", _identity, homogeneous=False, input_dependent=False,
                              derivative=torch.ones_like, piecewise_linear=True, fused=_fused_linear),
 }
@@ -337,6 +337,8 @@ def native_families() -> tuple[ExpertFamily, ...]:
     registered ones, then ``polyP`` for P in :data:`NATIVE_POLY_DEGREES`."""
     polys = tuple(_poly_family(p) for p in NATIVE_POLY_DEGREES)
     return tuple(f for f in (*registered_families(), *polys) if f.native is not None)
+
+
 _POLY = re.compile(r"^poly([1-9][0-9]*)$")
 
 EXPERTS = ("linear", "relu", "gelu", "tanh", "sigmoid", "poly2", "poly3", "constant")

@@ -31,6 +31,23 @@ inline void activation_second(int64_t act, const at::vec::Vectorized<T>& z, cons
   }
 }
 
+// Max-shifted softmax of pi_1..pi_k in place; Masked: over the experts whose `kept` lanes are set, zero elsewhere (a
+// template argument, so that the dense softmax carries no mask test).
+template <typename T, bool Masked>
+inline void softmax_in_place(int64_t k, at::vec::Vectorized<T>* pi, const at::vec::Vectorized<T>* kept) {
+  using V = at::vec::Vectorized<T>;
+  V mx = pi[0];
+  for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
+  V tot(T(0));
+  for (int64_t i = 0; i < k; ++i) {
+    pi[i] = (pi[i] - mx).exp();
+    if constexpr (Masked) pi[i] = V::blendv(V(T(0)), pi[i], kept[i]);
+    tot = tot + pi[i];
+  }
+  const V inv = V(T(1)) / tot;
+  for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+}
+
 // Gate weights pi_1..pi_k in place from the tempered logits pi_i = z_i / tau: sigmoid, softmax (max-shifted), or
 // top-K softmax: the softmax of the top_k largest logits of each observation, zero for the others (an expert is kept
 // when fewer than top_k logits exceed it, counting equal logits of lower index as larger).  Zero weights outside the
@@ -41,7 +58,7 @@ inline void gate_weights(int64_t gate, int64_t top_k, int64_t k, at::vec::Vector
   const V one(T(1)), zero(T(0));
   if (gate == SIGMOID) {
     for (int64_t i = 0; i < k; ++i) pi[i] = one / (one + pi[i].neg().exp());
-  } else if (gate == TOPK && top_k < k) {  // its own branch: the dense softmax below keeps its code
+  } else if (gate == TOPK && top_k < k) {
     V kept[KMAX];
     const V cap = V(static_cast<T>(top_k));
     for (int64_t i = 0; i < k; ++i) {
@@ -50,18 +67,8 @@ inline void gate_weights(int64_t gate, int64_t top_k, int64_t k, at::vec::Vector
         if (j != i) rank = rank + V::blendv(zero, one, j < i ? pi[j] >= pi[i] : pi[j] > pi[i]);
       kept[i] = rank < cap;
     }
-    V mx = pi[0];
-    for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
-    V tot(T(0));
-    for (int64_t i = 0; i < k; ++i) { pi[i] = V::blendv(zero, (pi[i] - mx).exp(), kept[i]); tot = tot + pi[i]; }
-    const V inv = one / tot;
-    for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+    softmax_in_place<T, true>(k, pi, kept);
   } else {
-    V mx = pi[0];
-    for (int64_t i = 1; i < k; ++i) mx = at::vec::maximum(mx, pi[i]);
-    V tot(T(0));
-    for (int64_t i = 0; i < k; ++i) { pi[i] = (pi[i] - mx).exp(); tot = tot + pi[i]; }
-    const V inv = one / tot;
-    for (int64_t i = 0; i < k; ++i) pi[i] = pi[i] * inv;
+    softmax_in_place<T, false>(k, pi, nullptr);
   }
 }

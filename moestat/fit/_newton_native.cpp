@@ -181,6 +181,7 @@ struct Workspace {
   bool one_block;
   std::vector<at::vec::Vectorized<T>> lanes;
   T kept_value;
+  const T* xx_of;  // with one block, the inputs whose pair products XX holds (they change only with the replicate)
   std::vector<int64_t> hidx;  // (F*F,) flat position in M of each entry of H
   std::vector<int64_t> free;  // (F,)
 
@@ -197,6 +198,7 @@ struct Workspace {
     one_block = m.n <= c;
     if (one_block) lanes.resize(lane_groups() * lane_stride());
     kept_value = T(0);
+    xx_of = nullptr;
     hidx.resize(F * F);
     for (int64_t a = 0; a < F; ++a)
       for (int64_t b = 0; b < F; ++b) {
@@ -337,15 +339,18 @@ struct Workspace {
           }
         }
       }
-      // pair products of the inputs: XX_(l, l') = x_l x_l' (l <= l')
-      int64_t row = 0;
-      for (int64_t l = 0; l < p; ++l) {
-        const T* xl = XT + l * n + lo;
-        for (int64_t l2 = l; l2 < p; ++l2, ++row) {
-          const T* xl2 = XT + l2 * n + lo;
-          T* out = XX.data() + row * c;
-          for (int64_t t = 0; t < cc; ++t) out[t] = xl[t] * xl2[t];
+      // pair products of the inputs: XX_(l, l') = x_l x_l' (l <= l'); with one block, once per replicate
+      if (!(one_block && xx_of == XT)) {
+        int64_t row = 0;
+        for (int64_t l = 0; l < p; ++l) {
+          const T* xl = XT + l * n + lo;
+          for (int64_t l2 = l; l2 < p; ++l2, ++row) {
+            const T* xl2 = XT + l2 * n + lo;
+            T* out = XX.data() + row * c;
+            for (int64_t t = 0; t < cc; ++t) out[t] = xl[t] * xl2[t];
+          }
         }
+        xx_of = one_block ? XT : nullptr;
       }
       if (mu * mx <= small_product) {
         pair_sums(C.data(), c, mu, XX.data(), c, mx, cc, Mbuf.data(), mx);
