@@ -549,12 +549,14 @@ class LSProblem:
         self.n_evals = 0
         self._pairs: tuple[torch.Tensor, torch.Tensor] | None = None
         self._assembly_idx: dict[torch.device, torch.Tensor] = {}
+        self._input_pairs: dict[tuple[int, int], torch.Tensor] = {}
         self.set_active(torch.arange(R * S, device=X.device))
 
     # ------------------------------------------------------------ active set
     def set_active(self, idx: torch.Tensor) -> None:
         """Restrict evaluations to the problems ``idx`` (global indices, increasing)."""
         self.active = idx
+        self._input_pairs.clear()
         if idx.numel() == self.R * self.S:
             self._Xg, self._yg, self._s = self.X, self.y, self.S
         else:
@@ -624,6 +626,8 @@ class LSProblem:
         the device idle.  H is then gathered from the packed sums straight into its (A, F, F) output
         (:meth:`_assemble`), so beyond the outputs and the (A, 2k(2k+1)/2, (d+1)(d+2)/2) accumulator a call
         allocates about ``max_bytes`` whatever n (before issue 21, which counted the pair products only: up to 7x).
+        The pair products of :math:`\tilde x` depend on the data only: up to ``max_bytes`` of them are kept between
+        calls on the same active set (:meth:`_input_pair_products`), the same numbers formed once.
         ``out``, a spare (A, F, F) tensor (an earlier H no longer needed), receives H instead of a fresh allocation:
         on a CPU a fresh batch of 20 Hessians of 594 parameters (56 MB) is mapped from the system page by page
         (about 1 ms per problem), where one H alone is reused from the heap.
@@ -650,7 +654,7 @@ class LSProblem:
             else:
                 r, u = self.kernel.residual_jacobian(th, Xc, yc)  # (G, s, c), (G, s, 2k, c)
                 uu = _pair_products(u.view(A, two_k, c)).view(G, s * mu, c)
-            xx = _pair_products(Xc.transpose(1, 2).contiguous())  # (G, mx, c)
+            xx = self._input_pair_products(lo, Xc, max_bytes)  # (G, mx, c)
             M.baddbmm_(uu, xx.transpose(1, 2))
             del uu, xx
             b.baddbmm_(u.mul_(r.unsqueeze(2)).view(G, s * two_k, c), Xc)
@@ -658,6 +662,21 @@ class LSProblem:
         H = self._assemble(M.view(A, mu, mx).div_(n), max_bytes, out)
         b = b.reshape(A, self.P)[:, self.free_idx]
         return loss / n, H, b / n
+
+    def _input_pair_products(self, lo: int, Xc: torch.Tensor, max_bytes: int) -> torch.Tensor:
+        r"""The pair products :math:`\tilde x_{tl}\tilde x_{tl'}` (:math:`l \le l'`) of the chunk of observations
+        starting at ``lo``, shape (G, (d+1)(d+2)/2, c).  They depend on the data only, so they are kept for the next
+        Hessian of the same active set while all kept chunks take at most ``max_bytes`` (the chunk budget of
+        :meth:`gauss_newton`): a problem whose pair products fit that budget forms them once per active set instead
+        of once per iteration."""
+        key = (lo, Xc.shape[1])
+        xx = self._input_pairs.get(key)
+        if xx is None:
+            xx = _pair_products(Xc.transpose(1, 2).contiguous())
+            kept = sum(v.numel() * v.element_size() for v in self._input_pairs.values())
+            if kept + xx.numel() * xx.element_size() <= max_bytes:
+                self._input_pairs[key] = xx
+        return xx
 
     def _hessian_chunk(self, G: int, s: int, max_bytes: int, exact: bool, itemsize: int) -> int:
         """Observations per chunk of :meth:`gauss_newton`: every array a chunk allocates (the kernel's

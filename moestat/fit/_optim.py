@@ -166,6 +166,20 @@ def _gnorm(g: torch.Tensor) -> torch.Tensor:
     return g.abs().amax(1)
 
 
+def _gradient(problem: LSProblem, theta: torch.Tensor, b: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Sup-norm of the projected gradient :math:`2b` of each problem, with the full gradient ``g`` (zeros on the
+    held coordinates) and its projection ``gp`` when ``problem`` has a box; without one ``g`` and ``gp`` are None and
+    the norm is that of :math:`2b` itself (the same number: held coordinates add zeros to a maximum of absolute
+    values), two tensor operations fewer per iteration."""
+    if problem.lower is None:
+        return _gnorm(2.0 * b), None, None
+    g = torch.zeros_like(theta)
+    g[:, problem.free_idx] = 2.0 * b
+    gp = problem.projected_gradient(theta, g)
+    return _gnorm(gp), g, gp
+
+
 def _rel_decrease_small(f_old: torch.Tensor, f_new: torch.Tensor, tol: float) -> torch.Tensor:
     scale = torch.maximum(f_old.abs(), f_new.abs()).clamp_min(torch.finfo(f_old.dtype).tiny)
     return (f_old - f_new) <= tol * scale
@@ -512,9 +526,7 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
     spare = None  # the Hessian batch of the last accepted step, reused as the next one's output
     D = torch.diagonal(H, dim1=1, dim2=2).clone()
     for it in range(max_iter + 1):
-        g = torch.zeros_like(theta)
-        g[:, fidx] = 2.0 * b
-        gn = _gnorm(problem.projected_gradient(theta, g))
+        gn = _gradient(problem, theta, b)[0]
         tr.record(it, f, gn)
         damping_stop = torch.where(lam > 1e16, 6, 0).to(torch.long)
         keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=damping_stop)
@@ -548,9 +560,7 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
         status[small_f] = 2
         done = status > 0
         if bool(done.any()):
-            g = torch.zeros_like(theta)
-            g[:, fidx] = 2.0 * b
-            gn = _gnorm(problem.projected_gradient(theta, g))
+            gn = _gradient(problem, theta, b)[0]
             keep = tr.finish(done, status, theta, f, gn, n_iter)
             if not bool(keep.any()):
                 break
@@ -597,10 +607,8 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
     D = torch.diagonal(H, dim1=1, dim2=2).abs()
     past = [f.clone()]  # objectives of the last stall_window iterations (oldest first)
     for it in range(max_iter + 1):
-        g = torch.zeros_like(theta)
-        g[:, fidx] = 2.0 * b
-        gp = problem.projected_gradient(theta, g)
-        gn = _gnorm(gp)
+        gn, g, gp = _gradient(problem, theta, b)
+        held = None if g is None else (gp[:, fidx] == 0) & (g[:, fidx] != 0)  # blocked by the box: no step along these
         tr.record(it, f, gn)
         extra = torch.where(lam > 1e16, 6, 0).to(torch.long)
         if len(past) > stall_window:
@@ -610,15 +618,15 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
         if keep is not None:
             if not bool(keep.any()):
                 break
-            theta, f, H, b, D, lam, nu, n_iter, gp, g = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
-                                                         nu[keep], n_iter[keep], gp[keep], g[keep])
+            theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
+                                                   nu[keep], n_iter[keep])
+            held = None if held is None else held[keep]
             past = [v[keep] for v in past]
             A = theta.shape[0]
         D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2).abs())
         Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
-        held = (gp[:, fidx] == 0) & (g[:, fidx] != 0)  # blocked by the box: no step along these
         Hs, bs = H, b
-        if dev.type != "cpu" or bool(held.any()):  # on a GPU masking by nothing is cheaper than asking
+        if held is not None and (dev.type != "cpu" or bool(held.any())):  # on a GPU masking is cheaper than asking
             keepc = (~held).to(dt)
             Hs = H * keepc.unsqueeze(1) * keepc.unsqueeze(2) + torch.diag_embed(held.to(dt))
             bs = b * keepc

@@ -157,7 +157,8 @@ def _torch_peak(fn) -> int:
 @pytest.mark.parametrize("gate,expert", [("sigmoid", "gelu"), ("softmax", "gelu"), ("topk", "tanh")])
 def test_peak_within_budget(gate, expert):
     """Beyond its outputs and the accumulator M (sizes independent of n), one call allocates at most 1.5x
-    ``max_bytes`` (before issue 21 it took up to 7x: the curvature temporaries and the (A, P, P) copies)."""
+    ``max_bytes``, the inputs' pair products it keeps for the next call included (before issue 21 it took up to 7x:
+    the curvature temporaries and the (A, P, P) copies)."""
     prob, theta = _problem(gate, expert, 4, 8, 1.0, n=6000, R=2, S=2)
     budget = 2**20
     prob.kernel._ws.clear()
@@ -184,3 +185,32 @@ def test_kink_tolerance_formula():
         assert got[a] == pytest.approx(expect, rel=1e-14)  # the same max and products: exact up to rounding
     assert prob.kink_tolerance(theta)[3] == pytest.approx(3 * 3 * 2.0 / 40 * 9.0 * abs(
         f[1, 0] - prob.y[1].numpy()).max(), rel=1e-14)
+
+
+def test_input_pair_products_kept_per_active_set(monkeypatch):
+    """The inputs' pair products are formed once per active set and reused bit for bit; a new active set forms its
+    own (a stale copy would pair the Hessian of replicate 1 with the inputs of replicate 0); the kept products stay
+    within ``max_bytes``."""
+    prob, theta = _problem("softmax", "gelu", 3, 3, 1.0, n=301, R=2, S=3)
+    fresh, _ = _problem("softmax", "gelu", 3, 3, 1.0, n=301, R=2, S=3)
+    first = prob.gauss_newton(theta, exact=True)
+    formed = []
+    real = _pair_products
+    monkeypatch.setattr("moestat.fit._objective._pair_products", lambda rows: formed.append(rows.shape) or real(rows))
+    again = prob.gauss_newton(theta, exact=True)
+    assert all(shape[-2] == 2 * prob.kernel.k for shape in formed)  # only the rows of u: the inputs' were kept
+    for a, b_ in zip(first, again, strict=True):
+        assert torch.equal(a, b_)
+    idx = torch.tensor([3, 4])  # both of replicate 1: the same number of groups as the full set, other inputs
+    prob.set_active(idx)
+    fresh.set_active(idx)
+    fresh._input_pairs.clear()
+    for a, b_ in zip(prob.gauss_newton(theta[idx], exact=True), fresh.gauss_newton(theta[idx], exact=True),
+                     strict=True):
+        assert torch.equal(a, b_)
+    budget = 30_000  # several chunks of 301 observations; only some of their pair products fit
+    prob.set_active(torch.arange(6))
+    prob.gauss_newton(theta, exact=True, max_bytes=budget)
+    kept = sum(v.numel() * v.element_size() for v in prob._input_pairs.values())
+    assert 0 < kept <= budget
+    assert len(prob._input_pairs) < len(range(0, prob.n, prob._hessian_chunk(2, 3, budget, True, 8)))
