@@ -17,7 +17,8 @@ k = 9 experts (duplicate=[0]) from near-truth starts, R = 20 replicates.
    594 parameters, run to its own tolerances) on R replicates at once, on one replicate, and (``--loop``) on a
    loop of R single-replicate fits from the same starts, per device of ``--devices``: the converged estimator's
    batching targets (batched >= 3x the loop at n = 1,000 and >= 1.5x at 10,000 on the CPU; R = 20 <= 2x R = 1
-   on a GPU).  ``--compile`` times ``fit_lse(compile=True)`` instead.
+   on a GPU).  ``--compile`` times ``fit_lse(compile=True)`` instead; ``--threads N`` gives every call N CPU
+   threads (the C++ loop then runs N of a batch's problems at once).
 
 Timings use the lower decile of repeated calls (the machine may be shared); a kernel and the forward
 product it is compared with are called alternately, so that load changes hit both alike.  Run
@@ -182,15 +183,18 @@ def scaling_table(spec, truth, n: int, R: int, iters: int, devices: list[str], o
     return rows
 
 
-def converged_table(spec, truth, n: int, R: int, devices: list[str], loop: bool, compile: bool = False
-                    ) -> list[dict]:
+def converged_table(spec, truth, n: int, R: int, devices: list[str], loop: bool, compile: bool = False,
+                    threads: int = 1) -> list[dict]:
     """Converged fits with ``fit_lse``'s defaults (``compile``: with ``compile=True``, the Newton loop in C++ on a
     CPU): R replicates in one call against one replicate alone and, with ``loop``, against R single-replicate calls
     from the same near-truth starts (each replicate's start is drawn by the batched call's seed, so the loop repeats
-    the batched fits one by one).  Also the time per replicate of the batched call."""
+    the batched fits one by one).  Also the time per replicate of the batched call.  ``threads``: ``fit_lse``'s
+    CPU threads, the same for every call (the C++ loop runs a batch's problems on that many threads at once; a
+    single problem can use them only inside its BLAS and LAPACK calls)."""
     fit_spec = spec.with_k(9)
     data = ms.simulate(spec, truth, n=n, reps=R, seed=1)
-    kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn", "compile": compile}
+    kw = {"truth": truth, "duplicate": [0], "seed": 2, "underdetermined": "warn", "compile": compile,
+          "threads": threads}
     rows = []
     for device in devices:
         sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -210,7 +214,7 @@ def converged_table(spec, truth, n: int, R: int, devices: list[str], loop: bool,
             # a batched fit runs until its slowest replicate stops: the cost per iteration separates that from
             # the cost of carrying R problems through each iteration
             it_one, it_batch = int(one.n_iter.max()), int(batched.n_iter.max())
-            row = {"device": device, "n": n, "R": R, "optimizer": batched.settings["optimizer"],
+            row = {"device": device, "n": n, "R": R, "threads": threads, "optimizer": batched.settings["optimizer"],
                    "loop": batched.settings.get("newton_loop", "tensor"),
                    "R=1 s": t_one, f"R={R} s": t_batch, f"R={R} / R=1": t_batch / t_one,
                    "s per replicate (batched)": t_batch / R,
@@ -256,6 +260,8 @@ def main() -> None:
     ap.add_argument("--loop", action="store_true", help="converged part: also time the loop of single fits")
     ap.add_argument("--compile", action="store_true",
                     help="converged part: fit_lse(compile=True) (the Newton loop in C++ on a CPU)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="converged part: fit_lse(threads=...) for every call, batched and looped (default 1)")
     args = ap.parse_args()
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=2, expert="relu", seed=0)
     ns = [200, 1000] if args.quick else [1000, 10_000]
@@ -301,7 +307,8 @@ def main() -> None:
         devices = args.devices.split(",") if args.devices else ["cpu"]
         rows = []
         for n in ns:
-            rows += converged_table(spec, truth, n, R, devices, loop=args.loop, compile=args.compile)
+            rows += converged_table(spec, truth, n, R, devices, loop=args.loop, compile=args.compile,
+                                    threads=args.threads)
         label = "fit_lse(compile=True)" if args.compile else "fit_lse defaults"
         print(f"## converged fits ({label}), {R} replicates vs one\n" + table(rows) + "\n", flush=True)
 

@@ -190,6 +190,37 @@ def test_threads_give_the_same_bits():
     np.testing.assert_array_equal(fits[0].restarts["n_iter"], fits[1].restarts["n_iter"])
 
 
+def test_native_blocks_of_replicates(monkeypatch):
+    """With ``block_bytes="auto"`` the C++ loop takes replicates in blocks of NATIVE_NEWTON_BLOCK_BYTES of inputs (the
+    8 MiB cache blocks of the tensor loop would hand its threads a few problems per call); an explicit ``block_bytes``
+    still bounds a call.  The fits do not depend on the blocks."""
+    import moestat.fit.lse as lse
+
+    spec, data = _data("softmax", "gelu", 3, 2, n=200, reps=5, seed=3)
+    per_replicate = 200 * 3 * 8  # n (d + 1) float64 bytes
+    monkeypatch.setattr(lse, "NATIVE_NEWTON_BLOCK_BYTES", 2 * per_replicate)
+    calls = []
+    real = _native.load_newton()
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def newton(self, theta, *args):
+            calls.append(theta.shape[0])
+            return real.newton(theta, *args)
+
+    monkeypatch.setattr(lse._native, "load_newton", lambda: Spy())
+    fits = {}
+    for block in ("auto", per_replicate, None):
+        calls.clear()
+        fits[block] = ms.fit_lse(spec, data.X, data.y, restarts=2, seed=1, compile=True, block_bytes=block)
+        assert fits[block].settings["newton_loop"] == "native"
+        assert calls == {"auto": [4, 4, 2], per_replicate: [2] * 5, None: [10]}[block]
+    for block in ("auto", per_replicate):
+        np.testing.assert_array_equal(_flat(fits[block].restart_params), _flat(fits[None].restart_params))
+
+
 @pytest.mark.parametrize("option", ["history", "progress", "cosine", "poly4", "learn_temperature", "eager"])
 def test_tensor_loop_where_the_native_one_does_not_apply(option):
     gate = {"cosine": "cosine", "learn_temperature": "laplace"}.get(option, "softmax")
