@@ -25,6 +25,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -585,8 +586,12 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
   double* hp = hist.data_ptr<double>();
   const bool accel = accelerate && k > 1;
 
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
+  // Pairs go to threads one at a time, as each thread becomes free (their EM runs differ in length; equal
+  // contiguous shares would leave threads idle).  A pair's result does not depend on the thread that fits it.
+  std::atomic<int64_t> next{0};
+  const int64_t teams = std::min<int64_t>(B, at::get_num_threads());
+  at::parallel_for(0, teams, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next++; b < B; b = next++) {
       Pair P;
       P.y = yp + b * n;
       P.w = weighted ? wp + b * n : nullptr;

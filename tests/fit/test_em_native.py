@@ -217,7 +217,7 @@ def test_compile_without_a_compiler_warns_and_runs_the_tensor_loop(monkeypatch):
 
 
 def test_threads_split_the_pairs_without_changing_a_bit():
-    """With threads > 1 the pairs are shared out between threads (at::parallel_for); each pair's arithmetic is its
+    """With threads > 1 the threads take the pairs one at a time (at::parallel_for); each pair's arithmetic is its
     own, so the fit is the one-thread fit bit for bit."""
     spec, X, y, w, _ = _problem(3, 2, n=300, reps=4, seed=5, weighted=True)
     with warnings.catch_warnings():
