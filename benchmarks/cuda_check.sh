@@ -41,7 +41,8 @@ part cuda_tests "${CUDA_TESTS_LIMIT:-100}" $PY -m pytest -q -p no:cacheprovider 
 TAIL=16 part converged "${CONVERGED_LIMIT:-110}" $PY benchmarks/lse_batched.py --parts converged --devices cuda \
   --ns 1000,10000 --reps 20
 rm -rf /tmp/cuda-check-fig1
-# STUDY_ARGS=--gbar-compile: the G-bar estimates' Newton runs in C++ on the host (not the vignette's setting)
+# STUDY_ARGS=--gbar-compile: the G-bar estimates' Newton runs in C++ on the host (not the vignette's setting);
+# STUDY_ARGS="--gbar-compile --gbar-threads 6": each estimate's starts at once on the host's cores
 TAIL=6 part study_full "${STUDY_LIMIT:-170}" $PY benchmarks/study_fig1.py --full --device cuda \
   --out /tmp/cuda-check-fig1 ${STUDY_ARGS:-}
 # cells finished (all of them, or those done when the limit struck), and their own wall times by n

@@ -7,7 +7,7 @@
    sigmoid gate, d = 3, k = k* + 1, the study's settings: 20,000 Monte-Carlo inputs, ``--gbar-restarts`` starts
    (default 4), at most 1,000 iterations of ``--gbar-optimizer``, box 10) on each device of ``--devices``: wall
    time, and how far the devices' distances differ.  The device ``cpu-compiled`` is the CPU with ``compile=True``
-   (each start's Newton run in C++).
+   (each start's Newton run in C++), ``cpu-compiled-threads`` the same on ``--gbar-threads`` threads (starts at once).
 
     PYTHONPATH=. python benchmarks/gpu_profile.py --devices cpu,cuda [--parts newton,gbar]
 
@@ -62,17 +62,20 @@ def newton_part(device: str, n: int, R: int) -> None:
     print(f"host-device synchronisations and scalar reads: {syncs}", flush=True)
 
 
-def gbar_part(devices: list[str], optimizer: str, restarts: int = 4, duplicate: str = "first") -> None:
+def gbar_part(devices: list[str], optimizer: str, restarts: int = 4, duplicate: str = "first",
+              threads: int = 1) -> None:
     truth = ms.presets.gate_comparison("gelu", truth_gate="sigmoid", d=3, seed=0)
     k = truth.spec.k + 1
     dup = [int(v) for v in truth.info["duplicate"]][:1] if duplicate == "first" else None
     results = {}
     for name in devices:
-        device, compiled = ("cpu", True) if name == "cpu-compiled" else (name, False)
+        device, compiled = ("cpu", True) if name.startswith("cpu-compiled") else (name, False)
+        th = threads if name == "cpu-compiled-threads" else 1
         _sync(device)
         t0 = time.perf_counter()
         gb = ms.estimate_gbar(truth.spec, truth.params, k, n_mc=20_000, restarts=restarts, duplicate=dup, seed=7,
-                              max_iter=1000, box=10.0, device=device, optimizer=optimizer, compile=compiled)
+                              max_iter=1000, box=10.0, device=device, optimizer=optimizer, compile=compiled,
+                              threads=th)
         _sync(device)
         wall = time.perf_counter() - t0
         results[name] = gb
@@ -87,8 +90,9 @@ def gbar_part(devices: list[str], optimizer: str, restarts: int = 4, duplicate: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", default="cpu",
-                    help="comma-separated devices, cpu-compiled for the CPU with compile=True (newton part: the last "
-                         "one, which must be a torch device)")
+                    help="comma-separated devices, cpu-compiled for the CPU with compile=True, cpu-compiled-threads "
+                         "for that on --gbar-threads threads (newton part: the last one, which must be a torch "
+                         "device)")
     ap.add_argument("--parts", default="newton,gbar")
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--reps", type=int, default=20)
@@ -98,12 +102,14 @@ def main() -> None:
                     help="estimate_gbar's starts (the sigmoid-vs-softmax study's basin estimate asks for 2 k* = 6)")
     ap.add_argument("--gbar-duplicate", choices=["first", "none"], default="first",
                     help="starts duplicating the preset's first duplicated atom, or none (the basin estimate's)")
+    ap.add_argument("--gbar-threads", type=int, default=2,
+                    help="threads of the cpu-compiled-threads estimate (its starts run at once)")
     args = ap.parse_args()
     devices = args.devices.split(",")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"GPU {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}", flush=True)
     if "gbar" in args.parts:
-        gbar_part(devices, args.gbar_optimizer, args.gbar_restarts, args.gbar_duplicate)
+        gbar_part(devices, args.gbar_optimizer, args.gbar_restarts, args.gbar_duplicate, args.gbar_threads)
     if "newton" in args.parts:
         newton_part(devices[-1], args.n, args.reps)
 

@@ -58,6 +58,9 @@ def main() -> None:
     ap.add_argument("--gbar-compile", action="store_true",
                     help="--full: the representation metric's G-bar estimates with gbar_compile=True (Newton in C++ "
                          "on the CPU; not the vignette's setting)")
+    ap.add_argument("--gbar-threads", type=int, default=1,
+                    help="--full with --gbar-compile: threads of each G-bar estimate (its starts run at once; the "
+                         "same estimates)")
     args = ap.parse_args()
     if args.full:
         full_study(args)
@@ -123,6 +126,8 @@ def full_study(args: argparse.Namespace) -> None:
     if args.gbar_compile:
         options = {name: dict(opts) for name, opts in study.metric_options.items()}
         options.setdefault("representation", {})["gbar_compile"] = True
+        if args.gbar_threads != 1:
+            options["representation"]["gbar_threads"] = args.gbar_threads
         study = dataclasses.replace(study, metric_options=options)
     workers = args.workers if args.device == "cpu" else 1
     t0 = time.perf_counter()

@@ -674,7 +674,7 @@ def _read_pickle(path: Path) -> Any:
 
 def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restarts: int, max_iter: int,
              init_scale: float, tol_l2: float, box: Any, device: str, optimizer: str = "auto",
-             compile: bool | str = False) -> tuple[Any, int]:
+             compile: bool | str = False, threads: int | None = 1) -> tuple[Any, int]:
     r""":func:`moestat.estimate_gbar` for the cell's truth and fitted k, kept in the study's :class:`StudyCache`
     (``ctx.cache``; without one, in a cache of ``ctx.cache_dir`` for this call).
 
@@ -692,20 +692,22 @@ def gbar_for(ctx: MetricContext, dup: Sequence[int] | None, *, n_mc: int, restar
            _hashable(box), n_mc, restarts, max_iter, init_scale, tol_l2, seed, optimizer)
     if compile is not False:  # a compiled estimate is another result (equal to rounding); default keys unchanged
         key = (*key, ("compile", compile))
+    if threads != 1:  # the same compiled result on any number of threads, but not always so for the tensor loop
+        key = (*key, ("threads", threads))
     extra = ctx.fit_spec.k - spec.k
     cache = ctx.cache if ctx.cache is not None else StudyCache(ctx.cache_dir)
     name = f"gbar-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
     result = cache.get(name, lambda: estimate_gbar(
         spec, ctx.truth, ctx.fit_spec.k, n_mc=n_mc, restarts=restarts,
         duplicate=None if dup is None else list(dup)[:extra], seed=seed, init_scale=init_scale, max_iter=max_iter,
-        tol_l2=tol_l2, box=box, device=device, optimizer=optimizer, compile=compile))
+        tol_l2=tol_l2, box=box, device=device, optimizer=optimizer, compile=compile, threads=threads))
     return result, seed
 
 
 def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
                       gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
                       gbar_box: Any = "fit", gbar_device: str = "cpu", gbar_optimizer: str = "auto",
-                      gbar_compile: bool = False) -> dict[str, np.ndarray]:
+                      gbar_compile: bool = False, gbar_threads: int | None = 1) -> dict[str, np.ndarray]:
     r"""The Voronoi loss each theory uses for the fitted gate (:func:`moestat.metrics.theory_loss`), in one column
     ``loss`` (kind in ``loss_kind``), with the regime-2 G-bar estimated and cached here.
 
@@ -723,7 +725,8 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
       sigmoid-gelu splits) for at most ``gbar_max_iter`` iterations inside ``gbar_box`` (``"fit"``: the fit's own
       box — needed for gelu, whose copies could otherwise escape to infinity), on ``gbar_device`` (CPU by
       default: float64, bit-reproducible), with ``gbar_compile=True`` each start's Newton run in C++ on a CPU
-      (about 3.5 times faster, with the same near-minimisers; cached apart from the default's).  The starts
+      (about 3.5 times faster, with the same near-minimisers; cached apart from the default's), and with
+      ``gbar_threads`` starts at once (``fit_lse``'s ``threads``; the same compiled result on any number).  The starts
       duplicate only the fit's duplicated atoms, so the infimum is over the near-minimisers of the basin the
       near-truth LSE starts in.  Its settings, seed and held-out :math:`L^2(\mu)` distance
       :math:`\min_G \|f_G - f_{G^*}\|` become columns ``gbar_*``.
@@ -738,7 +741,7 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
     box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
     res, seed = gbar_for(ctx, dup, n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
                          init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device,
-                         optimizer=gbar_optimizer, compile=gbar_compile)
+                         optimizer=gbar_optimizer, compile=gbar_compile, threads=gbar_threads)
     value, kind = theory_loss(ctx.fit.params, ctx.truth, ctx.fit_spec, ctx.truth_spec, dup, gbar=res.near_minimisers)
     cols: dict[str, np.ndarray] = {"loss": value, "loss_kind": np.full(R, kind, dtype=object)}
     scalars = {"gbar_l2": float(res.l2[0]), "gbar_n_near": int(res.near.sum()), "gbar_n_mc": gbar_n_mc,
@@ -746,6 +749,8 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
                "gbar_tol_l2": gbar_tol_l2, "gbar_seed": seed, "gbar_converged": int(res.converged.sum())}
     if gbar_compile:  # a column only when asked for, so the default frames keep theirs
         scalars["gbar_compile"] = True
+    if gbar_threads != 1:
+        scalars["gbar_threads"] = gbar_threads
     for name, v in scalars.items():
         cols[name] = np.full(R, v)
     return cols
@@ -754,8 +759,8 @@ def gate_matched_loss(ctx: MetricContext, n_split: int = 201, gbar_n_mc: int = 2
 def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int = 20_000, gbar_restarts: int = 4,
                           gbar_max_iter: int = 1000, gbar_init_scale: float = 0.05, gbar_tol_l2: float = 1e-4,
                           gbar_box: Any = "fit", gbar_device: str = "cpu", gbar_optimizer: str = "auto",
-                          gbar_compile: bool = False, basin: str = "auto", basin_tol: float = 1e-3
-                          ) -> dict[str, np.ndarray]:
+                          gbar_compile: bool = False, gbar_threads: int | None = 1, basin: str = "auto",
+                          basin_tol: float = 1e-3) -> dict[str, np.ndarray]:
     r"""Errors against the nearest exact representation of the truth (:func:`moestat.representation_errors`).
 
     Columns: ``over_param``, ``exact_param``, ``param`` (first-order parameter errors of the atoms a
@@ -791,7 +796,7 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
         box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
         gb, _ = gbar_for(ctx, _duplicates(ctx), n_mc=gbar_n_mc, restarts=gbar_restarts, max_iter=gbar_max_iter,
                          init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device,
-                         optimizer=gbar_optimizer, compile=gbar_compile)
+                         optimizer=gbar_optimizer, compile=gbar_compile, threads=gbar_threads)
         res = representation_errors(fit, truth, X=X_mc, gbar=gb.near_minimisers)
     else:
         if basin not in ("auto", "exact"):
@@ -800,7 +805,7 @@ def representation_metric(ctx: MetricContext, n_mc: int = 20_000, gbar_n_mc: int
             box = _fit_box(ctx) if isinstance(gbar_box, str) and gbar_box == "fit" else gbar_box
             gb, _ = gbar_for(ctx, None, n_mc=gbar_n_mc, restarts=2 * ctx.truth_spec.k, max_iter=gbar_max_iter,
                              init_scale=gbar_init_scale, tol_l2=gbar_tol_l2, box=box, device=gbar_device,
-                             optimizer=gbar_optimizer, compile=gbar_compile)
+                             optimizer=gbar_optimizer, compile=gbar_compile, threads=gbar_threads)
             near = np.flatnonzero(np.asarray(gb.l2) <= basin_tol)
             if len(near):
                 res = representation_errors(fit, truth, X=X_mc, gbar=gb.params.select(near))

@@ -197,3 +197,25 @@ def test_gbar_compiled_gives_the_same_limits_under_its_own_cache_key():
            for c in (False, True)]
     assert rep[0]["representation"][0] == rep[1]["representation"][0]
     np.testing.assert_allclose(rep[1]["param"], rep[0]["param"], rtol=1e-4)
+
+
+def test_gbar_threads_give_the_compiled_estimate_to_the_bit():
+    """``gbar_threads`` runs the compiled estimate's starts on that many threads at once: the same limits to the bit
+    as one thread, recorded in ``settings``, a ``gbar_threads`` column and the cache key (the tensor loop's BLAS
+    may round differently on more threads, so a threaded estimate is never served a one-thread one or back)."""
+    import dataclasses
+
+    from moestat.cells import StudyCache, gate_matched_loss, gbar_for
+
+    _, ctx, kw = _gelu_split_problem(n_mc=4_000)
+    ctx = dataclasses.replace(ctx, cache=StudyCache())
+    one, _ = gbar_for(ctx, None, **kw, compile=True)
+    two, _ = gbar_for(ctx, None, **kw, compile=True, threads=2)
+    assert len(ctx.cache) == 2  # two keys
+    assert "threads" not in one.settings and two.settings["threads"] == 2
+    np.testing.assert_array_equal(two.l2, one.l2)
+    np.testing.assert_array_equal(two.params.gate_weight, one.params.gate_weight)
+    np.testing.assert_array_equal(two.params.expert_weight, one.params.expert_weight)
+    cols = gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None, gbar_compile=True, gbar_threads=2)
+    assert (cols["gbar_threads"] == 2).all()
+    assert "gbar_threads" not in gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None, gbar_compile=True)

@@ -45,6 +45,7 @@ import pandas as pd
 from .._validation import (
     Device,
     Integer,
+    Optional,
     Real,
     Seed,
     check_int,
@@ -133,13 +134,14 @@ class GBarResult(Result):
 
 
 @validate_arguments(k=Integer(1), n_mc=Integer(1), restarts=Integer(1), seed=Seed(), tol=Real(0), tol_l2=Real(0),
-                    init_scale=Real(0, open_low=True), max_iter=Integer(1), low=Real(), high=Real(), device=Device())
+                    init_scale=Real(0, open_low=True), max_iter=Integer(1), low=Real(), high=Real(), device=Device(),
+                    threads=Optional(Integer(1)))
 def estimate_gbar(spec: MoE, truth: Params, k: int, *, n_mc: int = 100_000, restarts: int = 8,
                   duplicate: Sequence[int] | Sequence[Sequence[int]] | None = None, seed: int = 0,
                   tol: float = 1e-12, tol_l2: float = 1e-4, init_scale: float = 0.05,
                   optimizer: str = "auto", max_iter: int = 3000, box: Any = None,
                   inputs: str = "uniform", low: float = -1.0, high: float = 1.0,
-                  device: str = "auto", compile: bool | str = False) -> GBarResult:
+                  device: str = "auto", compile: bool | str = False, threads: int | None = 1) -> GBarResult:
     r"""Approximate the set :math:`\bar{\mathcal G}` of k-atom minimisers of :math:`\|f_G - f_{G^*}\|_{L^2(\mu)}`.
 
     Parameters
@@ -174,6 +176,9 @@ def estimate_gbar(spec: MoE, truth: Params, k: int, *, n_mc: int = 100_000, rest
         3.5 times faster for the flagship study's estimate, with the same near-minimisers: their distances to
         :math:`f_{G^*}` agree to about 1e-7 along the flat split valleys; docs/performance/study.md);
         its setting is then recorded in ``settings``.
+    threads : int or None
+        Passed to :func:`moestat.fit_lse`: with ``compile=True`` that many starts run at once (the same results as
+        one thread; recorded in ``settings`` when not 1).
 
     Returns
     -------
@@ -211,7 +216,7 @@ def estimate_gbar(spec: MoE, truth: Params, k: int, *, n_mc: int = 100_000, rest
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         fit = fit_lse(fit_spec, X, y, init=starts, restarts=S, optimizer=optimizer, max_iter=max_iter, tol=tol,
-                      box=box, device=device, condition=False, compile=compile)
+                      box=box, device=device, condition=False, compile=compile, threads=threads)
     all_p = fit.restart_params
     l2 = np.atleast_1d(l2_distance(fit_spec, all_p, truth, X_test, spec_b=spec))
     l2_fit = np.sqrt(fit.restarts.objective.to_numpy())
@@ -228,6 +233,8 @@ def estimate_gbar(spec: MoE, truth: Params, k: int, *, n_mc: int = 100_000, rest
                 "low": low, "high": high}
     if compile is not False:  # recorded only when asked for, so the default frames keep their columns
         settings["compile"] = compile
+    if threads != 1:
+        settings["threads"] = threads
     return GBarResult(params, l2, l2_fit, near, dups, converged, spread, settings)
 
 
