@@ -169,8 +169,8 @@ def _gnorm(g: torch.Tensor) -> torch.Tensor:
 def _gradient(problem: LSProblem, theta: torch.Tensor, b: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Sup-norm of the projected gradient :math:`2b` of each problem, with the full gradient ``g`` (zeros on the
-    held coordinates) and its projection ``gp`` when ``problem`` has a box; without one ``g`` and ``gp`` are None and
-    the norm is that of :math:`2b` itself (the same number: held coordinates add zeros to a maximum of absolute
+    fixed coordinates) and its projection ``gp`` when ``problem`` has a box; without one ``g`` and ``gp`` are None and
+    the norm is that of :math:`2b` itself (the same number: fixed coordinates add zeros to a maximum of absolute
     values), two tensor operations fewer per iteration."""
     if problem.lower is None:
         return _gnorm(2.0 * b), None, None
