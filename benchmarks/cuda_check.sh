@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks, in one script for a GPU machine lent for a few minutes: the CPU-vs-CUDA equality tests, the
-# converged least-squares fit of R replicates against one on CUDA, the flagship study at full size on CUDA, then
+# converged least-squares fit of R replicates against one on CUDA, the Newton loop's kernel launches per iteration,
+# the flagship study at full size on CUDA, then
 # the whole test suite with device="auto" resolving to CUDA (given the time left before DEADLINE seconds).
 #
 #   bash benchmarks/cuda_check.sh [LOG_DIR]        (default out/cuda-check; one log per part, each part with
@@ -40,6 +41,8 @@ $PY -c "import cvxpy" 2>/dev/null || SELECT+=(-k "not cvxpy")
 part cuda_tests "${CUDA_TESTS_LIMIT:-100}" $PY -m pytest -q -p no:cacheprovider -rf tests/test_cuda.py
 TAIL=16 part converged "${CONVERGED_LIMIT:-110}" $PY benchmarks/lse_batched.py --parts converged --devices cuda \
   --ns 1000,10000 --reps 20
+# kernel launches and milliseconds per Newton iteration of one replicate (the host-bound cost of a converged fit)
+TAIL=8 part newton_ops "${OPS_LIMIT:-60}" $PY benchmarks/lse_newton_ops.py --device cuda
 rm -rf /tmp/cuda-check-fig1
 # STUDY_ARGS=--gbar-compile: the G-bar estimates' Newton runs in C++ on the host (not the vignette's setting);
 # STUDY_ARGS="--gbar-compile --gbar-threads 6": each estimate's starts at once on the host's cores

@@ -13,7 +13,10 @@ stopping tests, gain ratio, damping update).  Also printed: wall time per iterat
 Counts are deterministic; with ``--baseline PATH`` (a moestat tree, e.g. from ``git worktree add /tmp/old <rev>``)
 the same cells run on that tree in a child process and the ratios baseline / this tree are printed.  Run::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_newton_ops.py [--baseline /tmp/old]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/lse_newton_ops.py [--baseline /tmp/old] [--device cuda]
+
+With ``--device cuda`` the fits run on the GPU (its own chunking), so the counts are its kernel launches and the
+times its host-bound milliseconds per iteration.
 """
 
 from __future__ import annotations
@@ -79,11 +82,11 @@ def _workload(gate: str, expert: str, k: int, d: int, n: int, R: int):
     return spec, data, {"seed": 2}
 
 
-def count_cell(gate: str, expert: str, k: int, d: int, n: int, R: int) -> dict:
+def count_cell(gate: str, expert: str, k: int, d: int, n: int, R: int, device: str = "cpu") -> dict:
     """Operations per Newton iteration by phase, and seconds per iteration of an uncounted fit (the fastest of
     :data:`REPEAT`)."""
     spec, data, kw = _workload(gate, expert, k, d, n, R)
-    kw = {**kw, "optimizer": "newton", "condition": False}
+    kw = {**kw, "optimizer": "newton", "condition": False, "device": device}
     phase = ["loop"]
     saved = {}
     targets = [(_objective.LSProblem, "gauss_newton", "hessian"), (_objective.LSProblem, "value", "trial value"),
@@ -119,10 +122,11 @@ def count_cell(gate: str, expert: str, k: int, d: int, n: int, R: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline", help="a moestat tree to count in a child process, for ratios in the same run")
+    ap.add_argument("--device", default="cpu", help="the fits' device (on cuda the counts are the kernel launches)")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the child's output format
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rows = {label: count_cell(*cell) for label, *cell in CELLS}
+    rows = {label: count_cell(*cell, device=args.device) for label, *cell in CELLS}
     if args.json:
         print(json.dumps(rows))
         return
@@ -131,17 +135,17 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": args.baseline}
         runs = []
         for _ in range(2):
-            done = subprocess.run([sys.executable, __file__, "--json"], env=env, capture_output=True, text=True,
-                                  check=True)
+            done = subprocess.run([sys.executable, __file__, "--json", "--device", args.device], env=env,
+                                  capture_output=True, text=True, check=True)
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             if len(runs) == 1:
-                again = {label: count_cell(*cell) for label, *cell in CELLS}
+                again = {label: count_cell(*cell, device=args.device) for label, *cell in CELLS}
                 for label, row in rows.items():
                     row["ms per iteration"] = min(row["ms per iteration"], again[label]["ms per iteration"])
         base = runs[0]
         for label, row in base.items():
             row["ms per iteration"] = min(row["ms per iteration"], runs[1][label]["ms per iteration"])
-    print(f"torch {torch.__version__}, one thread; operations per Newton iteration")
+    print(f"torch {torch.__version__}, device {args.device}, one thread; operations per Newton iteration")
     phases = ["hessian", "trial value", "solve", "loop", "launches", "no launch", "ms per iteration"]
     print("| cell | iterations | " + " | ".join(phases) + (" | launches, baseline / this | ms, baseline / this"
                                                              if base else "") + " |")
