@@ -100,7 +100,6 @@ def count_cell(gate: str, expert: str, k: int, d: int, n: int, R: int, device: s
             fit = ms.fit_lse(spec, data.X, data.y, **kw)
             seconds = min(seconds, time.perf_counter() - t0)
         iters = int(fit.restarts["n_iter"].sum())
-        newton = _optim.newton
         for owner, name, label in targets:
             saved[(owner, name)] = getattr(owner, name)
             setattr(owner, name, _phase(phase, label, saved[(owner, name)]))
@@ -111,7 +110,6 @@ def count_cell(gate: str, expert: str, k: int, d: int, n: int, R: int, device: s
         finally:
             for (owner, name), fn in saved.items():
                 setattr(owner, name, fn)
-        assert _optim.newton is newton
     out = {phase_name: c / iters for phase_name, c in counter.counts.items()}
     out["launches"] = sum(v for key, v in out.items() if key != "no launch")
     out["iterations"] = iters

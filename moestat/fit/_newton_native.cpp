@@ -538,8 +538,8 @@ void newton_impl(const at::Tensor& theta, const at::Tensor& XT, const at::Tensor
 
 // theta (B, 2k*p) starts (row j of problem b at [j*p, (j+1)*p)), XT (R, p, n) augmented inputs transposed, y (R, n),
 // problem b on replicate b / S; free_idx the optimised coordinates (increasing); lower/upper (P,) or empty (no box);
-// gate a Gate code and top_k the experts a TOPK gate keeps.  Returns theta (B, P) end points, loss (B,) = sum_t r^2 / n, the projected gradient's sup-norm (B,), iterations,
-// status codes (_optim.STATUS) and evaluations (B,).
+// gate a Gate code and top_k the experts a TOPK gate keeps.  Returns theta (B, P) end points, loss (B,) =
+// sum_t r^2 / n, the projected gradient's sup-norm (B,), iterations, status codes (_optim.STATUS) and evaluations (B,).
 std::vector<at::Tensor> newton(at::Tensor theta, at::Tensor XT, at::Tensor y, at::Tensor free_idx, at::Tensor lower,
                                at::Tensor upper, int64_t S, int64_t k, int64_t gate, int64_t top_k, int64_t act,
                                bool act2, double tau, int64_t max_iter, double gtol, double damping,
