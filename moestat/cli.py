@@ -59,10 +59,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- study
 
 def _cmd_study_run(args: argparse.Namespace) -> int:
+    from ._placement import parse_workers
     from .study import Study
 
-    if args.workers is not None and args.workers < 1:
-        raise _UsageError(f"--workers must be a positive number of processes, got {args.workers}.")
+    try:
+        workers = parse_workers(args.workers)
+    except ValueError as exc:
+        raise _UsageError(f"--{exc}") from None
     study = Study.from_toml(args.study)
     out = Path(args.out) if args.out else Path("out") / Path(args.study).stem
     if out.exists() and not out.is_dir():
@@ -71,12 +74,12 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
     if existing.is_dir() and any(existing.glob("*.parquet")) and not (args.resume or args.overwrite):
         raise _UsageError(f"{out} already holds results of a study; pass --resume to continue it or "
                           "--overwrite to recompute every cell.")
-    executor = "processes" if args.workers and args.workers > 1 else None
+    executor = "processes" if isinstance(workers, dict) or (workers or 1) > 1 else None
     print(f"{study!r}\nwriting to {out}", flush=True)
     from .study import StudyFailureError
 
     try:
-        frame = study.run(out, resume=not args.overwrite, executor=executor, workers=args.workers,
+        frame = study.run(out, resume=not args.overwrite, executor=executor, workers=workers,
                           progress=not args.quiet, device=args.device)
     except KeyboardInterrupt:  # Study.run has stopped its workers and recorded the interruption
         print(f"\n{_interrupted(args, out)}", file=sys.stderr)
@@ -303,8 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="continue a run in DIR, skipping finished cells")
     mode.add_argument("--overwrite", action="store_true", help="recompute every cell even if DIR holds results")
-    run.add_argument("--workers", type=int, default=None, metavar="N",
-                     help="worker processes (default: run cells in this process)")
+    run.add_argument("--workers", default=None, metavar="N|DEVICE=N,...",
+                     help="worker processes (default: run cells in this process), or one pool per device, e.g. "
+                          "cuda=2,cpu=14: the first-named devices take the largest cells left, the last the smallest")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                      help="device for the fits (default: the study's, usually auto)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

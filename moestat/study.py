@@ -25,7 +25,9 @@ Reproducibility and fault tolerance
   :class:`concurrent.futures.ProcessPoolExecutor`; any :class:`concurrent.futures.Executor` works,
   including Dask's ``Client.get_executor()``.  Cells are independent and seeded by key, so the frame
   is the same for every executor (bit for bit at an equal number of torch threads per cell; set
-  ``threads``).  Only ``wall_time``-type columns differ between runs.
+  ``threads``).  Only ``wall_time``-type columns differ between runs.  ``workers={"cuda": 2, "cpu": 14}``
+  runs one process pool per device (a GPU host's GPU takes the largest cells, its cores the smallest); a
+  cell's rows then depend on the device it ran on, within round-off (the ``device`` column).
 * Failures.  A fit that raises or does not converge is a row (``status`` ``"error"`` or
   ``"not_converged"``, ``message``), stored and resumed like any other, never silently redrawn.  Without
   ``max_failures`` the first error stops the study (:class:`StudyFailureError`, finished cells kept); with it,
@@ -56,12 +58,14 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from . import cells as _cells
+from ._placement import CellLanes, DeviceRule, cell_size, parse_workers, resolve_device_name
 from .cells import (
     ESTIMATORS,
     EXPLICIT_TRUTH_KEYS,
@@ -640,8 +644,8 @@ class Study:
 
     # ----------------------------------------------------------------- running
     def run(self, checkpoint: str | os.PathLike | None = None, *, resume: bool = True,
-            executor: str | cf.Executor | None = None, workers: int | None = None,
-            progress: bool = True, device: str | None = None) -> pd.DataFrame:
+            executor: str | cf.Executor | None = None, workers: int | str | Mapping[str, int] | None = None,
+            progress: bool = True, device: str | DeviceRule | None = None) -> pd.DataFrame:
         """Run every cell and return the tidy frame (one row per cell x replicate).
 
         Parameters
@@ -653,12 +657,24 @@ class Study:
             Skip cells already stored in ``checkpoint`` (``False`` recomputes and overwrites them).
         executor : None, "processes" or concurrent.futures.Executor
             Where cells run (see the module docstring); a given executor is not shut down.
-        workers : int, optional
-            Worker processes for ``executor="processes"`` (default: the CPU count).
+        workers : int, mapping or str, optional
+            Worker processes for ``executor="processes"`` (default: the CPU count).  A mapping such as
+            ``{"cuda": 2, "cpu": 14}`` (or the text ``"cuda=2,cpu=14"``) starts one process pool per device and
+            implies ``executor="processes"``: cells are handed out as workers become free, the devices named
+            first taking the largest cells left (by ``n``) and the device named last the smallest, so a GPU fits
+            the large cells while the host's cores fit the small ones, with no size threshold to tune; the last
+            device declines a cell that the others, at the cell times measured so far, would finish sooner with
+            all the cells left (:class:`moestat._placement.CellLanes`).  Which cell ran where then depends on
+            timing (each row's ``device`` column says; the provenance counts ``cells_by_device``); for a fixed
+            placement pass ``device`` as a callable too.  The processes share the CPU's cores as torch threads.
         progress : bool
             Show a tqdm progress bar over cells.
-        device : str, optional
-            Override the study's device ("auto", "cpu", "cuda").
+        device : str or callable, optional
+            Override the study's device ("auto", "cpu", "cuda", "cuda:N"), or a rule ``device(cell) -> str``
+            giving each cell's device from the cell's read-only description (``cell["n"]``,
+            ``cell["truth"]``, ``cell["fit"]``, ``cell["id"]``), e.g.
+            ``lambda cell: "cuda" if cell["n"] >= 50_000 else "cpu"``; with a mapping of ``workers`` every device
+            the rule returns needs a pool there.
 
         Returns
         -------
@@ -680,11 +696,18 @@ class Study:
         """
         from tqdm.auto import tqdm
 
-        from ._torch import resolve_device
         from .provenance import write_json_atomic, write_provenance
 
-        dev = str(resolve_device(device or self.device))
         cells = self.cells
+        pools = parse_workers(workers)
+        if isinstance(pools, dict):
+            if executor not in (None, "processes"):
+                raise ValueError(f"workers={workers!r} starts one process pool per device; it cannot be combined "
+                                 f"with executor={executor!r} (pass executor='processes' or leave it out).")
+            executor = "processes"
+        placed = self._placement(cells, device if device is not None else self.device, pools)
+        # the run's device(s) for its provenance: one name, or the devices joined by "+"
+        dev = "+".join(pools) if isinstance(pools, dict) else "+".join(dict.fromkeys(placed.values()))
         ckpt = Path(checkpoint) if checkpoint is not None else None
         done: dict[str, pd.DataFrame] = {}
         if ckpt is not None:
@@ -723,8 +746,12 @@ class Study:
             else:
                 cache = StudyCache(None if ckpt is None else ckpt / "cache")
             self._pieces: dict[str, dict[str, pd.DataFrame]] = {}
-            running = self._execute(todo, dev, executor, workers, cache, interrupts.again)
+            running = self._execute(todo, placed, executor, pools, cache, interrupts.again)
+            ran_on: dict[str, int] = {}
             for cid, output in running:
+                if "device" in output.frame.columns and len(output.frame):
+                    on = str(output.frame["device"].iloc[0])
+                    ran_on[on] = ran_on.get(on, 0) + 1
                 frame = _roundtrip(output.frame)
                 pieces = {name: _roundtrip(piece) for name, piece in output.pieces.items()}
                 if ckpt is not None:
@@ -769,22 +796,47 @@ class Study:
             prov = self._provenance(cells, dev, status="complete")
             prov["run_wall_time_s"] = time.perf_counter() - t_start
             prov["cells_resumed"] = len(cells) - len(todo)
+            prov["cells_by_device"] = dict(sorted(ran_on.items()))
             prov["failures"] = tally.record()
             write_provenance(ckpt, prov, device=dev)
             write_json_atomic(ckpt / "cells.json", {"cells": [c["id"] for c in cells]})
         tally.warn(len(result))
         return result
 
-    def _execute(self, todo: list[dict[str, Any]], device: str, executor: Any, workers: int | None,
-                 cache: StudyCache | None = None,
+    def _placement(self, cells: list[dict[str, Any]], device: str | DeviceRule,
+                   pools: int | dict[str, int] | None) -> dict[str, str]:
+        """Each cell's device by id: the run's one device, or a rule's answer per cell; empty when a mapping of
+        worker pools chooses devices as the run goes (:class:`CellLanes`)."""
+        if callable(device):
+            placed: dict[str, str] = {}
+            for c in cells:
+                name = resolve_device_name(device(MappingProxyType(c)), f"device(cell) for cell {c['id']!r}")
+                if isinstance(pools, dict) and name not in pools:
+                    raise ValueError(f"device(cell) put cell {c['id']!r} on {name!r}, but workers={pools!r} has "
+                                     f"no pool there; add one, e.g. {{**workers, {name!r}: 1}}.")
+                placed[c["id"]] = name
+            return placed
+        if isinstance(pools, dict):
+            if device not in ("auto", self.device):
+                raise ValueError(f"device={device!r} with workers={pools!r}: the pools name the devices; leave "
+                                 "device out, or pass a rule device(cell) -> device to place each cell.")
+            return {}
+        name = resolve_device_name(device, "device")
+        return {c["id"]: name for c in cells}
+
+    def _execute(self, todo: list[dict[str, Any]], placed: dict[str, str], executor: Any,
+                 workers: int | dict[str, int] | None, cache: StudyCache | None = None,
                  hurry: threading.Event | None = None) -> Iterator[tuple[str, CellOutput]]:
         """Yield ``(cell id, CellOutput)`` as cells finish.  On KeyboardInterrupt an own pool's workers are ended
         at once (:func:`_end_workers`; ``hurry``: a second Ctrl-C) and a given executor's pending cells cancelled."""
         if not todo:
             return
+        if isinstance(workers, dict):
+            yield from self._execute_pools(todo, placed, workers, cache, hurry)
+            return
         if executor is None:
             for c in todo:
-                yield c["id"], run_cell(self._payload(c, device, cache))
+                yield c["id"], run_cell(self._payload(c, placed[c["id"]], cache))
             return
         owned = False
         if executor == "processes":
@@ -797,31 +849,52 @@ class Study:
             raise ValueError(f"executor must be None, 'processes' or a concurrent.futures.Executor, "
                              f"got {executor!r}.")
         futures: dict[cf.Future[CellOutput], str] = {}
-        try:
+        with _pools_stopped_on_exit([executor], owned, futures, hurry):
             # largest cells first (longest-processing-time order): the pool's last cells are short ones,
             # so no worker idles behind one long cell at the end; the frame's row order does not change
             with _sigint_blocked(owned):  # the pool's workers start (spawn) during the submissions
-                for c in sorted(todo, key=lambda c: -c["n"]):
-                    futures[executor.submit(run_cell, self._payload(c, device, cache))] = c["id"]
+                for c in sorted(todo, key=lambda c: -cell_size(c)):
+                    futures[executor.submit(run_cell, self._payload(c, placed[c["id"]], cache))] = c["id"]
             for fut in cf.as_completed(futures):
                 yield futures[fut], fut.result()
-        except KeyboardInterrupt:
-            if owned:
-                # the running cells are lost work either way (a resume recomputes them).  The pool's thread sees
-                # its workers die and fails the pending cells itself; cancelling them here first would make it
-                # raise InvalidStateError on them (CPython 3.11), so they are left to it.
-                _end_workers(list((getattr(executor, "_processes", None) or {}).values()), hurry)
-            else:
-                for fut in futures:
-                    fut.cancel()
-            raise
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
-        finally:
-            if owned:
-                executor.shutdown(wait=True, cancel_futures=True)
+
+    def _execute_pools(self, todo: list[dict[str, Any]], placed: dict[str, str], workers: dict[str, int],
+                       cache: StudyCache | None, hurry: threading.Event | None) -> Iterator[tuple[str, CellOutput]]:
+        """:meth:`_execute` with one process pool per device: each pool is kept as busy as it has workers, taking
+        its next cell from :class:`CellLanes` whenever one of its cells finishes."""
+        lanes = CellLanes(todo, list(workers), (lambda c: placed[c["id"]]) if placed else None)
+        sizes = {d: min(count, lanes.waiting(d)) for d, count in workers.items()}
+        sizes = {d: size for d, size in sizes.items() if size > 0}
+        lanes.workers = sizes
+        total = sum(sizes.values())
+        pools = {d: cf.ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_init_worker, initargs=(total, os.getpid()))
+                 for d, size in sizes.items()}
+        futures: dict[cf.Future[CellOutput], tuple[dict[str, Any], str]] = {}
+        busy = dict.fromkeys(pools, 0)
+
+        def fill() -> None:
+            with _sigint_blocked(True):  # a submission may start a worker (spawn)
+                for device, pool in pools.items():
+                    while busy[device] < sizes[device]:
+                        c = lanes.take(device)
+                        if c is None:
+                            break
+                        futures[pool.submit(run_cell, self._payload(c, device, cache))] = (c, device)
+                        busy[device] += 1
+
+        with _pools_stopped_on_exit(list(pools.values()), True, futures, hurry):
+            fill()
+            while futures:
+                finished, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+                for fut in finished:
+                    c, d = futures.pop(fut)
+                    busy[d] -= 1
+                    output = fut.result()
+                    if "wall_time" in output.frame.columns and len(output.frame):  # the cell's own time
+                        lanes.record(d, c, float(output.frame["wall_time"].iloc[0]) * self.reps)
+                    fill()  # a finished cell can also change whether a device that held back takes one
+                    yield c["id"], output
 
     def pieces(self, name: str, checkpoint: str | os.PathLike | None = None) -> pd.DataFrame:
         """A named side table that the study's custom cell returned (:class:`CellOutput`), over all cells.
@@ -1182,6 +1255,34 @@ def _stop_running(running: Any, interrupt: BaseException) -> None:
     if running is not None and running.gi_frame is not None:
         with contextlib.suppress(KeyboardInterrupt, StopIteration):
             running.throw(interrupt)
+
+
+@contextlib.contextmanager
+def _pools_stopped_on_exit(executors: Sequence[cf.Executor], owned: bool, futures: Mapping[cf.Future[Any], Any],
+                           hurry: threading.Event | None) -> Iterator[None]:
+    """Stop the executors' work when the block ends.  On KeyboardInterrupt the workers of our own pools are ended at
+    once (:func:`_end_workers`; ``hurry``: a second Ctrl-C) and a given executor's pending cells cancelled; on any
+    other exit the pending cells are cancelled; our own pools are shut down in every case."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if owned:
+            # the running cells are lost work either way (a resume recomputes them).  The pool's thread sees
+            # its workers die and fails the pending cells itself; cancelling them here first would make it
+            # raise InvalidStateError on them (CPython 3.11), so they are left to it.
+            _end_workers([p for ex in executors for p in (getattr(ex, "_processes", None) or {}).values()], hurry)
+        else:
+            for fut in futures:
+                fut.cancel()
+        raise
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    finally:
+        if owned:
+            for ex in executors:
+                ex.shutdown(wait=True, cancel_futures=True)
 
 
 def run_cell(payload: dict[str, Any]) -> CellOutput:

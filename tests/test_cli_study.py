@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -220,10 +221,25 @@ def test_study_run_refuses_bad_workers_and_a_file_as_out(study_toml, tmp_path, c
     for bad in ("0", "-3"):
         assert main(["study", "run", str(study_toml), "--workers", bad, "--out", str(tmp_path / "o")]) == 2
         assert "--workers must be a positive number of processes" in capsys.readouterr().err
+    assert main(["study", "run", str(study_toml), "--workers", "cpu=x", "--out", str(tmp_path / "o")]) == 2
+    assert "--workers='cpu=x' is not a number of processes or a list of DEVICE=N pools" in capsys.readouterr().err
     afile = tmp_path / "taken.txt"
     afile.write_text("x")
     assert main(["study", "run", str(study_toml), "--out", str(afile), "--quiet"]) == 2
     assert "is a file; give a folder" in capsys.readouterr().err
+
+
+def test_study_run_with_a_pool_per_device(study_toml, tmp_path, capsys):
+    """--workers DEVICE=N,...: one pool per device ('meta' stands for a second device; the 'ols' cells solve on the
+    CPU whatever they are given); the largest cells start on the first-named device, the smallest on the last."""
+    out = tmp_path / "o"
+    assert main(["study", "run", str(study_toml), "--workers", "meta=1,cpu=1", "--out", str(out), "--quiet"]) == 0
+    frame = pd.read_parquet(out / "results.parquet")
+    first_large = frame.loc[frame["n"] == 640, "cell"].iloc[0]  # the first pick of each pool (ties: design order)
+    last_small = frame.loc[frame["n"] == 40, "cell"].iloc[-1]
+    assert set(frame.loc[frame["cell"] == first_large, "device"]) == {"meta"}
+    assert set(frame.loc[frame["cell"] == last_small, "device"]) == {"cpu"}
+    assert json.loads((out / "provenance.json").read_text())["device"] == "meta+cpu"
 
 
 def test_study_stopped_by_failed_fits_exits_3_and_keeps_its_cells(tmp_path, capsys):
