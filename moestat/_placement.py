@@ -30,8 +30,8 @@ def resolve_device_name(device: Any, where: str) -> str:
         return str(resolve_device(device))
     except RuntimeError as exc:  # torch's own message for a malformed name ("Invalid device string")
         raise ValueError(f"{where}={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'.") from exc
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from exc
+    except ValueError as exc:  # CUDA asked for on a machine without it
+        raise ValueError(f"{where}={device!r}: CUDA is not available on this machine; use 'cpu' or 'auto'.") from exc
 
 
 def parse_workers(workers: int | str | Mapping[str, int] | None) -> int | dict[str, int] | None:

@@ -11,10 +11,11 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._placement import parse_workers
 from .exceptions import MoestatWarning, warn_user
 from .provenance import stale_outputs_note
 
@@ -36,7 +37,8 @@ def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | No
     parser.add_argument("--out", default=f"out/{name}", help=f"output folder (default out/{name})")
     parser.add_argument("--no-resume", action="store_true", help="recompute finished cells")
     if workers:
-        parser.add_argument("--workers", type=int, default=None, help="worker processes (default: the CPU count)")
+        parser.add_argument("--workers", default=None,
+                            help="worker processes (default: the CPU count), or one pool per device: cuda=2,cpu=14")
     if peer is not None:
         parser.add_argument("--peer", default=None, help=f"a clone of {peer[1]}")
     args = parser.parse_args(argv)
@@ -57,25 +59,28 @@ def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | No
 
 
 def run_study_timed(study: Any, out: Path, *, resume: bool = True, progress: bool = True,
-                    workers: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """Run ``study`` into ``out/study`` (worker processes when ``workers`` > 1; default: the CPU count) and
+                    workers: int | str | Mapping[str, int] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Run ``study`` into ``out/study`` (worker processes when ``workers`` > 1; default: the CPU count; or one pool
+    per device, ``{"cuda": 2, "cpu": 14}`` or ``"cuda=2,cpu=14"``: :meth:`moestat.Study.run`) and
     return ``(frame, timing)``: ``study_seconds``, ``cells_computed`` and ``workers``.  The timing is saved in
     ``out/study/timing.json`` as soon as the study finishes; when every cell was loaded from an earlier run, the
     timing of the run that computed them is returned (that file, else ``out/provenance.json``), so a re-render
     keeps the measured time.  Cells reused from a run of other code (:func:`moestat.provenance.stale_outputs_note`)
     give a :class:`moestat.exceptions.MoestatWarning`."""
-    workers = workers or os.cpu_count() or 1
+    pools = parse_workers(workers) or os.cpu_count() or 1
     cells = out / "study" / "cells"
     stored = {p.name for p in cells.glob("*.parquet")} if resume and cells.is_dir() else set()
     note = stale_outputs_note(out) if stored else None
     if note:  # cells of older code would be mixed with cells of the current code
         warn_user(f"{len(stored)} finished study cells are reused: {note}", MoestatWarning)
     t0 = time.perf_counter()
+    pooled = isinstance(pools, dict)
     frame = study.run(out / "study", resume=resume, progress=progress,
-                      executor="processes" if workers > 1 else None, workers=workers)
+                      executor="processes" if pooled or pools > 1 else None, workers=pools)
     seconds = time.perf_counter() - t0
     computed = len({p.name for p in cells.glob("*.parquet")} - stored) if resume else len(study.cells)
-    timing = {"study_seconds": round(seconds, 1), "cells_computed": computed, "workers": workers}
+    timing = {"study_seconds": round(seconds, 1), "cells_computed": computed,
+              "workers": ",".join(f"{d}={n}" for d, n in pools.items()) if isinstance(pools, dict) else pools}
     saved = out / "study" / "timing.json"
     previous = out / "provenance.json"
     if computed > 0:

@@ -248,11 +248,15 @@ def _cmd_vignette_run(args: argparse.Namespace) -> int:
             raise _UsageError("--quick and --size are exclusive (--quick is the size 'quick'); pass one of them.")
         kwargs["size"] = args.size
     if args.workers is not None:
-        if args.workers < 1:
-            raise _UsageError(f"--workers must be a positive number of processes, got {args.workers}.")
+        from ._placement import parse_workers
+
+        try:
+            workers = parse_workers(args.workers)
+        except ValueError as exc:
+            raise _UsageError(f"--{exc}") from None
         if "workers" not in inspect.signature(module.run).parameters:
             raise _UsageError(f"vignette {info.name} runs in one process; drop --workers.")
-        kwargs["workers"] = args.workers
+        kwargs["workers"] = workers
     label = f" ({args.size})" if args.size else (" (quick)" if args.quick else "")
     print(f"running vignette {info.name}{label} -> {out}", flush=True)
     try:
@@ -382,8 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a named size of the vignette (its SIZES, e.g. 'linear' for sigmoid-vs-softmax)")
     vr.add_argument("--out", metavar="DIR", default=None, help="output folder (default out/NAME)")
     vr.add_argument("--no-resume", action="store_true", help="recompute pieces already saved in DIR")
-    vr.add_argument("--workers", metavar="N", type=int, default=None,
-                    help="worker processes for the vignette's study cells (default: the CPU count)")
+    vr.add_argument("--workers", metavar="N|DEVICE=N,...", default=None,
+                    help="worker processes for the vignette's study cells (default: the CPU count), or one pool per "
+                         "device, e.g. cuda=2,cpu=14")
     vr.set_defaults(func=_cmd_vignette_run)
     vig.set_defaults(func=None, _sub_parser=vig)
     return parser

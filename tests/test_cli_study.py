@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import moestat._vignette_index as vindex
 from moestat.cli import main
@@ -149,7 +150,7 @@ def test_vignette_list_and_run_from_a_package_folder(fake_vignettes, tmp_path, c
     assert "--workers must be a positive" in capsys.readouterr().err
 
 
-def test_vignette_run_passes_workers(monkeypatch, tmp_path):
+def test_vignette_run_passes_workers(monkeypatch, tmp_path, capsys):
     import moestat._vignette_index as vindex
 
     seen = {}
@@ -163,6 +164,12 @@ def test_vignette_run_passes_workers(monkeypatch, tmp_path):
     monkeypatch.setattr(vindex, "load", lambda info: Fake)
     assert main(["vignette", "run", "any", "--quick", "--workers", "2", "--out", str(tmp_path / "o")]) == 0
     assert seen == {"workers": 2, "quick": True}
+    if not torch.cuda.is_available():  # the pools' devices are checked before the vignette starts
+        assert main(["vignette", "run", "any", "--workers", "cuda=1,cpu=1", "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert "--workers' device='cuda': CUDA is not available on this machine; use 'cpu' or 'auto'." in err
+    assert main(["vignette", "run", "any", "--quick", "--workers", "cpu=3", "--out", str(tmp_path / "o")]) == 0
+    assert seen == {"workers": {"cpu": 3}, "quick": True}
 
 
 def test_package_resource_root_is_scanned(fake_vignettes, monkeypatch):

@@ -502,6 +502,18 @@ def test_vignette_study_timing_survives_a_failure_after_the_study(tmp_path):
     assert again == first
 
 
+def test_vignette_study_on_pools_per_device(tmp_path):
+    """run_study_timed passes a pool per device through to Study.run and records it in the timing."""
+    from moestat._vignette import run_study_timed
+
+    study = Study(truth=LINEAR_TRUTH, fit={"estimator": "ols"}, n=[40, 400], reps=2, metrics=[slope_error],
+                  seed=3, threads=1)
+    frame, timing = run_study_timed(study, tmp_path, progress=False, workers="meta=1,cpu=1")
+    assert timing["workers"] == "meta=1,cpu=1" and timing["cells_computed"] == len(study.cells)
+    assert set(frame["device"]) <= {"meta", "cpu"}
+    _same(frame.drop(columns="device"), study.run(progress=False).drop(columns="device"))
+
+
 def test_load_results_reads_only_a_complete_matching_study(tmp_path):
     """An interrupted rerun leaves an old results.parquet beside a 'running' provenance: reading it would report
     another run's frame; load_results (and moestat rates) refuse it unless partial=True, which reads the cells."""

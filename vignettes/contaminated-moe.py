@@ -282,7 +282,7 @@ def plot_rates(calib: pd.DataFrame, rates: pd.DataFrame, path: Path, label: str)
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, **override: Any) -> pd.DataFrame:
+        progress: bool = True, workers: int | str | dict[str, int] | None = None, **override: Any) -> pd.DataFrame:
     """Run the study (resumable) and write results.csv, rates.csv, design.csv, windows.csv, calibration.csv,
     fits.csv, rates.png and provenance.json into ``out`` (the study's cells in ``out/study``).
 

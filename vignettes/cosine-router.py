@@ -343,7 +343,7 @@ def plot_rates(frame: pd.DataFrame, path: Path, label: str) -> None:
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, **override: Any) -> pd.DataFrame:
+        progress: bool = True, workers: int | str | dict[str, int] | None = None, **override: Any) -> pd.DataFrame:
     """Run the study (resumable) and write results.csv, rates.csv, models.csv, windows.csv, design.csv,
     discrimination.csv (for this size and the full size), rates.png and provenance.json into ``out`` (the study's
     cells in ``out/study``).

@@ -549,7 +549,8 @@ def run_peer(peer_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> d
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, peer: str | os.PathLike[str] | None = None,
+        progress: bool = True, workers: int | str | dict[str, int] | None = None,
+        peer: str | os.PathLike[str] | None = None,
         **override: Any) -> pd.DataFrame:
     """Run the study (resumable) and write results.csv, rates.csv, peer_method.csv, rates_sensitivity.csv, windows.csv,
     blocks.csv, fits.csv, checks.csv, loss.png and provenance.json into ``out`` (the study's cells in ``out/study``).

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 import moestat as ms
+from moestat._placement import parse_workers
 from moestat.papers import chowdhury2023 as paper
 
 NAME = "patch-routing"
@@ -172,9 +173,11 @@ def _lanes(frame: pd.DataFrame, study: ms.Study) -> pd.DataFrame:
     return frame[keep].rename(columns={"rep": "run", "lane_seed": "seed"}).reset_index(drop=True)
 
 
-def _run_study(study: ms.Study, folder: Path, resume: bool, workers: int | None) -> pd.DataFrame:
-    frame = study.run(folder, resume=resume, progress=False, executor="processes" if (workers or 1) > 1 else None,
-                      workers=workers)
+def _run_study(study: ms.Study, folder: Path, resume: bool,
+               workers: int | str | dict[str, int] | None) -> pd.DataFrame:
+    pools = parse_workers(workers)
+    frame = study.run(folder, resume=resume, progress=False,
+                      executor="processes" if isinstance(pools, dict) or (pools or 1) > 1 else None, workers=pools)
     return _lanes(frame, study)
 
 
@@ -395,7 +398,7 @@ def redraw(folder: str | Path, quick: bool = False) -> list[str]:
 
 # %%
 def run(out, quick: bool = False, resume: bool = True, *, variants: tuple[str, ...] | None = None,
-        parts: tuple[str, ...] = ("blocks", "sweeps"), workers: int | None = None) -> None:
+        parts: tuple[str, ...] = ("blocks", "sweeps"), workers: int | str | dict[str, int] | None = None) -> None:
     """Run every block study and the sweeps; write results.csv, rates.csv, sweeps.csv, figures, provenance.json.
 
     Each study checkpoints its cells under ``out/study/<block>`` (``out/study/sweeps``) and resumes them.
@@ -453,7 +456,7 @@ if __name__ == "__main__":
     # CSVs (no training; e.g. docs/vignettes/patch-routing)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--parts", default="blocks,sweeps")
-    pre.add_argument("--workers", type=int, default=None)
+    pre.add_argument("--workers", default=None, help="worker processes, or pools per device: cuda=2,cpu=14")
     pre.add_argument("--redraw", default=None)
     known, rest = pre.parse_known_args()
     if known.redraw is not None:

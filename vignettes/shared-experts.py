@@ -425,7 +425,7 @@ def plot_rates(own: pd.DataFrame, cross: pd.DataFrame, path: Path, label: str) -
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, **override: Any) -> pd.DataFrame:
+        progress: bool = True, workers: int | str | dict[str, int] | None = None, **override: Any) -> pd.DataFrame:
     """Run the three studies (resumable, each in ``out/<study>/study``) and write results.csv (the ``own`` study),
     cross_results.csv, audit_results.csv, rates.csv, windows.csv, efficiency.csv, claims.csv, cross.csv,
     audit.csv, information.csv, rates.png and provenance.json into ``out``.

@@ -152,7 +152,7 @@ def plot_invariance(frame: pd.DataFrame, path: Path, label: str) -> None:
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, basin: bool | None = None,
+        progress: bool = True, workers: int | str | dict[str, int] | None = None, basin: bool | None = None,
         **override: Any) -> pd.DataFrame:
     """Run the study (resumable) and write results.csv, rates.csv, windows.csv, comparison.csv,
     invariance.csv, design.csv, starts.csv, rates.png, invariance.png and provenance.json.

@@ -518,7 +518,8 @@ def run_peer(peer_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> d
 
 # %%
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, peer: str | os.PathLike[str] | None = None,
+        progress: bool = True, workers: int | str | dict[str, int] | None = None,
+        peer: str | os.PathLike[str] | None = None,
         report: bool = True, **override: Any) -> pd.DataFrame:
     """Run the study (resumable) and write results.csv, rates.csv, rates_k.csv, rates_cells.csv,
     peer_method.csv, windows.csv, fits.csv, checks.csv, performance.csv, loss_k<k>.png and

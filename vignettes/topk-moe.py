@@ -348,8 +348,8 @@ def plot_rates(frame: pd.DataFrame, path: Path, label: str) -> None:
 
 
 # %%
-def _run_all(studies: dict[str, ms.Study], out: Path, resume: bool, progress: bool, workers: int | None
-             ) -> tuple[pd.DataFrame, dict[str, Any]]:
+def _run_all(studies: dict[str, ms.Study], out: Path, resume: bool, progress: bool,
+             workers: int | str | dict[str, int] | None) -> tuple[pd.DataFrame, dict[str, Any]]:
     frames, timing = [], {}
     for part, study in studies.items():
         frame, timing[part] = run_study_timed(study, out / part, resume=resume, progress=progress, workers=workers)
@@ -358,7 +358,7 @@ def _run_all(studies: dict[str, ms.Study], out: Path, resume: bool, progress: bo
 
 
 def run(out: str | Path, quick: bool = False, resume: bool = True, *, size: str | None = None,
-        progress: bool = True, workers: int | None = None, **override: Any) -> pd.DataFrame:
+        progress: bool = True, workers: int | str | dict[str, int] | None = None, **override: Any) -> pd.DataFrame:
     """Run the studies (resumable) and write results.csv, rates.csv, windows.csv, fits.csv, admissibility.csv,
     pilot.csv, theory.csv, rates.png and provenance.json into ``out`` (each study's cells in ``out/<part>/study``).
 
