@@ -853,6 +853,19 @@ METRICS: dict[str, Callable[..., Any]] = {
 """Metric registry: name -> function (see the module docstring for the signature)."""
 
 
+def metric_options(fn: Callable[..., Any]) -> tuple[set[str] | None, dict[str, Constraint]]:
+    """Option names a metric accepts (its keyword parameters after the context; None: any, it takes ``**options``)
+    and their constraints: a ``gbar_<name>`` option has :func:`moestat.estimate_gbar`'s constraint on ``<name>``,
+    since it is passed on there."""
+    from .fit.gbar import estimate_gbar
+
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    gbar = getattr(estimate_gbar, "parameter_constraints", {})
+    table = {name: gbar[name[5:]] for name in names if name.startswith("gbar_") and name[5:] in gbar}
+    return (None if any(p.kind is p.VAR_KEYWORD for p in params) else names), table
+
+
 def register_metric(name: str, fn: Callable[..., Any]) -> None:
     """Add a metric to the registry (in this process; pass the function itself to use process pools)."""
     if not callable(fn):

@@ -337,6 +337,7 @@ class Study:
                 raise StudyConfigError(f"study.metric_options: {key!r} is not among the study's metrics {names}.")
             if not isinstance(opts, Mapping):
                 raise StudyConfigError(f"study.metric_options.{key} must be a table of keyword arguments.")
+            _check_metric_options(f"study.metric_options.{key}", self.metrics[names.index(key)], key, opts)
         if self.cell is not None:
             if isinstance(self.cell, str):
                 self.cell = _import_ref(self.cell, "study.cell")
@@ -1098,6 +1099,21 @@ def _check_options(where: str, estimator: Any, opts: Mapping[str, Any]) -> None:
         constraint = table.get(key)
         if constraint is not None and not constraint.accepts(value):
             raise StudyConfigError(f"{where}.options.{key} must be {constraint.description}, got {value!r}.")
+
+
+def _check_metric_options(where: str, metric: Any, label: str, opts: Mapping[str, Any]) -> None:
+    """Refuse, before any cell runs, an option the metric does not take or a value it would pass on to a function
+    that rejects it (:func:`moestat.cells.metric_options`)."""
+    names, table = _cells.metric_options(METRICS[metric] if isinstance(metric, str) else metric)
+    for key, value in opts.items():
+        if names is not None and key not in names:
+            close = difflib.get_close_matches(key, sorted(names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise StudyConfigError(f"{where}.{key} is not an option of metric {label!r}{hint}; valid options are "
+                                   f"{sorted(names)}.")
+        constraint = table.get(key)
+        if constraint is not None and not constraint.accepts(value):
+            raise StudyConfigError(f"{where}.{key} must be {constraint.description}, got {value!r}.")
 
 
 def _share_cores(workers: int) -> None:

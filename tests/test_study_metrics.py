@@ -219,3 +219,28 @@ def test_gbar_threads_give_the_compiled_estimate_to_the_bit():
     cols = gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None, gbar_compile=True, gbar_threads=2)
     assert (cols["gbar_threads"] == 2).all()
     assert "gbar_threads" not in gate_matched_loss(ctx, gbar_n_mc=4_000, gbar_box=None, gbar_compile=True)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"gbar_thread": 2}, r"metric_options.representation.gbar_thread is not an option of metric 'representation' "
+                         r"\(did you mean 'gbar_threads'\?\)"),
+    ({"gbar_threads": 0}, r"metric_options.representation.gbar_threads must be None or an integer >= 1, got 0"),
+    ({"gbar_restarts": 2.5}, r"metric_options.representation.gbar_restarts must be an integer >= 1, got 2.5"),
+    ({"gbar_device": "gpu"}, r"metric_options.representation.gbar_device must be 'auto', 'cpu'"),
+])
+def test_metric_options_are_checked_before_any_cell_runs(options, message):
+    """A metric option the metric does not take, or a gbar_* value that estimate_gbar would reject, is refused when
+    the study is built, naming the option as the study spells it."""
+    with pytest.raises(ms.study.StudyConfigError, match=message):
+        ms.Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "expert": "gelu", "d": 2},
+                 fit={"k": "truth+1"}, n=[100], reps=1, metrics=["representation"],
+                 metric_options={"representation": options})
+
+
+def test_metric_options_of_a_custom_metric_with_keyword_catch_all_are_not_restricted():
+    def custom(ctx, **options):
+        return {}
+
+    study = ms.Study(truth={"preset": "sigmoid_vs_softmax", "regime": 2, "expert": "gelu", "d": 2},
+                     fit={"k": "truth+1"}, n=[100], reps=1, metrics=[custom], metric_options={"custom": {"any": 1}})
+    assert study.metric_options == {"custom": {"any": 1}}
