@@ -38,7 +38,7 @@ cat "$LOG/env.log"
 SELECT=(--ignore tests/test_docs_site.py)
 $PY -c "import cvxpy" 2>/dev/null || SELECT+=(-k "not cvxpy")
 
-part cuda_tests "${CUDA_TESTS_LIMIT:-100}" $PY -m pytest -q -p no:cacheprovider -rf tests/test_cuda.py
+part cuda_tests "${CUDA_TESTS_LIMIT:-150}" $PY -m pytest -q -p no:cacheprovider -rf tests/test_cuda.py
 TAIL=16 part converged "${CONVERGED_LIMIT:-110}" $PY benchmarks/lse_batched.py --parts converged --devices cuda \
   --ns 1000,10000 --reps 20
 # kernel launches and milliseconds per Newton iteration of one replicate (the host-bound cost of a converged fit)

@@ -51,11 +51,11 @@ def parse_workers(workers: int | str | Mapping[str, int] | None) -> int | dict[s
         else:
             pools: dict[str, int] = {}
             for part in text.split(","):
-                name, sep, count = part.partition("=")
-                if not sep or not count.strip().isdigit():
+                key, sep, number = part.partition("=")
+                if not sep or not number.strip().isdigit():
                     raise ValueError(f"workers={text!r} is not a number of processes or a list of DEVICE=N pools, "
                                      "e.g. 'cuda=2,cpu=14'.")
-                pools[name.strip()] = int(count)
+                pools[key.strip()] = int(number)
             workers = pools
     if isinstance(workers, bool):
         raise ValueError(f"workers must be a number of processes or a mapping of devices to them, got {workers!r}.")

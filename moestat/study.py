@@ -36,6 +36,7 @@ Reproducibility and fault tolerance
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import contextlib
 import copy
@@ -863,10 +864,9 @@ class Study:
                        cache: StudyCache | None, hurry: threading.Event | None) -> Iterator[tuple[str, CellOutput]]:
         """:meth:`_execute` with one process pool per device: each pool is kept as busy as it has workers, taking
         its next cell from :class:`CellLanes` whenever one of its cells finishes."""
-        lanes = CellLanes(todo, list(workers), (lambda c: placed[c["id"]]) if placed else None)
-        sizes = {d: min(count, lanes.waiting(d)) for d, count in workers.items()}
-        sizes = {d: size for d, size in sizes.items() if size > 0}
-        lanes.workers = sizes
+        waiting = collections.Counter(placed[c["id"]] for c in todo) if placed else dict.fromkeys(workers, len(todo))
+        sizes = {d: min(count, waiting.get(d, 0)) for d, count in workers.items() if waiting.get(d, 0)}
+        lanes = CellLanes(todo, list(sizes), (lambda c: placed[c["id"]]) if placed else None, workers=sizes)
         total = sum(sizes.values())
         pools = {d: cf.ProcessPoolExecutor(max_workers=size, mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_init_worker, initargs=(total, os.getpid()))
