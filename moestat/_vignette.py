@@ -47,7 +47,10 @@ def vignette_cli(run: Callable[..., object], name: str, argv: Sequence[str] | No
     if sizes is not None:
         options["size"] = size
     if workers:
-        options["workers"] = args.workers
+        try:
+            options["workers"] = parse_workers(args.workers)
+        except ValueError as exc:
+            parser.error(f"--{exc}")
     if peer is not None and args.peer is not None and not args.quick and size is None:
         peer[0](args.peer, args.out)
     else:

@@ -40,5 +40,10 @@ def test_size_workers_and_peer_reach_run_and_peer_alone_reanalyses_only():
         ("peer", ("clone", "o"), {}),
         ("run", (Path("out/demo"),), {"quick": True, "resume": True, "size": None, "workers": None, "peer": None}),
     ]
+    calls.clear()
+    vignette_cli(run, "demo", ["--quick", "--workers", "cpu=2"], **opts)  # a pool per device
+    assert calls[0][2]["workers"] == {"cpu": 2}
+    with pytest.raises(SystemExit):
+        vignette_cli(run, "demo", ["--quick", "--workers", "cpu=two"], **opts)
     with pytest.raises(SystemExit):
         vignette_cli(run, "demo", ["--size", "huge"], **opts)
