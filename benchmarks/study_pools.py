@@ -8,7 +8,7 @@ frame equals the baseline's.  A run is given as ``Study.run``'s ``workers``: a n
 left, the CPU's the smallest).
 
     python benchmarks/study_pools.py                                  # 2-core CPU: "2" against "cpu=2"
-    python benchmarks/study_pools.py --size full --runs 14 cuda=1 cuda=2,cpu=14 --device cpu   # a GPU host
+    python benchmarks/study_pools.py --size full --seeds 4 --runs cpu=16 cuda=1 cuda=2,cpu=14   # a 16-core GPU host
 
 On a CPU-only machine the two default runs do the same work through the two schedulers (all cells submitted at
 once, largest first; or handed out as workers become free), so their ratio is the cost of the second.  Cells
