@@ -118,6 +118,8 @@ def _print_summary(frame: pd.DataFrame) -> None:
         agg["converged"] = frame.groupby(keys, sort=False)["converged"].mean()
     if "status" in frame.columns:
         agg["failed"] = frame.groupby(keys, sort=False)["status"].agg(lambda s: int((s != "ok").sum()))
+    if "device" in frame.columns and frame["device"].nunique() > 1:  # pools per device: where each cell ran
+        agg["device"] = frame.groupby(keys, sort=False)["device"].first()
     print("\nmeans over replicates:")
     print(agg.to_string(float_format=lambda v: f"{v:.4g}"))
 

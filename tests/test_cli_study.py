@@ -240,7 +240,10 @@ def test_study_run_with_a_pool_per_device(study_toml, tmp_path, capsys):
     """--workers DEVICE=N,...: one pool per device ('meta' stands for a second device; the 'ols' cells solve on the
     CPU whatever they are given); the largest cells start on the first-named device, the smallest on the last."""
     out = tmp_path / "o"
+    capsys.readouterr()
     assert main(["study", "run", str(study_toml), "--workers", "meta=1,cpu=1", "--out", str(out), "--quiet"]) == 0
+    summary = capsys.readouterr().out.split("means over replicates:")[1]
+    assert "device" in summary.splitlines()[1] and " meta" in summary and " cpu" in summary
     frame = pd.read_parquet(out / "results.parquet")
     first_large = frame.loc[frame["n"] == 640, "cell"].iloc[0]  # the first pick of each pool (ties: design order)
     last_small = frame.loc[frame["n"] == 40, "cell"].iloc[-1]
