@@ -1090,26 +1090,24 @@ def _check_options(where: str, estimator: Any, opts: Mapping[str, Any]) -> None:
     fn = ESTIMATORS[estimator] if isinstance(estimator, str) else estimator
     names, table = _cells.estimator_options(fn)
     label = estimator if isinstance(estimator, str) else metric_name(estimator)
-    for key, value in opts.items():
-        if names is not None and key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise StudyConfigError(f"{where}.options.{key} is not an option of estimator {label!r}{hint}; valid "
-                                   f"options are {sorted(names)}.")
-        constraint = table.get(key)
-        if constraint is not None and not constraint.accepts(value):
-            raise StudyConfigError(f"{where}.options.{key} must be {constraint.description}, got {value!r}.")
+    _check_option_table(f"{where}.options", f"estimator {label!r}", names, table, opts)
 
 
 def _check_metric_options(where: str, metric: Any, label: str, opts: Mapping[str, Any]) -> None:
     """Refuse, before any cell runs, an option the metric does not take or a value it would pass on to a function
     that rejects it (:func:`moestat.cells.metric_options`)."""
     names, table = _cells.metric_options(METRICS[metric] if isinstance(metric, str) else metric)
+    _check_option_table(where, f"metric {label!r}", names, table, opts)
+
+
+def _check_option_table(where: str, owner: str, names: set[str] | None, table: Mapping[str, Any],
+                        opts: Mapping[str, Any]) -> None:
+    """Each option of ``opts`` must be among ``names`` (None: any) and accepted by its constraint in ``table``."""
     for key, value in opts.items():
         if names is not None and key not in names:
             close = difflib.get_close_matches(key, sorted(names), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise StudyConfigError(f"{where}.{key} is not an option of metric {label!r}{hint}; valid options are "
+            raise StudyConfigError(f"{where}.{key} is not an option of {owner}{hint}; valid options are "
                                    f"{sorted(names)}.")
         constraint = table.get(key)
         if constraint is not None and not constraint.accepts(value):
