@@ -49,11 +49,13 @@ print('built:', [f.__name__ for f in (n.load, n.load_newton, n.load_em) if f() i
 rm -rf /tmp/cuda-check-fig1
 CPU_WORKERS=$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))
 # By default a pool of 2 processes on the GPU (the largest cells) and one of the host's other cores (the smallest
-# cells; nproc - 2 of them), the G-bar estimates' Newton in C++ on the host (--gbar-compile, not the vignette's
-# setting). STUDY_ARGS="--workers 1" runs the study in one process on the GPU, as the first loans did;
+# cells; nproc - 2 of them); the G-bar estimates' Newton in C++ on the host (--gbar-compile, not the vignette's
+# setting), each estimate's six starts on six threads (--gbar-threads 6): the first cell of a sigmoid-gelu truth
+# computes it in whichever worker runs it, often one of the GPU's, whose lane is the study's critical path.
+# STUDY_ARGS="--workers 1" runs the study in one process on the GPU, as the first loans did;
 # STUDY_ARGS="--workers 1 --gbar-compile --gbar-threads 6" with each estimate's starts at once on the host's cores.
 TAIL=14 part study_full "${STUDY_LIMIT:-170}" $PY benchmarks/study_fig1.py --full --device cuda \
-  --out /tmp/cuda-check-fig1 ${STUDY_ARGS:---workers cuda=2,cpu=$CPU_WORKERS --gbar-compile}
+  --out /tmp/cuda-check-fig1 ${STUDY_ARGS:---workers cuda=2,cpu=$CPU_WORKERS --gbar-compile --gbar-threads 6}
 # cells finished (all of them, or those done when the limit struck), and their own wall times by n
 $PY - >>"$LOG/study_full.log" 2>&1 <<'EOF'
 import glob
