@@ -5,8 +5,9 @@ CPU core but spends a few milliseconds of host time per iteration whatever the s
 fit small cells about as fast.  :class:`CellLanes` hands cells to one process pool per device as their workers become
 free: the devices named first take the largest cells left, the device named last takes the smallest, and the two
 ends meet wherever the devices' speeds put them, with no size threshold to tune.  Near the meeting point the last
-device holds back from a cell that the others, at the speeds measured so far, would finish sooner with everything
-else left, so that a CPU core does not start a large cell at the end that the GPU would have fitted in a second.
+device holds back from a cell unless, at the speeds measured so far, it would finish that cell in half the time the
+others need for everything left, so that a CPU core does not start a large cell at the end that the GPU would have
+fitted in a second.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ import numpy as np
 from ._torch import resolve_device
 
 DeviceRule = Callable[[Mapping[str, Any]], str]
+
+#: The last device takes a cell only if its estimated time for it, times this margin, is at most the time the other
+#: devices need for every cell left (:class:`CellLanes`).  Chosen by replaying the flagship study's 200 measured cell
+#: times (``benchmarks/project_study_pools.py --margin``): with two GPU processes and fourteen CPU ones, 2 keeps the
+#: projected run at 107 s or less where 1 reaches 123 s, once each GPU process's first cell carries 10 s of start-up.
+HOLD_BACK_MARGIN = 2.0
 
 
 def resolve_device_name(device: Any, where: str) -> str:
@@ -97,18 +104,19 @@ class CellLanes:
         first.  Without it any device may take any cell.
     workers : mapping of str to int, optional
         Each device's number of workers.  With it, the small end holds back where it would be slower: a worker of
-        the last device declines the smallest cell left when the other devices, at their measured speeds
-        (:meth:`record`), would get through every cell left sooner than it would finish that one.  Without it (or
-        before both ends have finished a cell) every request is served.
+        the last device declines the smallest cell left unless it would finish it in at most half the time the
+        other devices, at their measured speeds (:meth:`record`), need to get through every cell left (the margin
+        :data:`HOLD_BACK_MARGIN`).  Without it (or before both ends have finished a cell) every request is served.
 
     Notes
     -----
-    A device's time for a cell is estimated from the cells it has finished: the nearest smaller size it has
-    finished, scaled up in proportion to ``n`` (or the smallest size it has finished, not scaled down, for a cell
-    below all of them).  Neither a least-squares fit's time on a CPU (about n^0.85 in the flagship study) nor a
-    GPU's (bound by the host below n ~ 10^5) grows faster than n, so both estimates err high: a GPU's towards
-    serving the CPU's request, a CPU's towards declining it.  The cells the other devices are running are not
-    counted, which also leans towards declining.
+    A device's time for a cell is estimated from the cells it has finished: the median time of the nearest smaller
+    size it has finished, scaled up in proportion to ``n`` (or the smallest size it has finished, not scaled down,
+    for a cell below all of them).  A GPU's time grows more slowly than n below n ~ 10^5 (it is bound by the host),
+    so its estimates err high, towards serving the CPU's request.  A CPU's time can grow faster than n between two
+    sizes: in the flagship study's cells the median went from 5.5 s at n = 50,600 to 22.5 s at 160,000, 4.1 times
+    for 3.2 times the observations, so its linear estimate can err low by half.  The margin covers that: a cell
+    started at the end by a core costs the whole run, one left to the GPU costs it seconds.
     """
 
     def __init__(self, cells: Sequence[dict[str, Any]], devices: Sequence[str],
@@ -165,7 +173,7 @@ class CellLanes:
             if any(t is None for t in times):
                 return False
             total += self.workers[d] / sum(t for t in times if t is not None)
-        return 1.0 / total < mine
+        return 1.0 / total < HOLD_BACK_MARGIN * mine
 
     def waiting(self, device: str) -> int:
         """Cells that a worker of ``device`` could still take."""

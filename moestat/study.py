@@ -665,10 +665,11 @@ class Study:
             implies ``executor="processes"``: cells are handed out as workers become free, the devices named
             first taking the largest cells left (by ``n``) and the device named last the smallest, so a GPU fits
             the large cells while the host's cores fit the small ones, with no size threshold to tune; the last
-            device declines a cell that the others, at the cell times measured so far, would finish sooner with
-            all the cells left (:class:`moestat._placement.CellLanes`).  Which cell ran where then depends on
-            timing (each row's ``device`` column says; the provenance counts ``cells_by_device``); for a fixed
-            placement pass ``device`` as a callable too.  The processes share the CPU's cores as torch threads.
+            device declines a cell unless, at the cell times measured so far, it would finish it in half the time
+            the others need for all the cells left (:class:`moestat._placement.CellLanes`).  Which cell ran where
+            then depends on timing (each row's ``device`` column says; the provenance counts ``cells_by_device``);
+            for a fixed placement pass ``device`` as a callable too.  The processes share the CPU's cores as torch
+            threads.
         progress : bool
             Show a tqdm progress bar over cells.
         device : str or callable, optional

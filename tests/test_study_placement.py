@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moestat._placement import CellLanes, parse_workers
+from moestat._placement import HOLD_BACK_MARGIN, CellLanes, parse_workers
 from moestat.study import Study
 from tests.study_cells import LINEAR_TRUTH
 
@@ -67,13 +67,26 @@ def test_small_end_declines_what_the_other_end_finishes_sooner():
     assert lanes.take("gpu")["n"] == 400
 
 
-def test_small_end_takes_its_cell_when_it_is_the_faster_end():
+@pytest.mark.parametrize(("cpu_seconds", "served"), [(1.0, True), (2.0, True), (2.5, False), (3.9, False)])
+def test_small_end_takes_its_cell_only_with_the_margin(cpu_seconds, served):
+    """The GPU needs (4 + 4) s over its 2 workers = 4 s for the two cells left (n = 200, 300); the CPU's estimate for
+    n = 200 is twice its time at n = 100.  It takes the cell only if that is at most 4 s / HOLD_BACK_MARGIN = 2 s:
+    a CPU that would be faster than the GPU, but not by the margin, still holds back."""
+    assert HOLD_BACK_MARGIN == 2.0
     lanes = CellLanes(_cells([100, 200, 300, 800]), ["gpu", "cpu"], workers={"gpu": 2, "cpu": 1})
-    lanes.record("gpu", {"n": 800}, 4.0)
-    lanes.record("cpu", {"n": 100}, 1.0)
-    # the GPU: (4 + 4) s over its 2 workers = 4 s for the two cells of n <= 300 left; the CPU: 1 s x 2 for n = 200
     lanes.take("gpu"), lanes.take("cpu")  # n = 800 and 100 handed out
-    assert lanes.take("cpu")["n"] == 200
+    lanes.record("gpu", {"n": 800}, 4.0)
+    lanes.record("cpu", {"n": 100}, cpu_seconds / 2)
+    taken = lanes.take("cpu")
+    assert (taken is not None and taken["n"] == 200) if served else taken is None
+
+
+def test_estimates_use_the_median_time_of_a_size():
+    lanes = CellLanes(_cells([100]), ["cpu"])
+    for seconds in (1.0, 9.0, 2.0):  # e.g. a first cell that paid a start-up
+        lanes.record("cpu", {"n": 100}, seconds)
+    assert lanes.estimate("cpu", 100) == 2.0 and lanes.estimate("cpu", 300) == 6.0 and lanes.estimate("cpu", 50) == 2.0
+    assert CellLanes(_cells([100]), ["cpu"]).estimate("cpu", 100) is None
 
 
 @settings(max_examples=60, deadline=None)
