@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from moestat import _vignette_index
-from moestat._placement import parse_workers
+from moestat._placement import executor_for, parse_workers
 
 
 def run_once(study, workers: str, device: str, out: Path) -> tuple[float, pd.DataFrame]:
@@ -36,11 +36,8 @@ def run_once(study, workers: str, device: str, out: Path) -> tuple[float, pd.Dat
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if isinstance(pools, dict):
-            frame = study.run(out, workers=pools, progress=False)
-        else:
-            frame = study.run(out, executor="processes" if pools and pools > 1 else None, workers=pools,
-                              device=device, progress=False)
+        frame = study.run(out, executor=executor_for(pools), workers=pools, progress=False,
+                          device=None if isinstance(pools, dict) else device)  # pools name their own devices
     return time.perf_counter() - t0, frame
 
 

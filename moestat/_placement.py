@@ -84,6 +84,12 @@ def parse_workers(workers: int | str | Mapping[str, int] | None) -> int | dict[s
     return out
 
 
+def executor_for(workers: int | dict[str, int] | None) -> str | None:
+    """``Study.run``'s executor for parsed ``workers`` (:func:`parse_workers`): worker processes for pools per device
+    or more than one process, else the calling process."""
+    return "processes" if isinstance(workers, dict) or (workers or 1) > 1 else None
+
+
 def cell_size(cell: Mapping[str, Any]) -> int:
     """The order in which cells are handed out: by sample size, the cost that grows fastest."""
     return int(cell["n"])

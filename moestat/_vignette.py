@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._placement import parse_workers
+from ._placement import executor_for, parse_workers
 from .exceptions import MoestatWarning, warn_user
 from .provenance import stale_outputs_note
 
@@ -77,9 +77,7 @@ def run_study_timed(study: Any, out: Path, *, resume: bool = True, progress: boo
     if note:  # cells of older code would be mixed with cells of the current code
         warn_user(f"{len(stored)} finished study cells are reused: {note}", MoestatWarning)
     t0 = time.perf_counter()
-    pooled = isinstance(pools, dict)
-    frame = study.run(out / "study", resume=resume, progress=progress,
-                      executor="processes" if pooled or pools > 1 else None, workers=pools)
+    frame = study.run(out / "study", resume=resume, progress=progress, executor=executor_for(pools), workers=pools)
     seconds = time.perf_counter() - t0
     computed = len({p.name for p in cells.glob("*.parquet")} - stored) if resume else len(study.cells)
     timing = {"study_seconds": round(seconds, 1), "cells_computed": computed,

@@ -59,7 +59,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- study
 
 def _cmd_study_run(args: argparse.Namespace) -> int:
-    from ._placement import parse_workers
+    from ._placement import executor_for, parse_workers
     from .study import Study
 
     try:
@@ -74,7 +74,7 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
     if existing.is_dir() and any(existing.glob("*.parquet")) and not (args.resume or args.overwrite):
         raise _UsageError(f"{out} already holds results of a study; pass --resume to continue it or "
                           "--overwrite to recompute every cell.")
-    executor = "processes" if isinstance(workers, dict) or (workers or 1) > 1 else None
+    executor = executor_for(workers)
     print(f"{study!r}\nwriting to {out}", flush=True)
     from .study import StudyFailureError
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 import moestat as ms
-from moestat._placement import parse_workers
+from moestat._placement import executor_for, parse_workers
 from moestat.papers import chowdhury2023 as paper
 
 NAME = "patch-routing"
@@ -176,8 +176,7 @@ def _lanes(frame: pd.DataFrame, study: ms.Study) -> pd.DataFrame:
 def _run_study(study: ms.Study, folder: Path, resume: bool,
                workers: int | str | dict[str, int] | None) -> pd.DataFrame:
     pools = parse_workers(workers)
-    frame = study.run(folder, resume=resume, progress=False,
-                      executor="processes" if isinstance(pools, dict) or (pools or 1) > 1 else None, workers=pools)
+    frame = study.run(folder, resume=resume, progress=False, executor=executor_for(pools), workers=pools)
     return _lanes(frame, study)
 
 
