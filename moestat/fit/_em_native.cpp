@@ -1,6 +1,7 @@
 // EM for Gaussian, Poisson and binomial experts (shared slopes allowed) with a softmax gate, one fused loop per
 // (replicate, restart) pair
-// (moestat/fit/_native.py builds it; moestat/fit/em.py calls it with compile=True).
+// (moestat/fit/_native.py builds it; moestat/fit/em.py calls it with compile=True).  The L-BFGS phase that follows
+// EM, _mle_lbfgs_native.cpp, is inserted at the @MLE_LBFGS@ marker and built into the same extension.
 //
 // The iteration is em_fit's tensor loop (moestat/fit/em.py), written for one pair at a time so that a pair's
 // arrays (k x n) stay in cache and no tensor operation is dispatched per step:
@@ -804,7 +805,11 @@ at::Tensor irls(at::Tensor Z, at::Tensor y, at::Tensor w, at::Tensor beta, int64
   return out;
 }
 
+// @MLE_LBFGS@
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("irls", &irls, "GLM fits of every lane by step-halved Newton (the random starts of GLM experts)");
   m.def("em_softmax", &em_softmax, "EM for Gaussian, Poisson or binomial experts with a softmax gate, one loop per pair");
+  m.def("lbfgs_softmax", &lbfgs_softmax, "L-BFGS on the same models' negative mean log-likelihood, one loop per pair");
+  m.def("mixture_value_grad", &mixture_value_grad, "that objective's value and gradient");
 }

@@ -44,9 +44,20 @@ from ._layout import ParamLayout
 def direct_glm(spec: MoE, layout: ParamLayout) -> bool:
     """Whether :class:`GLMMixtureObjective` covers this model: a softmax gate affine in its inputs at temperature 1
     (none learned), the last expert as the gate's reference, and Poisson or binomial experts."""
+    return _plain_softmax(spec, layout) and not layout.dispersion and spec.response in ("poisson", "binomial")
+
+
+def native_mixture(spec: MoE, layout: ParamLayout) -> bool:
+    """Whether the C++ L-BFGS of ``fit_mle(compile=True)`` (``_mle_lbfgs_native.cpp``) covers this model: the
+    gates of :func:`direct_glm`, with at most 64 Gaussian (linear or constant), Poisson or binomial experts."""
+    return (_plain_softmax(spec, layout) and spec.response in ("gaussian", "poisson", "binomial")
+            and spec.expert in ("linear", "constant") and spec.k <= 64)
+
+
+def _plain_softmax(spec: MoE, layout: ParamLayout) -> bool:
+    """A softmax gate affine in its inputs at temperature 1 (none learned) with the last expert as reference."""
     return (spec.gate == "softmax" and spec.gating.input_affine and float(spec.temperature) == 1.0
-            and not layout.learn_temperature and layout.ref_fixed and not layout.angles
-            and not layout.dispersion and spec.response in ("poisson", "binomial"))
+            and not layout.learn_temperature and layout.ref_fixed and not layout.angles)
 
 
 @dataclass

@@ -39,6 +39,8 @@ from ..experts import ExpertFamily, native_families
 SOURCE = Path(__file__).with_name("_lsq_native.cpp")
 EM_SOURCE = Path(__file__).with_name("_em_native.cpp")
 NEWTON_SOURCE = Path(__file__).with_name("_newton_native.cpp")
+#: The L-BFGS phase of ``fit_mle(compile=True)``, inserted into :data:`EM_SOURCE` (one extension).
+MLE_LBFGS_SOURCE = Path(__file__).with_name("_mle_lbfgs_native.cpp")
 #: The element-wise pieces both least-squares kernels share (activations, gate weights), inserted into each.
 COMMON_SOURCE = Path(__file__).with_name("_native_common.cpp")
 
@@ -50,6 +52,7 @@ ACTIVATION_CODES = {f.name: i for i, f in enumerate(native_families())}
 _MARKER = "// @ACTIVATION_CASES@"
 _SECOND_MARKER = "// @SECOND_DERIVATIVE_CASES@"
 _COMMON_MARKER = "// @NATIVE_COMMON@"
+_LBFGS_MARKER = "// @MLE_LBFGS@"
 
 #: Bytes of one block's inputs, Z and U (the kernel's working set: half of a 2 MiB L2 cache).  At k = 9, d = 32
 #: (1,899 rows) it measured best or within 1% of best among 474-7,598 rows at 20 x 1,000, 20 x 10,000 and
@@ -89,6 +92,15 @@ def _generated(path: Path) -> str:
 def source() -> str:
     """The kernel's C++ source with one ``case`` per family of :data:`ACTIVATION_CODES` (from the registry)."""
     return _generated(SOURCE)
+
+
+@functools.cache
+def em_source() -> str:
+    """The EM extension's C++ source: :data:`EM_SOURCE` with :data:`MLE_LBFGS_SOURCE` inserted."""
+    code = EM_SOURCE.read_text()
+    if _LBFGS_MARKER not in code:
+        raise RuntimeError(f"{EM_SOURCE.name} lost its {_LBFGS_MARKER!r} marker.")
+    return code.replace(_LBFGS_MARKER, MLE_LBFGS_SOURCE.read_text())
 
 
 @functools.cache
@@ -192,10 +204,11 @@ def load_newton() -> ModuleType | None:
 @functools.cache
 def load_em() -> ModuleType | None:
     """Build (first call on a machine) and import the EM extension (``_em_native.cpp``: EM with a softmax gate and
-    Gaussian, Poisson or binomial experts, :func:`moestat.fit.em.em_fit` with ``native=True``, and the GLM starts'
-    IRLS); None, with a warning, if that fails."""
+    Gaussian, Poisson or binomial experts, :func:`moestat.fit.em.em_fit` with ``native=True``, the GLM starts' IRLS,
+    and ``_mle_lbfgs_native.cpp``, the L-BFGS phase of :func:`moestat.fit.mle.gradient_fit` with a ``native``
+    kernel); None, with a warning, if that fails."""
     try:
-        return _build("em", EM_SOURCE.read_text())
+        return _build("em", em_source())
     except Exception as err:  # any build or import failure means: use the tensor loop
         warn_user(f"moestat's native EM kernel could not be built ({type(err).__name__}: {err}); using the tensor "
                   "loop instead.", UserWarning)

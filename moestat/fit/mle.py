@@ -74,9 +74,9 @@ from ..families import initial_beta, irls_weighted
 from ..model import MoE, tempered
 from ..params import Params
 from . import _native
-from ._glm_objective import GLMMixtureObjective, direct_glm
+from ._glm_objective import GLMMixtureObjective, direct_glm, native_mixture
 from ._layout import BlockParams, ParamLayout, check_learn_temperature
-from ._optim import AnalyticProblem, ClosureProblem, lbfgs
+from ._optim import CONVERGED, AnalyticProblem, ClosureProblem, lbfgs
 from .em import NATIVE_FAMILIES, design, em_fit, native_applies, weighted_ls
 from .formula_fit import formula_inputs
 from .results import MLEFit, log_joint
@@ -289,7 +289,7 @@ def _linear_parts(spec: MoE, p: BlockParams, Zt: torch.Tensor) -> tuple[torch.Te
 def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, layout: ParamLayout, *,
                  sd_floor: torch.Tensor, max_iter: int, gtol: float, ftol: float,
                  weights: torch.Tensor | None = None, trials: torch.Tensor | None = None,
-                 callback: Callable[[int], None] | None = None
+                 callback: Callable[[int], None] | None = None, native: bool = False
                  ) -> tuple[BlockParams, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Batched L-BFGS on :math:`-\ell_{rs}(\theta_{rs})/n` for every pair; returns params, loglik, converged, n_iter.
 
@@ -301,7 +301,11 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     given, is called at every evaluation with the number of pairs still iterating (the progress bar).  Softmax-gated
     Poisson and binomial experts take the closed-form value and gradient of
     :class:`moestat.fit._glm_objective.GLMMixtureObjective` on the packed vector; every other model, autograd
-    through :func:`log_components`.
+    through :func:`log_components`.  ``native=True`` (``fit_mle(compile=True)``): where
+    :func:`~moestat.fit._glm_objective.native_mixture` holds, on a CPU in float64, each pair's whole run is one C++
+    loop (``_mle_lbfgs_native.cpp``: the same objective with its closed-form gradient, Gaussian experts included,
+    and the same L-BFGS steps and stops; results agree with the tensor loop to rounding); ``callback`` is then called
+    once, at the end.
     """
     R, n, _ = X.shape
     k = spec.k
@@ -323,9 +327,7 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     v0 = torch.cat([v0, torch.zeros_like(v0[:1])])
     cache: dict[str, Any] = {}
     direct = direct_glm(spec, layout)
-    columns = {"gate": [0, *(1 + c for c in layout.gate_columns)],
-               "expert": [0, *(1 + c for c in layout.expert_columns)] if layout.expert_slopes else [0],
-               "shared": [1 + c for c in layout.shared_columns]}
+    columns = design_rows(layout)
 
     def unpack(v: torch.Tensor, fl2: torch.Tensor) -> BlockParams:
         p = layout.unpack(v)
@@ -375,12 +377,47 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
             return out, grad
         return torch.cat([out, -v[a:].sum(-1)]), torch.cat([grad, -torch.ones_like(v[a:])])
 
+    kernel = (_native.load_em() if native and native_mixture(spec, layout) and X.device.type == "cpu"
+              and X.dtype == torch.float64 else None)
+    if kernel is not None:
+        data = native_mixture_data(spec, layout, Zt[rep_of], y[rep_of], None if weights is None else weights[rep_of],
+                                   None if trials is None else trials[rep_of])
+        v, loss, _, n_it, status, _ = kernel.lbfgs_softmax(v0[:B], *data, floor2[:, 0], NATIVE_FAMILIES[spec.response],
+                                                           k, max_iter, ftol, gtol, 20, 30, 1e-4)
+        if callback is not None:
+            callback(0)
+        ll = (-loss * n).reshape(R, S)
+        conv = torch.isin(status, torch.tensor(CONVERGED)).reshape(R, S) & torch.isfinite(ll)
+        p = unpack(v, floor2).map(lambda a: a.reshape(R, S, *a.shape[1:]))
+        return p, ll, conv, n_it.reshape(R, S)
     problem = AnalyticProblem(negll_grad, B + 1, X.device) if direct else ClosureProblem(negll, B + 1, X.device)
     res = lbfgs(problem, v0, max_iter=max_iter, tol=ftol, gtol=gtol, memory=20)
     ll = (-res.loss[:B] * n).reshape(R, S)
     conv = res.converged[:B].reshape(R, S) & torch.isfinite(ll)
     p = unpack(res.theta[:B], floor2).map(lambda a: a.detach().reshape(R, S, *a.shape[1:]))
     return p, ll, conv, res.n_iter[:B].reshape(R, S)
+
+
+def design_rows(layout: ParamLayout) -> dict[str, list[int]]:
+    """The rows of the transposed design :math:`(1, x_t)` that the gate, the experts and the shared slopes use."""
+    return {"gate": [0, *(1 + c for c in layout.gate_columns)],
+            "expert": [0, *(1 + c for c in layout.expert_columns)] if layout.expert_slopes else [0],
+            "shared": [1 + c for c in layout.shared_columns]}
+
+
+def native_mixture_data(spec: MoE, layout: ParamLayout, Zt: torch.Tensor, y: torch.Tensor,
+                        weights: torch.Tensor | None, trials: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The data arguments of the C++ L-BFGS (``lbfgs_softmax`` and ``mixture_value_grad`` of
+    :func:`moestat.fit._native.load_em`) for problems with their own data: transposed design ``Zt`` (A, d+1, n),
+    ``y``, ``weights``, ``trials`` (A, n); absent parts as empty tensors."""
+    rows, none = design_rows(layout), y.new_empty(0)
+    constant = none
+    if not layout.dispersion:  # the log-density's part free of eta (-log y!, log C(m, m y)), as the EM loop's
+        zero = torch.zeros_like(y)
+        constant = spec.glm.log_density(y, zero, trials=trials) - spec.glm.log_kernel(y, zero, trials)
+    return (y, none if weights is None else weights, Zt[:, rows["gate"]], Zt[:, rows["expert"]],
+            Zt[:, rows["shared"]] if rows["shared"] else none, none if trials is None else trials,
+            none if layout.offset_column is None else Zt[:, 1 + layout.offset_column], constant)
 
 
 # ------------------------------------------------------------------------------------------ memory budget
@@ -699,7 +736,7 @@ def _lbfgs_blocks(spec: MoE, probs: _Problems, layout: ParamLayout, blocks: list
             bar.update(before + size - active, phase)
 
         p2, ll2, conv2, it2 = gradient_fit(spec, Xb, yb, init, layout, sd_floor=fl, max_iter=max_iter, gtol=gtol,
-                                           ftol=ftol, weights=wb, trials=mb, callback=report)
+                                           ftol=ftol, weights=wb, trials=mb, callback=report, native=probs.native)
         if out is None:
             res.put(at, p2, ll2, conv2, it2)
         else:
