@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--overspecified", action="store_true",
                         help="run the softmax Gaussian MoE vignette's over-specified fits at 30 and 100 instead")
     parser.add_argument("--compile", action="store_true",
-                        help="every fit with compile=True (EM in the fused C++ loop; L-BFGS unchanged)")
+                        help="every fit with compile=True (EM and its L-BFGS phase in the fused C++ loops)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # convergence and degeneracy warnings: the maxima are printed

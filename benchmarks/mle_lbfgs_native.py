@@ -1,0 +1,120 @@
+"""Benchmark: the L-BFGS phase of ``fit_mle(compile=True)`` in C++ (``_mle_lbfgs_native.cpp``) against the tensor
+L-BFGS that followed the C++ EM loop before.
+
+Both variants run EM in the fused C++ loop and hand the starts still running at ``switch_after=30`` (the default) to
+L-BFGS; they differ only in that phase: one C++ loop per start with the closed-form gradient ("native"), or the
+batched tensor L-BFGS with autograd for Gaussian experts and the closed-form objective of
+``moestat.fit._glm_objective`` for Poisson and binomial ones ("tensor", selected here by switching the native loop
+off).  Printed per case: CPU ms of a whole fit for each (median of 5, alternating, after a warm-up, one torch thread),
+their ratio, and the difference of the maxima (native minus tensor: the two loops agree to rounding on a regular
+likelihood).
+
+Regular fits: the cases of ``mle_switch_after.py`` (10 random starts, seeds 0 and 1; the NPreg cases need Rscript
+with flexmix).  ``--overspecified``: the softmax Gaussian MoE vignette's over-specified fits of that benchmark (k = 3
+and 4 started near a k* = 2 truth, 5 replicates, n = 1,000 and 10,000), where the path along a flat likelihood decides
+the end point, so the maxima of the two loops may differ; CPU s of one run each and -loglik/n per replicate.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_lbfgs_native.py [--cases diabetes_k2,engel_k3]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_lbfgs_native.py --overspecified
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import moestat as ms
+from moestat.fit import mle as mle_module
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mle_switch_after import cases  # the everyday data sets and models
+
+
+@contextlib.contextmanager
+def lbfgs_loop(kind: str) -> Iterator[None]:
+    """Run the L-BFGS phase in the C++ loop (``native``) or in the tensor loop (``tensor``)."""
+    real = mle_module.native_mixture
+    if kind == "tensor":
+        mle_module.native_mixture = lambda spec, layout: False
+    try:
+        yield
+    finally:
+        mle_module.native_mixture = real
+
+
+def timed(kw: dict) -> tuple[float, object]:
+    t0 = time.process_time()
+    fit = ms.fit_mle(**kw)
+    return time.process_time() - t0, fit
+
+
+def regular(names: list[str] | None, repeat: int = 5) -> None:
+    table = cases()
+    print(f"{'case':24s} {'seed':>4s} {'native ms':>10s} {'tensor ms':>10s} {'ratio':>7s} {'loglik diff':>12s}")
+    for name in names or list(table):
+        for seed in (0, 1):
+            kw = dict(table[name], restarts=10, seed=seed, compile=True, progress=False)
+            times: dict[str, list[float]] = {"native": [], "tensor": []}
+            fits = {}
+            for kind in times:  # warm-up
+                with lbfgs_loop(kind):
+                    fits[kind] = timed(kw)[1]
+            for _ in range(repeat):
+                for kind in times:
+                    with lbfgs_loop(kind):
+                        cpu, fits[kind] = timed(kw)
+                    times[kind].append(cpu)
+            a, b = (1e3 * float(np.median(times[kind])) for kind in ("native", "tensor"))
+            diff = float(fits["native"].loglik) - float(fits["tensor"].loglik)
+            print(f"{name:24s} {seed:4d} {a:10.1f} {b:10.1f} {b / a:6.1f}x {diff:12.2e}", flush=True)
+
+
+def overspecified(reps: int = 5) -> None:
+    from moestat.cells import Truth, mle_estimator
+
+    spec = ms.MoE(k=2, d=1, gate="softmax", expert="linear")
+    params = ms.Params(gate_bias=np.array([-8.0, 0.0]), gate_weight=np.array([[25.0], [0.0]]),
+                       expert_weight=np.array([[-20.0], [20.0]]), expert_bias=np.array([15.0, -5.0]),
+                       noise_sd=np.array([0.3, 0.4]))
+    truth = Truth(spec, params, {})
+    print(f"{'n':>6s} {'k':>2s} {'split':>6s} {'loop':>7s} {'CPU s':>6s}  -loglik/n per replicate")
+    for n in (1000, 10000):
+        data = ms.simulate(spec, params, n=n, reps=reps, seed=n, model="mixture", design="linspace", low=0.0,
+                           high=1.0)
+        for k, split in ((3, [1]), (4, [0, 1]), (4, [1, 1])):
+            cpus = {}
+            for kind in ("native", "tensor"):
+                with lbfgs_loop(kind):
+                    t0 = time.process_time()
+                    est = mle_estimator(spec.with_k(k), data.X, data.y, truth=truth, seed=np.random.SeedSequence(7),
+                                        init="near_truth", duplicate=split, se="none", device="cpu", compile=True)
+                    cpus[kind] = time.process_time() - t0
+                label = ",".join(str(i + 1) for i in split)
+                print(f"{n:6d} {k:2d} {label:>6s} {kind:>7s} {cpus[kind]:6.2f}  "
+                      + " ".join(f"{v:.4f}" for v in np.asarray(est.objective, dtype=float)), flush=True)
+            print(f"{'':>17s} ratio {cpus['tensor'] / cpus['native']:5.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=None, help="comma-separated case names of mle_switch_after.py")
+    parser.add_argument("--overspecified", action="store_true", help="the vignette's over-specified fits instead")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # convergence and degeneracy warnings: the maxima are printed
+    if args.overspecified:
+        overspecified()
+    else:
+        regular(args.cases.split(",") if args.cases else None)
+
+
+if __name__ == "__main__":
+    main()
