@@ -550,7 +550,14 @@ class LSProblem:
         self._pairs: tuple[torch.Tensor, torch.Tensor] | None = None
         self._assembly_idx: dict[torch.device, torch.Tensor] = {}
         self._input_pairs: dict[tuple[int, int], torch.Tensor] = {}
+        self._transposed: torch.Tensor | None = None
         self.set_active(torch.arange(R * S, device=X.device))
+
+    def transposed_inputs(self) -> torch.Tensor:
+        """The augmented inputs transposed, (R, d+1, n) and contiguous (the C++ Newton loop's layout), made once."""
+        if self._transposed is None:
+            self._transposed = self.X.transpose(1, 2).contiguous()
+        return self._transposed
 
     # ------------------------------------------------------------ active set
     def set_active(self, idx: torch.Tensor) -> None:

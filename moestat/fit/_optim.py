@@ -664,7 +664,7 @@ def newton_native(problem: LSProblem, theta: torch.Tensor, module, *, max_iter: 
     top-K gate and the data on the CPU; no history or progress bar.  ``n_evals`` of the result is the largest number of
     evaluations any problem made.
     """
-    XT = problem.X.transpose(1, 2).contiguous()
+    XT = problem.transposed_inputs()
     empty = theta.new_empty(0)
     lower = empty if problem.lower is None else problem.lower.to(theta.dtype)
     upper = empty if problem.upper is None else problem.upper.to(theta.dtype)
@@ -682,7 +682,8 @@ def native_hessians(problem: LSProblem, theta: torch.Tensor, module, block_bytes
     problems end with, for the saddle check of :func:`moestat.fit_lse`."""
     k, gate, top_k, act, act2, tau, chunk = _native_model(problem, theta.element_size(), block_bytes)
     reps = problem.rep_of[problem.active].tolist()
-    return torch.stack([module.value_hessian(theta[a], problem.X[r].T.contiguous(), problem.y[r], problem.free_idx,
+    XT = problem.transposed_inputs()  # shared with newton_native's run on the same problem
+    return torch.stack([module.value_hessian(theta[a], XT[r], problem.y[r], problem.free_idx,
                                              k, gate, top_k, act, act2, tau, chunk, -1, 1)[2]
                         for a, r in enumerate(reps)])
 
