@@ -35,7 +35,7 @@ import moestat as ms
 from moestat.fit import mle as mle_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mle_switch_after import cases  # the everyday data sets and models
+from mle_switch_after import OVERSPECIFIED, cases, vignette_data, vignette_truth  # the same fits
 
 
 @contextlib.contextmanager
@@ -78,18 +78,13 @@ def regular(names: list[str] | None, repeat: int = 5) -> None:
 
 
 def overspecified(reps: int = 5) -> None:
-    from moestat.cells import Truth, mle_estimator
+    from moestat.cells import mle_estimator
 
-    spec = ms.MoE(k=2, d=1, gate="softmax", expert="linear")
-    params = ms.Params(gate_bias=np.array([-8.0, 0.0]), gate_weight=np.array([[25.0], [0.0]]),
-                       expert_weight=np.array([[-20.0], [20.0]]), expert_bias=np.array([15.0, -5.0]),
-                       noise_sd=np.array([0.3, 0.4]))
-    truth = Truth(spec, params, {})
+    spec, _, truth = vignette_truth()
     print(f"{'n':>6s} {'k':>2s} {'split':>6s} {'loop':>7s} {'CPU s':>6s}  -loglik/n per replicate")
     for n in (1000, 10000):
-        data = ms.simulate(spec, params, n=n, reps=reps, seed=n, model="mixture", design="linspace", low=0.0,
-                           high=1.0)
-        for k, split in ((3, [1]), (4, [0, 1]), (4, [1, 1])):
+        data = vignette_data(n, reps)
+        for k, split in OVERSPECIFIED:
             cpus = {}
             for kind in ("native", "tensor"):
                 with lbfgs_loop(kind):

@@ -98,21 +98,37 @@ def cases() -> dict[str, dict]:
     return out
 
 
+#: The over-specified fits: (k, the experts of the k* = 2 truth split to start them; each split adds one expert).
+OVERSPECIFIED = ((3, [1]), (4, [0, 1]), (4, [1, 1]))
+
+
+def vignette_truth():
+    """The softmax Gaussian MoE vignette's lambda-shaped truth (d = 1, k* = 2): spec, params and the cell's Truth."""
+    from moestat.cells import Truth
+
+    spec = ms.MoE(k=2, d=1, gate="softmax", expert="linear")
+    params = ms.Params(gate_bias=np.array([-8.0, 0.0]), gate_weight=np.array([[25.0], [0.0]]),
+                       expert_weight=np.array([[-20.0], [20.0]]), expert_bias=np.array([15.0, -5.0]),
+                       noise_sd=np.array([0.3, 0.4]))
+    return spec, params, Truth(spec, params, {})
+
+
+def vignette_data(n: int, reps: int):
+    """``reps`` samples of ``n`` from the truth on the fixed design on [0, 1] (seed n)."""
+    spec, params, _ = vignette_truth()
+    return ms.simulate(spec, params, n=n, reps=reps, seed=n, model="mixture", design="linspace", low=0.0, high=1.0)
+
+
 def overspecified(reps: int = 5, standardised: bool = False, compile: bool = False) -> None:
     """The vignette's over-specified fits at ``switch_after`` 30 and 100: CPU s and -loglik/n per replicate
     (``standardised``: at 30 only, on the response centred and scaled by its pooled mean and SD, the truth mapped
     alike; -loglik/n moved back to the original scale)."""
     from moestat.cells import Truth, mle_estimator
 
-    spec = ms.MoE(k=2, d=1, gate="softmax", expert="linear")
-    params = ms.Params(gate_bias=np.array([-8.0, 0.0]), gate_weight=np.array([[25.0], [0.0]]),
-                       expert_weight=np.array([[-20.0], [20.0]]), expert_bias=np.array([15.0, -5.0]),
-                       noise_sd=np.array([0.3, 0.4]))
-    truth = Truth(spec, params, {})
+    spec, params, truth = vignette_truth()
     print(f"{'n':>6s} {'k':>2s} {'split':>6s} {'switch_after':>12s} {'CPU s':>6s}  -loglik/n per replicate")
     for n in (1000, 10000):
-        data = ms.simulate(spec, params, n=n, reps=reps, seed=n, model="mixture", design="linspace", low=0.0,
-                           high=1.0)
+        data = vignette_data(n, reps)
         y, fit_truth, shift = data.y, truth, 0.0
         if standardised:
             centre, sd = float(np.mean(data.y)), float(np.std(data.y))
@@ -120,7 +136,7 @@ def overspecified(reps: int = 5, standardised: bool = False, compile: bool = Fal
             fit_truth = Truth(spec, ms.Params(params.gate_bias, params.gate_weight, params.expert_weight / sd,
                                               (params.expert_bias - centre) / sd, params.noise_sd / sd), {})
             shift = np.log(sd)
-        for k, split in ((3, [1]), (4, [0, 1]), (4, [1, 1])):
+        for k, split in OVERSPECIFIED:
             for switch in ((30, "30, std. y"),) if standardised else (30, 100):
                 setting = switch[0] if isinstance(switch, tuple) else switch
                 t0 = time.process_time()

@@ -105,6 +105,17 @@ void chol_solve(double* A, double* b, int64_t m) {
   }
 }
 
+// f(b) for b = 0, ..., B-1, each (replicate, restart) pair going to a thread as the thread becomes free: runs differ
+// in length, and equal contiguous shares would leave threads idle.  A pair's result does not depend on its thread.
+template <class F>
+void each_pair(int64_t B, F f) {
+  std::atomic<int64_t> next{0};
+  const int64_t teams = std::min<int64_t>(B, at::get_num_threads());
+  at::parallel_for(0, teams, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next++; b < B; b = next++) f(b);
+  });
+}
+
 struct Pair {
   // data (views into the batch)
   const double* y;   // n
@@ -587,100 +598,94 @@ std::vector<at::Tensor> em_softmax(at::Tensor y, at::Tensor w, at::Tensor Zg, at
   double* hp = hist.data_ptr<double>();
   const bool accel = accelerate && k > 1;
 
-  // Pairs go to threads one at a time, as each thread becomes free (their EM runs differ in length; equal
-  // contiguous shares would leave threads idle).  A pair's result does not depend on the thread that fits it.
-  std::atomic<int64_t> next{0};
-  const int64_t teams = std::min<int64_t>(B, at::get_num_threads());
-  at::parallel_for(0, teams, 1, [&](int64_t, int64_t) {
-    for (int64_t b = next++; b < B; b = next++) {
-      Pair P;
-      P.y = yp + b * n;
-      P.w = weighted ? wp + b * n : nullptr;
-      P.Zg = zgp + b * pg * n;
-      P.Ze = zep + b * pe * n;
-      P.m = has_m ? mp + b * n : nullptr;
-      P.off = has_o ? op + b * n : nullptr;
-      P.cst = has_c ? kp + b * n : nullptr;
-      P.n = n; P.k = k; P.km1 = km1; P.pg = pg; P.pe = pe; P.family = family;
-      P.q = nq;
-      P.Zs = nq > 0 ? zsp + b * nq * n : nullptr;
-      if (nq > 0) P.gamma.assign(gp + b * nq, gp + (b + 1) * nq);
-      P.floor = flp[b]; P.eps = eps;
-      P.tg.assign(tgp + b * km1 * pg, tgp + (b + 1) * km1 * pg);
-      P.beta.assign(bp + b * k * pe, bp + (b + 1) * k * pe);
-      P.var.assign(vp + b * k, vp + (b + 1) * k);
-      P.logw.assign(k * n, 0.0); P.resid.assign(k * n, 0.0); P.tau.assign(k * n, 0.0);
-      P.lw1.assign(k * n, 0.0);
-      if (family != GAUSSIAN) P.mu.assign(k * n, 0.0);
-      P.etac.assign(n, 0.0);
-      if (weighted) P.tw.assign(k * n, 0.0);
-      P.gate_log_weights(P.tg.data(), P.logw.data());
-      std::vector<double> sq0, sq1, sq2, cur;
-      int phase = 0;
-      bool have_prev = false, have_sq2 = false, conv = false;
-      double ll_prev = 0.0, ll_mid = 0.0, l = -INF;
-      int64_t it = 0;
-      for (it = 0; it <= max_iter; ++it) {
+  each_pair(B, [&](int64_t b) {
+    Pair P;
+    P.y = yp + b * n;
+    P.w = weighted ? wp + b * n : nullptr;
+    P.Zg = zgp + b * pg * n;
+    P.Ze = zep + b * pe * n;
+    P.m = has_m ? mp + b * n : nullptr;
+    P.off = has_o ? op + b * n : nullptr;
+    P.cst = has_c ? kp + b * n : nullptr;
+    P.n = n; P.k = k; P.km1 = km1; P.pg = pg; P.pe = pe; P.family = family;
+    P.q = nq;
+    P.Zs = nq > 0 ? zsp + b * nq * n : nullptr;
+    if (nq > 0) P.gamma.assign(gp + b * nq, gp + (b + 1) * nq);
+    P.floor = flp[b]; P.eps = eps;
+    P.tg.assign(tgp + b * km1 * pg, tgp + (b + 1) * km1 * pg);
+    P.beta.assign(bp + b * k * pe, bp + (b + 1) * k * pe);
+    P.var.assign(vp + b * k, vp + (b + 1) * k);
+    P.logw.assign(k * n, 0.0); P.resid.assign(k * n, 0.0); P.tau.assign(k * n, 0.0);
+    P.lw1.assign(k * n, 0.0);
+    if (family != GAUSSIAN) P.mu.assign(k * n, 0.0);
+    P.etac.assign(n, 0.0);
+    if (weighted) P.tw.assign(k * n, 0.0);
+    P.gate_log_weights(P.tg.data(), P.logw.data());
+    std::vector<double> sq0, sq1, sq2, cur;
+    int phase = 0;
+    bool have_prev = false, have_sq2 = false, conv = false;
+    double ll_prev = 0.0, ll_mid = 0.0, l = -INF;
+    int64_t it = 0;
+    for (it = 0; it <= max_iter; ++it) {
+      l = P.e_step();
+      if (accel && phase == 2 && have_sq2 && !(std::isfinite(l) && l >= ll_mid)) {
+        P.adopt(sq2);  // back to theta_2 where the jump lowered the likelihood
         l = P.e_step();
-        if (accel && phase == 2 && have_sq2 && !(std::isfinite(l) && l >= ll_mid)) {
-          P.adopt(sq2);  // back to theta_2 where the jump lowered the likelihood
-          l = P.e_step();
-        }
-        hp[it * B + b] = l;
-        const bool tested = have_prev && !(accel && phase == 2);
-        bool keep = std::isfinite(l);
-        if (tested) keep = keep && std::abs(l - ll_prev) > (std::abs(l) + 1.0) * tol;
-        if (!keep) {
-          conv = tested && std::isfinite(l);
-          break;
-        }
-        if (it == max_iter) break;
-        if (accel) {
-          if (phase == 0) P.pack(sq0);
-          else if (phase == 1) { P.pack(sq1); ll_mid = l; }
-        }
-        const double* tw = P.weighted_tau();
-        if (nq > 0) P.shared_step(tw);
-        else if (family == GAUSSIAN) P.expert_step(tw);
-        else P.glm_expert_step(tw);
-        if (k > 1)
-          for (int64_t s = 0; s < gate_steps; ++s) P.gate_step(tw);
-        if (accel && phase == 1) {
-          P.pack(sq2);
-          have_sq2 = true;
-          const size_t np = sq0.size();
-          double rn = 0.0, vn = 0.0;
-          std::vector<double> r(np), v(np);
-          for (size_t i = 0; i < np; ++i) {
-            r[i] = sq1[i] - sq0[i];
-            v[i] = sq2[i] - 2.0 * sq1[i] + sq0[i];
-            rn += r[i] * r[i];
-            vn += v[i] * v[i];
-          }
-          rn = std::sqrt(rn);
-          vn = std::sqrt(vn);
-          const double alpha = std::min(vn > 0.0 ? -rn / vn : -1.0, -1.0);
-          bool finite = true;
-          for (size_t i = 0; i < np; ++i) {
-            r[i] = sq0[i] - 2.0 * alpha * r[i] + alpha * alpha * v[i];
-            finite = finite && std::isfinite(r[i]);
-          }
-          P.adopt(finite ? r : sq2);
-        }
-        if (accel) phase = (phase + 1) % 3;
-        ll_prev = l;
-        have_prev = true;
       }
-      const int64_t stop = std::min(it, max_iter);
-      for (int64_t t = stop + 1; t <= max_iter; ++t) hp[t * B + b] = l;
-      llp[b] = l;
-      cp[b] = conv;
-      ip[b] = stop;
-      std::copy(P.tg.begin(), P.tg.end(), tgp + b * km1 * pg);
-      std::copy(P.beta.begin(), P.beta.end(), bp + b * k * pe);
-      std::copy(P.var.begin(), P.var.end(), vp + b * k);
-      if (nq > 0) std::copy(P.gamma.begin(), P.gamma.end(), gp + b * nq);
+      hp[it * B + b] = l;
+      const bool tested = have_prev && !(accel && phase == 2);
+      bool keep = std::isfinite(l);
+      if (tested) keep = keep && std::abs(l - ll_prev) > (std::abs(l) + 1.0) * tol;
+      if (!keep) {
+        conv = tested && std::isfinite(l);
+        break;
+      }
+      if (it == max_iter) break;
+      if (accel) {
+        if (phase == 0) P.pack(sq0);
+        else if (phase == 1) { P.pack(sq1); ll_mid = l; }
+      }
+      const double* tw = P.weighted_tau();
+      if (nq > 0) P.shared_step(tw);
+      else if (family == GAUSSIAN) P.expert_step(tw);
+      else P.glm_expert_step(tw);
+      if (k > 1)
+        for (int64_t s = 0; s < gate_steps; ++s) P.gate_step(tw);
+      if (accel && phase == 1) {
+        P.pack(sq2);
+        have_sq2 = true;
+        const size_t np = sq0.size();
+        double rn = 0.0, vn = 0.0;
+        std::vector<double> r(np), v(np);
+        for (size_t i = 0; i < np; ++i) {
+          r[i] = sq1[i] - sq0[i];
+          v[i] = sq2[i] - 2.0 * sq1[i] + sq0[i];
+          rn += r[i] * r[i];
+          vn += v[i] * v[i];
+        }
+        rn = std::sqrt(rn);
+        vn = std::sqrt(vn);
+        const double alpha = std::min(vn > 0.0 ? -rn / vn : -1.0, -1.0);
+        bool finite = true;
+        for (size_t i = 0; i < np; ++i) {
+          r[i] = sq0[i] - 2.0 * alpha * r[i] + alpha * alpha * v[i];
+          finite = finite && std::isfinite(r[i]);
+        }
+        P.adopt(finite ? r : sq2);
+      }
+      if (accel) phase = (phase + 1) % 3;
+      ll_prev = l;
+      have_prev = true;
     }
+    const int64_t stop = std::min(it, max_iter);
+    for (int64_t t = stop + 1; t <= max_iter; ++t) hp[t * B + b] = l;
+    llp[b] = l;
+    cp[b] = conv;
+    ip[b] = stop;
+    std::copy(P.tg.begin(), P.tg.end(), tgp + b * km1 * pg);
+    std::copy(P.beta.begin(), P.beta.end(), bp + b * k * pe);
+    std::copy(P.var.begin(), P.var.end(), vp + b * k);
+    if (nq > 0) std::copy(P.gamma.begin(), P.gamma.end(), gp + b * nq);
   });
   const int64_t T = n_iter.numel() ? n_iter.max().item<int64_t>() + 1 : 1;
   return {tg_out, beta_out, var_out, ll, converged, n_iter, hist.narrow(0, 0, T).clone(), gamma_out};

@@ -321,14 +321,9 @@ std::vector<at::Tensor> lbfgs_softmax(at::Tensor v, at::Tensor y, at::Tensor w, 
   int64_t* ip = n_iter.data_ptr<int64_t>();
   int64_t* sp = status.data_ptr<int64_t>();
   int64_t* ep = evals.data_ptr<int64_t>();
-  // pairs go to threads one at a time, as each becomes free (a pair's result does not depend on its thread)
-  std::atomic<int64_t> next{0};
-  const int64_t teams = std::min<int64_t>(B, at::get_num_threads());
-  at::parallel_for(0, teams, 1, [&](int64_t, int64_t) {
-    for (int64_t b = next++; b < B; b = next++) {
-      MixtureObjective obj = data.objective(b);
-      sp[b] = lbfgs_pair(obj, vp + b * P, max_iter, tol, gtol, memory, max_ls, c1, lp[b], gp[b], ip[b], ep[b]);
-    }
+  each_pair(B, [&](int64_t b) {
+    MixtureObjective obj = data.objective(b);
+    sp[b] = lbfgs_pair(obj, vp + b * P, max_iter, tol, gtol, memory, max_ls, c1, lp[b], gp[b], ip[b], ep[b]);
   });
   return {v, loss, gnorm, n_iter, status, evals};
 }
