@@ -12,7 +12,8 @@ likelihood).
 Regular fits: the cases of ``mle_switch_after.py`` (10 random starts, seeds 0 and 1; the NPreg cases need Rscript
 with flexmix).  ``--overspecified``: the softmax Gaussian MoE vignette's over-specified fits of that benchmark (k = 3
 and 4 started near a k* = 2 truth, 5 replicates, n = 1,000 and 10,000), where the path along a flat likelihood decides
-the end point, so the maxima of the two loops may differ; CPU s of one run each and -loglik/n per replicate.
+the end point, so the maxima of the two loops may differ; CPU s of one run each and -loglik/n per replicate.  The
+tensor loop runs once more on the responses times 1 + 1e-14: how far rounding alone moves those end points.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_lbfgs_native.py [--cases diabetes_k2,engel_k3]
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/mle_lbfgs_native.py --overspecified
@@ -85,17 +86,23 @@ def overspecified(reps: int = 5) -> None:
     for n in (1000, 10000):
         data = vignette_data(n, reps)
         for k, split in OVERSPECIFIED:
-            cpus = {}
-            for kind in ("native", "tensor"):
+            cpus, ends = {}, {}
+            # the tensor loop once more on the responses times (1 + 1e-14): how far rounding alone moves the ends
+            for kind, y in (("native", data.y), ("tensor", data.y), ("tensor", data.y * (1 + 1e-14))):
                 with lbfgs_loop(kind):
                     t0 = time.process_time()
-                    est = mle_estimator(spec.with_k(k), data.X, data.y, truth=truth, seed=np.random.SeedSequence(7),
+                    est = mle_estimator(spec.with_k(k), data.X, y, truth=truth, seed=np.random.SeedSequence(7),
                                         init="near_truth", duplicate=split, se="none", device="cpu", compile=True)
-                    cpus[kind] = time.process_time() - t0
+                    cpu = time.process_time() - t0
+                name = kind if y is data.y else "tensor, y(1 + 1e-14)"
+                cpus[name], ends[name] = cpu, np.asarray(est.objective, dtype=float)
                 label = ",".join(str(i + 1) for i in split)
-                print(f"{n:6d} {k:2d} {label:>6s} {kind:>7s} {cpus[kind]:6.2f}  "
-                      + " ".join(f"{v:.4f}" for v in np.asarray(est.objective, dtype=float)), flush=True)
-            print(f"{'':>17s} ratio {cpus['tensor'] / cpus['native']:5.1f}x")
+                print(f"{n:6d} {k:2d} {label:>6s} {name:>7s} {cpu:6.2f}  " + " ".join(f"{v:.4f}" for v in ends[name]),
+                      flush=True)
+            gap = {name: float(np.abs(ends[name] - ends["tensor"]).max())
+                   for name in ("native", "tensor, y(1 + 1e-14)")}
+            print(f"{'':>17s} ratio {cpus['tensor'] / cpus['native']:5.1f}x; largest |end - tensor end|: native "
+                  f"{gap['native']:.1e}, tensor on y(1 + 1e-14) {gap['tensor, y(1 + 1e-14)']:.1e}")
 
 
 def main() -> None:
