@@ -80,8 +80,25 @@ def stale_outputs_note(out: str | os.PathLike[str], name: str = "provenance.json
             f"{now['commit'][:10]}; they were kept as they are (--no-resume recomputes them).")
 
 
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`; "" if unknown).
+
+    With ``cpu_capability`` (the vector instruction set torch's CPU kernels dispatch to) it tells whether a result
+    can be expected to reproduce bit for bit: another processor or instruction set rounds some sums differently, and
+    fits on flat likelihoods (over-specified models) carry such differences to other end points
+    (docs/studies.md, *Reproducing a result*)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def provenance(config: dict[str, Any] | None = None, *, device: str | None = None) -> dict[str, Any]:
-    """A JSON-ready record of the software, machine and configuration behind a result."""
+    """A JSON-ready record of the software, machine (processor and the instruction set torch uses on it) and
+    configuration behind a result."""
     import pandas as pd
     import scipy
     import torch
@@ -97,6 +114,8 @@ def provenance(config: dict[str, Any] | None = None, *, device: str | None = Non
         "pandas": pd.__version__,
         "torch": torch.__version__,
         "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -134,3 +134,20 @@ def test_resumed_study_warns_when_its_cells_come_from_other_code(tmp_path, monke
     with warnings.catch_warnings():
         warnings.simplefilter("error", MoestatWarning)
         _vignette.run_study_timed(_FinishedStudy(), tmp_path, workers=1)
+
+
+def test_provenance_names_the_processor_and_the_instruction_set_torch_uses(tmp_path, monkeypatch):
+    """Bit-for-bit reproduction of a fit depends on the processor's rounding: the record names both."""
+    import torch
+
+    record = prov.provenance()
+    assert record["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(record["cpu"], str)
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Example CPU 9000 @ 3.0GHz\nflags\t: fpu\n")
+    real_path = prov.Path
+    monkeypatch.setattr(prov, "Path", lambda p: real_path(info) if p == "/proc/cpuinfo" else real_path(p))
+    assert prov.cpu_model() == "Example CPU 9000 @ 3.0GHz"
+    monkeypatch.setattr(prov, "Path", lambda p: real_path(tmp_path / "missing"))
+    monkeypatch.setattr(prov.platform, "processor", lambda: "x86_64")
+    assert prov.cpu_model() == "x86_64"  # no /proc/cpuinfo (macOS, Windows): the platform's answer
