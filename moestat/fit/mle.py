@@ -952,11 +952,11 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         (1e-12 on the NPreg fits), 1.4 to 2.5 times faster on whole fits of a few hundred rows.  The L-BFGS phase
         after ``switch_after`` then runs in C++ as well, one loop per start with the closed-form gradient
         (:func:`gradient_fit` with ``native=True``: the same steps, end points equal up to rounding; 7 to 25 times
-        faster on fits where that phase dominates).  It is compiled by
-        torch's extension builder on first use (about 25 s, once per machine and torch version); without a C++
-        compiler, and for other models, devices or dtypes, the tensor loop runs.  ``False`` (default, as
-        :func:`moestat.fit_lse`'s ``compile``): the tensor loop, whose results the checked-in vignettes reproduce bit
-        for bit.  ``fit.settings["em_kernel"]`` says which ran.
+        faster on fits where that phase dominates).  It is compiled by torch's extension builder on first use
+        (about 25 s, once per machine and torch version); without a C++ compiler, and for other models, devices or
+        dtypes, the tensor loop runs.  ``False`` (default, as :func:`moestat.fit_lse`'s ``compile``): the tensor
+        loop, whose results the checked-in vignettes reproduce bit for bit on the same kind of processor
+        (docs/studies.md, *Reproducing a result*).  ``fit.settings["em_kernel"]`` says which ran.
 
     Returns
     -------
