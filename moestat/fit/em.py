@@ -434,6 +434,14 @@ def expected_gate_loglik(tau: torch.Tensor, logw: torch.Tensor) -> torch.Tensor:
 NATIVE_FAMILIES = {"gaussian": 0, "poisson": 1, "binomial": 2}
 
 
+def glm_density_constant(spec: MoE, y: torch.Tensor, trials: torch.Tensor | None) -> torch.Tensor:
+    r"""The part of a GLM expert's log-density free of the linear predictor, :math:`c_t` in
+    :math:`\log f = m_t[y_t\eta - b(\eta)] + c_t` (:math:`-\log y_t!` for Poisson, :math:`\log\binom{m_t}{m_t y_t}`
+    for binomial), from the family: computed once by the callers of the C++ EM and L-BFGS loops."""
+    zero = torch.zeros_like(y)
+    return spec.glm.log_density(y, zero, trials=trials) - spec.glm.log_kernel(y, zero, trials)
+
+
 def native_applies(spec: MoE, X: torch.Tensor, gate_solver: str = "newton",
                    shared_columns: Sequence[int] | None = None) -> bool:
     """Whether :func:`em_fit` can run in the fused C++ kernel: a CPU, float64, Gaussian, Poisson or binomial experts
@@ -687,10 +695,7 @@ def em_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams, *, va
     kernel = _native.load_em() if applies else None
     if kernel is not None:
         none = yf.new_empty(0)
-        constant = none  # GLM experts: the log-density's part free of eta (-log y!, log C(m, m y)), from the family
-        if not spec.has_noise_sd:
-            zero = torch.zeros_like(yf)
-            constant = spec.glm.log_density(yf, zero, trials=mf) - spec.glm.log_kernel(yf, zero, mf)
+        constant = none if spec.has_noise_sd else glm_density_constant(spec, yf, mf)
         tg_n, beta_n, var_n, ll_n, conv_n, it_n, hist_n, gm_n = kernel.em_softmax(
             yf, none if wf is None else wf, Zg, Ze, theta_g, beta, var, floor_f, float(tol), int(max_iter),
             float(eps), int(gate_steps), bool(accelerate), NATIVE_FAMILIES[spec.response],

@@ -77,7 +77,7 @@ from . import _native
 from ._glm_objective import GLMMixtureObjective, direct_glm, native_mixture
 from ._layout import BlockParams, ParamLayout, check_learn_temperature
 from ._optim import CONVERGED, AnalyticProblem, ClosureProblem, lbfgs
-from .em import NATIVE_FAMILIES, design, em_fit, native_applies, weighted_ls
+from .em import NATIVE_FAMILIES, design, em_fit, glm_density_constant, native_applies, weighted_ls
 from .formula_fit import formula_inputs
 from .results import MLEFit, log_joint
 
@@ -411,10 +411,7 @@ def native_mixture_data(spec: MoE, layout: ParamLayout, Zt: torch.Tensor, y: tor
     :func:`moestat.fit._native.load_em`) for problems with their own data: transposed design ``Zt`` (A, d+1, n),
     ``y``, ``weights``, ``trials`` (A, n); absent parts as empty tensors."""
     rows, none = design_rows(layout), y.new_empty(0)
-    constant = none
-    if not layout.dispersion:  # the log-density's part free of eta (-log y!, log C(m, m y)), as the EM loop's
-        zero = torch.zeros_like(y)
-        constant = spec.glm.log_density(y, zero, trials=trials) - spec.glm.log_kernel(y, zero, trials)
+    constant = none if layout.dispersion else glm_density_constant(spec, y, trials)
     return (y, none if weights is None else weights, Zt[:, rows["gate"]], Zt[:, rows["expert"]],
             Zt[:, rows["shared"]] if rows["shared"] else none, none if trials is None else trials,
             none if layout.offset_column is None else Zt[:, 1 + layout.offset_column], constant)
