@@ -21,7 +21,8 @@
 //   SQUAREM     scheme S3 every three iterations, a jump refused where it lowers l below l(theta_1).
 // Linear systems are solved by Cholesky (the proximal Gram matrix and the damped gate Hessian are positive
 // definite); a system that is not (NaN data) gives NaN parameters, a non-finite l, and the pair stops unconverged.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -812,9 +813,11 @@ at::Tensor irls(at::Tensor Z, at::Tensor y, at::Tensor w, at::Tensor beta, int64
 
 // @MLE_LBFGS@
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("irls", &irls, "GLM fits of every lane by step-halved Newton (the random starts of GLM experts)");
-  m.def("em_softmax", &em_softmax, "EM for Gaussian, Poisson or binomial experts with a softmax gate, one loop per pair");
-  m.def("lbfgs_softmax", &lbfgs_softmax, "L-BFGS on the same models' negative mean log-likelihood, one loop per pair");
-  m.def("mixture_value_grad", &mixture_value_grad, "that objective's value and gradient");
+// torch.ops.<extension name>.<function> (_native.py); the indirection expands TORCH_EXTENSION_NAME first
+#define MOESTAT_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+MOESTAT_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("irls", &irls);  // GLM fits of every lane by step-halved Newton (the random starts of GLM experts)
+  m.def("em_softmax", &em_softmax);  // EM for Gaussian, Poisson or binomial experts, softmax gate, one loop per pair
+  m.def("lbfgs_softmax", &lbfgs_softmax);  // L-BFGS on the same models' negative mean log-likelihood, one loop per pair
+  m.def("mixture_value_grad", &mixture_value_grad);  // that objective's value and gradient
 }

@@ -7,7 +7,8 @@
 // The block's inputs, Z and U stay in cache between the three steps.  The element-wise formulas are those of
 // moestat/fit/_objective.py (module docstring): expert rows c pi phi'(z_e); sigmoid gate rows
 // c h pi (1 - pi) / tau; softmax gate rows c pi (h - f) / tau.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -128,4 +129,8 @@ std::vector<at::Tensor> value_grad(at::Tensor theta, at::Tensor X, at::Tensor y,
   return {loss, grad};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("value_grad", &value_grad, "MoE least-squares objective and gradient"); }
+// torch.ops.<extension name>.<function> (_native.py); the indirection expands TORCH_EXTENSION_NAME first
+#define MOESTAT_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+MOESTAT_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("value_grad", &value_grad);  // MoE least-squares objective and gradient
+}

@@ -8,7 +8,7 @@ vectorised loop (``at::vec``) over the observations.  In Python, with eager torc
 ``torch.compile``'d graph, each block costs tens of microseconds of call overhead, so blocks that small do not pay
 there, and with large blocks the three steps stream Z and U through memory (docs/performance/lse.md).
 
-The extension is compiled once per machine and torch version (about 30 s with g++; cached under
+The extension is compiled once per machine and torch version (about 8 s with g++; cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) for the vector instruction set ATen uses on
 the CPU (AVX-512, AVX2, else portable code).  Without a C++ compiler on PATH, or if a build fails, the callers
 use the eager kernel.  The expert activations are not written here: :func:`source` generates them from the
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import platform
 import shutil
 import sys
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -58,6 +59,9 @@ _LBFGS_MARKER = "// @MLE_LBFGS@"
 #: (1,899 rows) it measured best or within 1% of best among 474-7,598 rows at 20 x 1,000, 20 x 10,000 and
 #: 1 x 100,000 observations (benchmarks/lse_kernel_chunks.py).
 BLOCK_BYTES = 2**20
+
+#: A built extension: ``torch.ops.<extension name>``, whose attributes are the C++ functions.
+NativeOps = Any
 
 
 def activation_code(family: ExpertFamily) -> int | None:
@@ -155,9 +159,16 @@ def _isa() -> str:
     return capability if capability in _ISA_FLAGS else "scalar"
 
 
-def _build(stem: str, code: str) -> ModuleType:
-    """Compile (first call on a machine) and import the extension of C++ source ``code``; its name carries ``stem``,
-    the instruction set, the torch version and a hash of the code, so a changed source builds a new extension."""
+def _build(stem: str, code: str, *, implicit_headers: bool = False) -> NativeOps:
+    """Compile (first call on a machine) and load the extension of C++ source ``code``; its functions are the
+    operators of ``torch.ops.<name>``, where the name carries ``stem``, the instruction set, the torch version and a
+    hash of the code, so a changed source builds a new extension.
+
+    The sources include ATen and torch's operator registry (``TORCH_LIBRARY``) only, and the builder is told not
+    to prepend ``torch/extension.h`` (the C++ frontend and pybind11), which took about 12 s of a 20 s build
+    (``benchmarks/native_build.py`` builds each extension both ways; ``implicit_headers=True`` is its baseline).
+    The header set changes the compiler's inlining, and with it where products and sums fuse into FMAs, so the
+    two builds' results agree to rounding, not bit for bit."""
     from torch.utils import cpp_extension
 
     try:  # the ninja wheel's binary, also when the interpreter's bin folder is not on PATH
@@ -172,13 +183,25 @@ def _build(stem: str, code: str) -> ModuleType:
     flags = ["-O3", *_ISA_FLAGS.get(isa, []), *openmp]
     digest = hashlib.sha256(code.encode()).hexdigest()[:12]
     name = f"moestat_{stem}_{isa.lower()}_torch{torch.__version__.split('+')[0].replace('.', '_')}_{digest}"
-    module: ModuleType = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
-        name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp, verbose=False)
-    return module
+    # a torch whose builder lacks no_implicit_headers prepends torch/extension.h: a working library, built slower
+    lean = not implicit_headers and "no_implicit_headers" in _load_inline_parameters()
+    name += "" if lean else "_implicit_headers"
+    cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+        name=name, cpp_sources=[code], extra_cflags=flags, extra_ldflags=openmp, is_python_module=False,
+        verbose=False, **({"no_implicit_headers": True} if lean else {}))
+    return getattr(torch.ops, name)
 
 
 @functools.cache
-def load() -> ModuleType | None:
+def _load_inline_parameters() -> frozenset[str]:
+    """The keyword arguments this torch's ``cpp_extension.load_inline`` takes."""
+    from torch.utils import cpp_extension
+
+    return frozenset(inspect.signature(cpp_extension.load_inline).parameters)
+
+
+@functools.cache
+def load() -> NativeOps | None:
     """Build (first call on a machine) and import the least-squares extension; None, with a warning, if that fails."""
     try:
         return _build("lsq", source())
@@ -189,7 +212,7 @@ def load() -> ModuleType | None:
 
 
 @functools.cache
-def load_newton() -> ModuleType | None:
+def load_newton() -> NativeOps | None:
     """Build (first call on a machine) and import the Newton extension (``_newton_native.cpp``: the trust-region
     Newton method of :func:`moestat.fit._optim.newton`, one whole run per problem); None, with a warning, if that
     fails."""
@@ -202,7 +225,7 @@ def load_newton() -> ModuleType | None:
 
 
 @functools.cache
-def load_em() -> ModuleType | None:
+def load_em() -> NativeOps | None:
     """Build (first call on a machine) and import the EM extension (``_em_native.cpp``: EM with a softmax gate and
     Gaussian, Poisson or binomial experts, :func:`moestat.fit.em.em_fit` with ``native=True``, the GLM starts' IRLS,
     and ``_mle_lbfgs_native.cpp``, the L-BFGS phase of :func:`moestat.fit.mle.gradient_fit` with a ``native``

@@ -10,7 +10,8 @@
 // and the Hessian at an accepted trial point starts from it.  The
 // element-wise formulas are those of MeanKernel.exact_curvature_rows (moestat/fit/_objective.py); the step, its
 // damping, projection, gain ratio and stopping rules those of _optim.newton, so the two agree to rounding.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -594,7 +595,9 @@ std::vector<at::Tensor> value_hessian(at::Tensor theta, at::Tensor XT, at::Tenso
   return {loss, b, H};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("newton", &newton, "Trust-region Newton for MoE least squares, one run per problem");
-  m.def("value_hessian", &value_hessian, "Objective, half gradient and half exact Hessian at one point");
+// torch.ops.<extension name>.<function> (_native.py); the indirection expands TORCH_EXTENSION_NAME first
+#define MOESTAT_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+MOESTAT_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("newton", &newton);  // Trust-region Newton for MoE least squares, one run per problem
+  m.def("value_hessian", &value_hessian);  // Objective, half gradient and half exact Hessian at one point
 }

@@ -26,7 +26,6 @@ import numbers
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -303,7 +302,7 @@ def _box_bounds(box: Any, spec: MoE, dtype: torch.dtype, device: torch.device
 
 
 def _compiled_newton(kernel: MeanKernel | ReferenceKernel, spec: MoE, device: torch.device, traced: bool,
-                     n_free: int) -> ModuleType | None:
+                     n_free: int) -> _native.NativeOps | None:
     """The C++ Newton loop (:func:`moestat.fit._optim.newton_native`) where ``compile`` asked for native code and it
     applies: the native kernel in use (CPU, sigmoid, softmax or top-K gate), :math:`\\varphi''` in C++, at most
     :data:`NATIVE_NEWTON_MAX_FREE` free parameters and no per-iteration ``history`` or ``progress`` (``traced``); None

@@ -76,15 +76,34 @@ def _problem(k: int, d: int, n: int, reps: int, seed: int, weighted: bool, famil
     return spec, X, y, w, trials
 
 
+TOL = 1e-10  # _both's stopping tolerance
+
+
 def _both(spec, X, y, w, starts, trials=None, **kw):
     init = random_starts(spec, X, y, starts, np.random.SeedSequence(5).spawn(X.shape[0]), trials=trials)
     floor = (1e-3 * y.std(1)) ** 2
-    args = dict(var_floor=floor, tol=1e-10, max_iter=300, weights=w, trials=trials, **kw)
+    args = dict(var_floor=floor, tol=TOL, max_iter=300, weights=w, trials=trials, **kw)
     return (em_fit(spec, X, y, init, native=False, **args), em_fit(spec, X, y, init, native=True, **args))
 
 
+
+def _assert_same_iterations(a, b):
+    """The same iteration counts, but for pairs whose stopping test sat at its threshold: both loops stop at the
+    first EM step with |l - l_prev| <= tol (1 + |l|), and after SQUAREM jumps two runs' increments differ by a few
+    percent (5.44e-8 against 5.60e-8, threshold 5.58e-8, at step 120 of a k = 3 binomial pair), so a count may
+    differ by one where the increment of the run that went on lay within 5 % of the threshold."""
+    assert torch.equal(a.converged, b.converged)
+    for pair in (a.n_iter != b.n_iter).nonzero().tolist():
+        counts = (int(a.n_iter[tuple(pair)]), int(b.n_iter[tuple(pair)]))
+        assert abs(counts[0] - counts[1]) == 1, f"pair {pair}: {counts} iterations"
+        step, later = min(counts), (a, b)[counts.index(max(counts))]
+        ll = later.history[:, pair[0], pair[1]]
+        threshold = TOL * (1 + abs(float(ll[step])))
+        assert abs(abs(float(ll[step] - ll[step - 1])) - threshold) <= 0.05 * threshold, f"pair {pair}: {counts}"
+
+
 def _assert_same(a, b):
-    assert torch.equal(a.n_iter, b.n_iter) and torch.equal(a.converged, b.converged)
+    _assert_same_iterations(a, b)
     torch.testing.assert_close(b.loglik, a.loglik, rtol=1e-9, atol=1e-9)
     assert a.history.shape == b.history.shape
     # mid-run, a SQUAREM jump multiplies a rounding difference by its step length (up to ~100): 1.3e-9 relative
