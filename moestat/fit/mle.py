@@ -949,10 +949,12 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
         (1e-12 on the NPreg fits), 1.4 to 2.5 times faster on whole fits of a few hundred rows.  The L-BFGS phase
         after ``switch_after`` then runs in C++ as well, one loop per start with the closed-form gradient
         (:func:`gradient_fit` with ``native=True``: the same steps, end points equal up to rounding; 7 to 25 times
-        faster on fits where that phase dominates).  It is compiled by torch's extension builder on first use
-        (about 25 s, once per machine and torch version); without a C++ compiler, and for other models, devices or
-        dtypes, the tensor loop runs.  ``False`` (default, as :func:`moestat.fit_lse`'s ``compile``): the tensor
-        loop, whose results the checked-in vignettes reproduce bit for bit on the same kind of processor
+        faster on fits where that phase dominates).  With ``method="gradient"`` that C++ L-BFGS runs from the
+        starts, for a softmax gate affine in the inputs at temperature 1 and at most 64 Gaussian, Poisson or binomial
+        experts (``fit.settings["lbfgs_kernel"]`` says which loop ran).  It is compiled by torch's extension builder
+        on first use (about 11 s, once per machine and torch version); without a C++ compiler, and for other models,
+        devices or dtypes, the tensor loop runs.  ``False`` (default, as :func:`moestat.fit_lse`'s ``compile``): the
+        tensor loop, whose results the checked-in vignettes reproduce bit for bit on the same kind of processor
         (docs/studies.md, *Reproducing a result*).  ``fit.settings["em_kernel"]`` says which ran.
 
     Returns
@@ -1061,13 +1063,14 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
     from .._progress import _expected_seconds
 
     bar = _Progress(R * S, progress, _expected_seconds(R, S, Xn.shape[1], spec.k, spec.d))
-    em_native = compile and method == "em" and native_applies(spec, Xt, gate_solver, layout.shared_columns)
-    if em_native and not _native.compiler_available():
-        warn_user("compile=True: no C++ compiler (c++, g++ or clang++) on PATH, which the fused EM loop needs; the "
-                  "tensor loop runs instead (the same estimates up to rounding, slower).", UserWarning)
-        em_native = False
-    em_native = em_native and _native.load_em() is not None
-    probs.native = em_native
+    native = compile and (native_applies(spec, Xt, gate_solver, layout.shared_columns) if method == "em" else
+                          native_mixture(spec, layout) and Xt.device.type == "cpu" and Xt.dtype == torch.float64)
+    if native and not _native.compiler_available():
+        warn_user("compile=True: no C++ compiler (c++, g++ or clang++) on PATH, which the fused EM and L-BFGS loops "
+                  "need; the tensor loops run instead (the same estimates up to rounding, slower).", UserWarning)
+        native = False
+    native = native and _native.load_em() is not None
+    probs.native = native
     try:
         with cpu_threads(threads, dev):
             flat = _solve(spec, probs, layout, model, budget, bar, method=method, tol=tol, max_iter=max_iter,
@@ -1091,10 +1094,12 @@ def fit_mle(spec: MoE | None = None, X=None, y=None, *, formula: str | None = No
                 "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
                 "formula": formula, "gate_formula": gate_formula, "weighted": w_n is not None, "missing": missing,
                 "n_dropped": n_dropped, "shared": shared, "trials": m_n is not None, "memory_budget": budget,
-                "em_kernel": ("native" if em_native else "tensor") if method == "em" else None,
+                "em_kernel": ("native" if native else "tensor") if method == "em" else None,
                 "wall_time": time.perf_counter() - t_start}
     if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
         settings["learn_temperature"] = True
+    if compile and method != "em":  # likewise: which L-BFGS loop ran (with EM, em_kernel says it)
+        settings["lbfgs_kernel"] = "native" if native else "tensor"
     if columns[5] is not None:  # likewise an offset
         settings["offset"] = offset if design is not None else f"column {columns[5]}"
     fit = MLEFit(spec=spec, layout=layout, X=Xt, y=yt, blocks=chosen, loglik=ll[r_idx, best],

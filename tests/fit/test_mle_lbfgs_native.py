@@ -145,6 +145,42 @@ def test_fit_mle_compile_runs_the_switch_phase_natively_to_the_defaults_maximum(
     np.testing.assert_array_equal(np.asarray(one.theta), np.asarray(two.theta))
 
 
+@pytest.mark.parametrize("family", ["gaussian", "poisson"])
+def test_fit_mle_gradient_method_with_compile_runs_the_native_loop_from_the_starts(family, monkeypatch):
+    """fit_mle(method="gradient", compile=True): the C++ L-BFGS (a spy counts its calls) from the same starts reaches
+    every start's maximum of the default tensor loop (1e-8 relative: both stop at the ftol test, 1e-12 relative, on
+    a regular likelihood), and says so in its settings; a default fit keeps its columns."""
+    spec, X, y, _, _ = _problem(2, 2, n=250, reps=1, seed=12, weighted=False, family=family)
+    kw = dict(method="gradient", restarts=4, seed=1, device="cpu")
+    calls, real = [], _native.load_em()
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(real, name)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = ms.fit_mle(spec, X[0].numpy(), y[0].numpy(), **kw)
+        monkeypatch.setattr(_native, "load_em", Spy)
+        fast = ms.fit_mle(spec, X[0].numpy(), y[0].numpy(), compile=True, **kw)
+    assert calls.count("lbfgs_softmax") == 1  # one call for every start
+    assert fast.settings["lbfgs_kernel"] == "native" and "lbfgs_kernel" not in ref.settings
+    assert fast.settings["em_kernel"] is None
+    assert np.isfinite(ref.restart_loglik).all()
+    np.testing.assert_allclose(fast.restart_loglik, ref.restart_loglik, rtol=1e-8)
+
+
+def test_fit_mle_gradient_method_with_compile_keeps_the_tensor_loop_outside_the_native_models():
+    """A sigmoid gate is outside the C++ objective: compile=True runs the tensor loop and records it."""
+    _, X, y, _, _ = _problem(2, 2, n=150, reps=1, seed=12, weighted=False)
+    sigmoid = ms.MoE(gate="sigmoid", expert="linear", k=2, d=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = ms.fit_mle(sigmoid, X[0].numpy(), y[0].numpy(), method="gradient", restarts=2, seed=1, compile=True)
+    assert fit.settings["lbfgs_kernel"] == "tensor"
+
+
 def test_the_iteration_cap_stops_every_pair_unconverged_at_the_cap():
     spec, layout, X, y, w, trials = _case("gaussian, weights, a shared slope", k=2)
     (_, lla, ca, ia), (_, llb, cb, ib) = _lbfgs_both(spec, layout, X, y, w, trials, max_iter=3)
