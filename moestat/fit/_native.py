@@ -165,7 +165,7 @@ def _build(stem: str, code: str, *, implicit_headers: bool = False) -> NativeOps
     hash of the code, so a changed source builds a new extension.
 
     The sources include ATen and torch's operator registry (``TORCH_LIBRARY``) only, and the builder is told not
-    to prepend ``torch/extension.h`` (the C++ frontend and pybind11), which took about 12 s of a 20 s build
+    to prepend ``torch/extension.h`` (the C++ frontend and pybind11), which took 11-14 s of a 22-24 s build
     (``benchmarks/native_build.py`` builds each extension both ways; ``implicit_headers=True`` is its baseline).
     The header set changes the compiler's inlining, and with it where products and sums fuse into FMAs, so the
     two builds' results agree to rounding, not bit for bit."""
