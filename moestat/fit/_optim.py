@@ -102,12 +102,13 @@ class _Tracker:
             self.bar.set_postfix(active=int(self.active.numel()))
 
     def finish(self, done: torch.Tensor, status: torch.Tensor, theta: torch.Tensor, loss: torch.Tensor,
-               gnorm: torch.Tensor, n_iter: torch.Tensor) -> torch.Tensor:
-        """Write out the problems flagged in ``done`` (local mask); return the mask of those kept."""
+               gnorm: torch.Tensor, n_iter: torch.Tensor | int) -> torch.Tensor:
+        """Write out the problems flagged in ``done`` (local mask); return the mask of those kept.  ``n_iter`` is
+        per problem, or one count when every active problem has taken the same number of iterations."""
         idx = self.active[done]
         r = self.res
         r.theta[idx], r.loss[idx], r.grad_norm[idx] = theta[done], loss[done], gnorm[done]
-        r.n_iter[idx], r.status[idx] = n_iter[done], status[done]
+        r.n_iter[idx], r.status[idx] = n_iter if isinstance(n_iter, int) else n_iter[done], status[done]
         keep = ~done
         if bool(done.any()) and bool(keep.any()):
             self.problem.set_active(self.active[keep])
@@ -187,22 +188,25 @@ def _rel_decrease_small(f_old: torch.Tensor, f_new: torch.Tensor, tol: float) ->
 
 
 def _finish_stopped(tr, it: int, max_iter: int, gn: torch.Tensor, gtol: float, theta: torch.Tensor,
-                    f: torch.Tensor, n_iter: torch.Tensor, extra: torch.Tensor | None = None
-                    ) -> torch.Tensor | None:
+                    f: torch.Tensor, n_iter: torch.Tensor | int,
+                    extra: Sequence[tuple[torch.Tensor, int]] = ()) -> torch.Tensor | None:
     """Record the problems that stop at this iteration; return the mask of those that go on.
 
-    Status 1: projected-gradient norm <= ``gtol``; ``extra`` (a status vector, 0 = none) adds
-    optimiser-specific stops; 4: the iteration cap.  Returns None when no problem stopped.
+    Status 1: projected-gradient norm <= ``gtol``; ``extra``, pairs (mask, status) in order of precedence, adds
+    optimiser-specific stops; 4: the iteration cap.  Returns None when no problem stopped.  The status vector is
+    built only when some problem stops: the test itself is one mask and one reduction.
     """
-    status = torch.where(gn <= gtol, 1, 0)  # torch.where, not a masked write: that would wait for a GPU
-    if extra is not None:
-        status = torch.where(status == 0, extra, status)
-    if it == max_iter:
-        status = torch.where(status == 0, 4, status)
-    done = status > 0
-    if not bool(done.any()):
+    converged = gn <= gtol
+    done = converged
+    for mask, _ in extra:
+        done = done | mask
+    if it < max_iter and not bool(done.any()):
         return None
-    return tr.finish(done, status, theta, f, gn, n_iter)
+    status = torch.full_like(gn, 4 if it == max_iter else 0, dtype=torch.long)
+    for mask, code in reversed(extra):
+        status = torch.where(mask, code, status)  # torch.where, not a masked write: that would wait for a GPU
+    status = torch.where(converged, 1, status)
+    return tr.finish(status > 0, status, theta, f, gn, n_iter)
 
 _COMPACT_MAX_ELEMS = 32_768  # A * m * P up to which the compact form beats the two-loop recursion on CPU
 
@@ -445,9 +449,9 @@ def _damped_solve(H: torch.Tensor, b: torch.Tensor, lam: torch.Tensor, Dreg: tor
     of at most :data:`~moestat.fit._objective.CPU_PER_PROBLEM_BYTES` (small problems: one call beats a loop, A =
     200, F = 18: 0.27 ms against 3.4 ms).  ``per_problem`` picks the path (default: by device and size).
     """
-    lam = lam.clone()
     if per_problem is None:
         per_problem = per_problem_on_cpu(H)
+    raised = False  # lam is copied before its first change, which few calls make
     if per_problem:
         delta = torch.empty_like(b)
         for a in range(H.shape[0]):
@@ -457,6 +461,8 @@ def _damped_solve(H: torch.Tensor, b: torch.Tensor, lam: torch.Tensor, Dreg: tor
                 L, info = torch.linalg.cholesky_ex(M)
                 if int(info) == 0:
                     break
+                if not raised:
+                    lam, raised = lam.clone(), True
                 lam[a] *= 10.0
             delta[a] = torch.cholesky_solve(-b[a].unsqueeze(-1), L).squeeze(-1)
     else:
@@ -467,6 +473,8 @@ def _damped_solve(H: torch.Tensor, b: torch.Tensor, lam: torch.Tensor, Dreg: tor
             bad = torch.nonzero(info > 0).squeeze(1)
             if bad.numel() == 0:
                 break
+            if not raised:
+                lam, raised = lam.clone(), True
             lam[bad] *= 10.0
             if attempt == tries - 1:
                 break
@@ -484,10 +492,11 @@ def _damped_trial(problem: LSProblem, theta: torch.Tensor, fidx: torch.Tensor, H
     (:func:`_damped_solve`), then project the trial point onto the box.  Returns ``(trial, delta, F(trial),
     lam)`` with ``delta`` the projected step on the free coordinates ``fidx``."""
     delta, lam = _damped_solve(H, b, lam, Dreg, tries)
-    trial = theta.clone()
-    trial[:, fidx] += delta
-    trial = problem.project(trial)
-    return trial, (trial - theta)[:, fidx], problem.value(trial), lam
+    if fidx.numel() == theta.shape[1]:
+        trial = problem.project(theta + delta)
+        return trial, trial - theta, problem.value(trial), lam
+    trial = problem.project(theta.index_add(1, fidx, delta))
+    return trial, (trial - theta).index_select(1, fidx), problem.value(trial), lam
 
 
 def _take_accepted(accept: torch.Tensor, new: torch.Tensor, old: torch.Tensor, n_accepted: int) -> torch.Tensor:
@@ -500,6 +509,21 @@ def _take_accepted(accept: torch.Tensor, new: torch.Tensor, old: torch.Tensor, n
     rejected = torch.nonzero(~accept).squeeze(1)
     new[rejected] = old[rejected]
     return new
+
+
+def _where_rows(accept: torch.Tensor, new: torch.Tensor, old: torch.Tensor, n_accepted: int) -> torch.Tensor:
+    """``torch.where(accept, new, old)`` along the first axis, skipped when every problem took its step."""
+    if n_accepted == accept.numel():
+        return new
+    return torch.where(accept.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
+def _gain_accepts(pred: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    r"""Which trial points the damped methods accept: predicted decrease ``pred`` > 0 and gain ratio
+    :math:`\rho = (L - L_{\rm trial})/\text{pred}` > 0.  A trial objective that is NaN or :math:`+\infty` gives
+    :math:`\rho` NaN or :math:`-\infty` and is refused by the second test; the objective, a mean of squares, is
+    never :math:`-\infty`, so no separate finiteness test is needed."""
+    return (pred > 0) & (rho > 0)
 
 
 def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, tol: float = 1e-12,
@@ -521,52 +545,44 @@ def levenberg_marquardt(problem: LSProblem, theta: torch.Tensor, *, max_iter: in
     fidx = problem.free_idx
     lam = torch.full((A,), damping, dtype=dt, device=dev)
     nu = torch.full((A,), 2.0, dtype=dt, device=dev)
-    n_iter = torch.zeros(A, dtype=torch.long, device=dev)
     f, H, b = problem.gauss_newton(theta)
     spare = None  # the Hessian batch of the last accepted step, reused as the next one's output
     D = torch.diagonal(H, dim1=1, dim2=2).clone()
+    # Every active problem takes one iteration per pass, so the iteration count is the pass number: ``it``.
     for it in range(max_iter + 1):
         gn = _gradient(problem, theta, b)[0]
         tr.record(it, f, gn)
-        damping_stop = torch.where(lam > 1e16, 6, 0).to(torch.long)
-        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=damping_stop)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, it, extra=[(lam > 1e16, 6)])
         if keep is not None:
             if not bool(keep.any()):
                 break
-            theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
-                                                   nu[keep], n_iter[keep])
-            A = theta.shape[0]
+            theta, f, H, b, D, lam, nu = theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep], nu[keep]
         D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2))
         Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
         trial, delta, ft, lam = _damped_trial(problem, theta, fidx, H, b, lam, Dreg, tries=8)
         pred = lam * (delta * Dreg * delta).sum(1) - (delta * b).sum(1)
         rho = (f - ft) / pred
-        accept = torch.isfinite(ft) & (pred > 0) & (rho > 0)
+        accept = _gain_accepts(pred, rho)
         lam = torch.where(accept, lam * torch.clamp(1 - (2 * rho - 1) ** 3, min=1.0 / 3.0), lam * nu)
-        nu = torch.where(accept, torch.full_like(nu, 2.0), nu * 2.0)
-        n_iter += 1
+        nu = torch.where(accept, 2.0, nu * 2.0)
+        n_accepted = int(accept.sum())
+        if not n_accepted:
+            continue  # no step taken, so neither small-step test can hold
         small_f = accept & _rel_decrease_small(f, ft, tol)
         small_x = accept & (delta.norm(dim=1) <= xtol * (theta.norm(dim=1) + xtol))
-        theta = torch.where(accept.unsqueeze(1), trial, theta)
-        f_new = torch.where(accept, ft, f)
-        n_accepted = int(accept.sum())
-        if n_accepted:
-            _, H_new, b_new = problem.gauss_newton(theta, out=spare)
-            H, spare = _take_accepted(accept, H_new, H, n_accepted), H
-            b = torch.where(accept.unsqueeze(1), b_new, b)
-        f = f_new
-        status = torch.zeros(A, dtype=torch.long, device=dev)
-        status[small_x] = 3
-        status[small_f] = 2
+        theta = _where_rows(accept, trial, theta, n_accepted)
+        f = _where_rows(accept, ft, f, n_accepted)
+        _, H_new, b_new = problem.gauss_newton(theta, out=spare)
+        H, spare = _take_accepted(accept, H_new, H, n_accepted), H
+        b = _where_rows(accept, b_new, b, n_accepted)
+        status = torch.where(small_f, 2, torch.where(small_x, 3, 0))
         done = status > 0
         if bool(done.any()):
             gn = _gradient(problem, theta, b)[0]
-            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            keep = tr.finish(done, status, theta, f, gn, it + 1)
             if not bool(keep.any()):
                 break
-            theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
-                                                   nu[keep], n_iter[keep])
-            A = theta.shape[0]
+            theta, f, H, b, D, lam, nu = theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep], nu[keep]
     return tr.close()
 
 
@@ -601,28 +617,25 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
     fidx = problem.free_idx
     lam = torch.full((A,), damping, dtype=dt, device=dev)
     nu = torch.full((A,), 2.0, dtype=dt, device=dev)
-    n_iter = torch.zeros(A, dtype=torch.long, device=dev)
     f, H, b = problem.gauss_newton(theta, exact=True)
     spare = None  # the Hessian batch of the last accepted step, reused as the next one's output
     D = torch.diagonal(H, dim1=1, dim2=2).abs()
-    past = [f.clone()]  # objectives of the last stall_window iterations (oldest first)
+    past = [f]  # objectives of the last stall_window iterations (oldest first); f is never changed in place
+    # Every active problem takes one iteration per pass, so the iteration count is the pass number: ``it``.
     for it in range(max_iter + 1):
         gn, g, gp = _gradient(problem, theta, b)
         held = None if g is None else (gp[:, fidx] == 0) & (g[:, fidx] != 0)  # blocked by the box: no step along these
         tr.record(it, f, gn)
-        extra = torch.where(lam > 1e16, 6, 0).to(torch.long)
-        if len(past) > stall_window:
-            stalled = (past[0] - f) <= stall_tol * f.abs().clamp_min(torch.finfo(dt).tiny)
-            extra = torch.where((extra == 0) & stalled, 9, extra)
-        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter, extra=extra)
+        extra = [(lam > 1e16, 6)]
+        if len(past) > stall_window:  # f, a mean of squares, is >= 0 or NaN: its own absolute value
+            extra.append(((past[0] - f) <= stall_tol * f.clamp_min(torch.finfo(dt).tiny), 9))
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, it, extra=extra)
         if keep is not None:
             if not bool(keep.any()):
                 break
-            theta, f, H, b, D, lam, nu, n_iter = (theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep],
-                                                   nu[keep], n_iter[keep])
+            theta, f, H, b, D, lam, nu = theta[keep], f[keep], H[keep], b[keep], D[keep], lam[keep], nu[keep]
             held = None if held is None else held[keep]
             past = [v[keep] for v in past]
-            A = theta.shape[0]
         D = torch.maximum(D, torch.diagonal(H, dim1=1, dim2=2).abs())
         Dreg = D + torch.finfo(dt).eps * D.amax(1, keepdim=True).clamp_min(torch.finfo(dt).tiny)
         Hs, bs = H, b
@@ -633,19 +646,18 @@ def newton(problem: LSProblem, theta: torch.Tensor, *, max_iter: int = 200, gtol
         trial, delta, ft, lam = _damped_trial(problem, theta, fidx, Hs, bs, lam, Dreg, tries=40)
         pred = -2.0 * (delta * b).sum(1) - (delta * torch.bmm(H, delta.unsqueeze(-1)).squeeze(-1)).sum(1)
         rho = (f - ft) / pred
-        accept = torch.isfinite(ft) & (pred > 0) & (rho > 0)
-        lam = torch.where(accept, lam * torch.clamp(1 - (2 * rho - 1) ** 3, min=1.0 / 3.0), lam * nu)
-        lam = torch.where(accept, lam.clamp_min(1e-12), lam)
-        nu = torch.where(accept, torch.full_like(nu, 2.0), nu * 2.0)
-        n_iter += 1
-        theta = torch.where(accept.unsqueeze(1), trial, theta)
+        accept = _gain_accepts(pred, rho)
+        lam = torch.where(accept, (lam * torch.clamp(1 - (2 * rho - 1) ** 3, min=1.0 / 3.0)).clamp_min(1e-12),
+                          lam * nu)
+        nu = torch.where(accept, 2.0, nu * 2.0)
         n_accepted = int(accept.sum())
         if n_accepted:
+            theta = _where_rows(accept, trial, theta, n_accepted)
             f_new, H_new, b_new = problem.gauss_newton(theta, exact=True, out=spare)
-            f = torch.where(accept, f_new, f)
+            f = _where_rows(accept, f_new, f, n_accepted)
             H, spare = _take_accepted(accept, H_new, H, n_accepted), H
-            b = torch.where(accept.unsqueeze(1), b_new, b)
-        past = [*past[-stall_window:], f.clone()]
+            b = _where_rows(accept, b_new, b, n_accepted)
+        past = [*past[-stall_window:], f]
     return tr.close()
 
 
