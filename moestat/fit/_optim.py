@@ -29,6 +29,7 @@ Convergence (per problem): ``gtol`` — sup-norm of the projected gradient :math
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -288,19 +289,18 @@ def lbfgs(problem: LSProblem | ClosureProblem, theta: torch.Tensor, *, max_iter:
     rho = torch.zeros(A, memory, dtype=dt, device=dev)
     gamma = torch.ones(A, dtype=dt, device=dev)
     has_hist = torch.zeros(A, dtype=torch.bool, device=dev)
-    n_iter = torch.zeros(A, dtype=torch.long, device=dev)
     ptr = 0
+    # Every active problem takes one iteration per pass, so the iteration count is the pass number: ``it``.
     for it in range(max_iter + 1):
         gp = problem.projected_gradient(theta, g)
         gn = _gnorm(gp)
         tr.record(it, f, gn)
-        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, n_iter)
+        keep = _finish_stopped(tr, it, max_iter, gn, gtol, theta, f, it)
         if keep is not None:
             if not bool(keep.any()):
                 break
             theta, f, g, gp = theta[keep], f[keep], g[keep], gp[keep]
-            Sh, Yh, rho, gamma, has_hist, n_iter = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep], \
-                n_iter[keep]
+            Sh, Yh, rho, gamma, has_hist = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep]
             A = theta.shape[0]
         q = lbfgs_direction(gp, Sh, Yh, rho, gamma, ptr)
         d = -q
@@ -313,51 +313,72 @@ def lbfgs(problem: LSProblem | ClosureProblem, theta: torch.Tensor, *, max_iter:
             gamma[bad] = 1.0
             has_hist[bad] = False
             gd = (d * gp).sum(1)
-        t = torch.where(has_hist, torch.ones_like(f), (1.0 / d.norm(dim=1)).clamp(max=1.0))
-        # backtracking line search, batched; accepted problems keep their accepted point
-        new_theta, new_f, new_g = theta.clone(), f.clone(), g.clone()
-        pending = torch.ones(A, dtype=torch.bool, device=dev)
-        for _ in range(max_ls):
-            trial = problem.project(theta + t.unsqueeze(1) * d)
-            ft, gt = problem.value_grad(trial)
-            decrease = (gp * (trial - theta)).sum(1)
-            ok = pending & torch.isfinite(ft) & (ft <= f + c1 * decrease)
-            new_theta[ok], new_f[ok], new_g[ok] = trial[ok], ft[ok], gt[ok]
-            pending &= ~ok
-            if not bool(pending.any()):
-                break
-            # safeguarded quadratic interpolation of phi(t) = L(theta + t d)
-            denom = 2.0 * (ft - f - t * gd)
-            t_q = torch.where(torch.isfinite(ft) & (denom > 0), -gd * t * t / denom, 0.1 * t)
-            t = torch.where(pending, torch.minimum(torch.maximum(t_q, 0.1 * t), 0.5 * t), t)
-        n_iter += 1
-        failed = pending
+        t = torch.where(has_hist, 1.0, (1.0 / d.norm(dim=1)).clamp(max=1.0))
+        new_theta, new_f, new_g, failed = _line_search(problem, theta, f, g, gp, d, gd, t, max_ls, c1)
         s = new_theta - theta
         yv = new_g - g
         sy = (s * yv).sum(1)
-        curv = (~failed) & (sy > 1e-10 * s.norm(dim=1) * yv.norm(dim=1))
+        curv = sy > 1e-10 * s.norm(dim=1) * yv.norm(dim=1)
+        small = _rel_decrease_small(f, new_f, tol)
+        if failed is not None:
+            curv, small = curv & ~failed, small & ~failed
         Sh[:, ptr] = s * curv.unsqueeze(1)
         Yh[:, ptr] = yv * curv.unsqueeze(1)
-        rho[:, ptr] = torch.where(curv, 1.0 / torch.where(curv, sy, torch.ones_like(sy)), torch.zeros_like(sy))
+        rho[:, ptr] = torch.where(curv, 1.0 / torch.where(curv, sy, 1.0), 0.0)
         gamma = torch.where(curv, sy / (yv * yv).sum(1).clamp_min(torch.finfo(dt).tiny), gamma)
         has_hist |= curv
         ptr = (ptr + 1) % memory
-        small = (~failed) & _rel_decrease_small(f, new_f, tol)
         theta, f, g = new_theta, new_f, new_g
-        status = torch.zeros(A, dtype=torch.long, device=dev)
-        status[small] = 2
-        status[failed] = 5
+        status = torch.where(small, 2, 0) if failed is None else torch.where(failed, 5, torch.where(small, 2, 0))
         done = status > 0
         if bool(done.any()):
             gn = _gnorm(problem.projected_gradient(theta, g))
-            keep = tr.finish(done, status, theta, f, gn, n_iter)
+            keep = tr.finish(done, status, theta, f, gn, it + 1)
             if not bool(keep.any()):
                 break
             theta, f, g = theta[keep], f[keep], g[keep]
-            Sh, Yh, rho, gamma, has_hist, n_iter = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep], \
-                n_iter[keep]
+            Sh, Yh, rho, gamma, has_hist = Sh[keep], Yh[keep], rho[keep], gamma[keep], has_hist[keep]
             A = theta.shape[0]
     return tr.close()
+
+
+def _line_search(problem: LSProblem | ClosureProblem, theta: torch.Tensor, f: torch.Tensor, g: torch.Tensor,
+                 gp: torch.Tensor, d: torch.Tensor, gd: torch.Tensor, t: torch.Tensor, max_ls: int, c1: float
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    r"""Batched backtracking line search of :func:`lbfgs` along ``d`` from the first steps ``t``: a trial point
+    :math:`\theta_t` is accepted when its objective is finite and meets Armijo's condition
+    :math:`L(\theta_t) \le L(\theta) + c_1\,g_p^\top(\theta_t - \theta)`; a problem whose trial fails steps back by
+    safeguarded quadratic interpolation of :math:`\varphi(t) = L(\theta + t d)` (within :math:`[0.1t, 0.5t]`).
+
+    Returns the accepted points, objectives and gradients (a problem that accepted nothing keeps its own) and the
+    mask of the problems whose search failed, or None when none did.  When every problem accepts its first trial
+    (always, once L-BFGS has a good model), the trial's tensors are returned as they are."""
+    if max_ls < 1:  # no trial at all: every search fails
+        return theta.clone(), f.clone(), g.clone(), torch.ones_like(f, dtype=torch.bool)
+    new_theta = new_f = new_g = pending = None  # copies made only when some problem refuses its first trial
+    for ls in range(max_ls):
+        trial = problem.project(theta + t.unsqueeze(1) * d)
+        ft, gt = problem.value_grad(trial)
+        decrease = (gp * (trial - theta)).sum(1)
+        finite = ft.abs() < math.inf  # torch.isfinite in two operations instead of four
+        ok = finite & (ft <= f + c1 * decrease)
+        if pending is not None:
+            ok &= pending
+        n_ok = int(ok.sum())
+        if ls == 0 and n_ok == ok.numel():
+            return trial, ft, gt, None
+        if new_theta is None:
+            new_theta, new_f, new_g = theta.clone(), f.clone(), g.clone()
+        if n_ok:
+            new_theta[ok], new_f[ok], new_g[ok] = trial[ok], ft[ok], gt[ok]
+        pending = ~ok if pending is None else pending & ~ok
+        if not bool(pending.any()):
+            break
+        denom = 2.0 * (ft - f - t * gd)
+        t_q = torch.where(finite & (denom > 0), -gd * t * t / denom, 0.1 * t)
+        t = torch.where(pending, torch.minimum(torch.maximum(t_q, 0.1 * t), 0.5 * t), t)
+    assert new_theta is not None and new_f is not None and new_g is not None
+    return new_theta, new_f, new_g, pending
 
 
 def adam(problem: LSProblem, theta: torch.Tensor, *, lr: float = 1e-2, max_iter: int = 1000,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moestat.fit._optim import ClosureProblem, _damped_solve, _finish_stopped, _gain_accepts, _Tracker
+from moestat.fit._optim import ClosureProblem, _damped_solve, _finish_stopped, _gain_accepts, _line_search, _Tracker
 
 CONVERGED, CAP, DAMPING, STALL = 1, 4, 6, 9
 
@@ -89,3 +89,57 @@ def test_a_solve_that_raises_the_damping_leaves_the_callers_vector_alone(per_pro
     _, lam_out = _damped_solve(H, b, lam, torch.ones(2, 3, dtype=torch.float64), 5, per_problem=per_problem)
     assert lam.tolist() == [1e-3, 1e-3]
     assert lam_out[0] > 1e-3 and lam_out[1] == 1e-3
+
+
+def _plain_line_search(problem, theta, f, g, gp, d, gd, t, max_ls, c1):
+    """The batched backtracking search written plainly, every problem through every masked write (the loop
+    before issue 21's cut): the reference for ``_line_search``."""
+    new_theta, new_f, new_g = theta.clone(), f.clone(), g.clone()
+    pending = torch.ones(theta.shape[0], dtype=torch.bool)
+    for _ in range(max_ls):
+        trial = problem.project(theta + t.unsqueeze(1) * d)
+        ft, gt = problem.value_grad(trial)
+        decrease = (gp * (trial - theta)).sum(1)
+        ok = pending & torch.isfinite(ft) & (ft <= f + c1 * decrease)
+        new_theta[ok], new_f[ok], new_g[ok] = trial[ok], ft[ok], gt[ok]
+        pending &= ~ok
+        if not bool(pending.any()):
+            break
+        denom = 2.0 * (ft - f - t * gd)
+        t_q = torch.where(torch.isfinite(ft) & (denom > 0), -gd * t * t / denom, 0.1 * t)
+        t = torch.where(pending, torch.minimum(torch.maximum(t_q, 0.1 * t), 0.5 * t), t)
+    return new_theta, new_f, new_g, pending
+
+
+def _bumpy(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rosenbrock's valley plus a ripple, NaN beyond |x_0| > 3 (a trial there must be refused)."""
+    val = (1 - x[:, 0]) ** 2 + 10 * (x[:, 1] - x[:, 0] ** 2) ** 2 + 0.3 * torch.sin(5 * x[:, 0])
+    return torch.where(x[:, 0].abs() > 3, torch.nan, val)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.sampled_from([1, 2, 30]), st.floats(0.05, 20.0))
+def test_line_search_equals_the_plain_masked_search(seed, A, max_ls, step):
+    gen = torch.Generator().manual_seed(seed)
+    problem = ClosureProblem(_bumpy, A, "cpu")
+    theta = torch.randn(A, 2, dtype=torch.float64, generator=gen)
+    f, g = problem.value_grad(theta)
+    d = -g + 0.5 * torch.randn(A, 2, dtype=torch.float64, generator=gen)  # some directions point uphill
+    gd = (d * g).sum(1)
+    t = torch.full((A,), step, dtype=torch.float64)
+    got = _line_search(problem, theta, f, g, g, d, gd, t, max_ls, 1e-4)
+    want = _plain_line_search(problem, theta, f, g, g, d, gd, t, max_ls, 1e-4)
+    for a, b in zip(got[:3], want[:3], strict=True):  # bit for bit; a start in the NaN region stays NaN
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    failed = torch.zeros(A, dtype=torch.bool) if got[3] is None else got[3]
+    assert torch.equal(failed, want[3])
+
+
+def test_line_search_hands_back_the_first_trial_when_every_problem_accepts_it():
+    problem = ClosureProblem(lambda x, rows: (x * x).sum(1), 3, "cpu")
+    theta = torch.ones(3, 2, dtype=torch.float64)
+    f, g = problem.value_grad(theta)
+    new_theta, new_f, _, failed = _line_search(problem, theta, f, g, g, -g, -(g * g).sum(1),
+                                               torch.full((3,), 0.25, dtype=torch.float64), 5, 1e-4)
+    assert failed is None and torch.equal(new_theta, torch.full((3, 2), 0.5, dtype=torch.float64))
+    assert torch.equal(new_f, torch.full((3,), 0.5, dtype=torch.float64))
