@@ -210,9 +210,10 @@ def complete_units(frame: pd.DataFrame, units: str, *, by: Sequence[str] = (), a
     ``(kept rows, {group label: dropped units})``, so the caller can report what was left out.
     """
     by = list(by)
-    keep = pd.Series(True, index=frame.index)
+    rows = frame.reset_index(drop=True)  # positions: a frame concatenated from several runs repeats its labels
+    keep = pd.Series(True, index=rows.index)
     dropped: dict[str, list[Any]] = {}
-    groups = frame.groupby(by, sort=False) if by else [((), frame)]
+    groups = rows.groupby(by, sort=False) if by else [((), rows)]
     for key, g in groups:
         need = g["n"].nunique() * (g[across].nunique() if across else 1)
         cols = ["n", across] if across else ["n"]
@@ -222,7 +223,7 @@ def complete_units(frame: pd.DataFrame, units: str, *, by: Sequence[str] = (), a
             key = key if isinstance(key, tuple) else (key,)
             dropped[", ".join(map(str, key)) or "all"] = bad
             keep[g.index[g[units].isin(bad)]] = False
-    return frame[keep], dropped
+    return frame[keep.to_numpy()], dropped
 
 
 @renamed_arguments(n_boot="n_resamples")

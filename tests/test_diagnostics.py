@@ -144,3 +144,27 @@ def test_complete_units_drops_units_missing_a_cell_and_reports_them():
     assert set(kept[kept.gate == "softmax"].truth_seed) == set(range(6))
     paired, gone = complete_units(kept, "truth_seed", across="gate")  # seed 4 now lacks one gate level
     assert gone == {"all": [4]} and 4 not in set(paired.truth_seed)
+
+
+def test_complete_units_and_rate_tables_take_a_frame_with_repeated_row_labels():
+    """A frame concatenated from several runs' files (pd.concat without ignore_index) repeats its row labels: the
+    same rows are kept, with their labels, and the rate tables equal those of the relabelled frame."""
+    from moestat.diagnostics import complete_units
+
+    rng = np.random.default_rng(1)
+    rows = [{"expert": "relu", "gate": g, "truth_seed": s, "n": n, **{f"y{suf}": n ** -0.5 * np.exp(rng.normal(0, .2))
+                                                                      for suf in ("", "_alt", "_best")}}
+            for g in ("sigmoid", "softmax") for s in range(6) for n in (1000, 3000, 10000, 30000, 100000)]
+    unique = pd.DataFrame(rows)
+    unique = unique.drop(index=7)  # seed 1 of the sigmoid gate misses n = 10,000
+    repeated = pd.concat([unique.iloc[i:i + 1] for i in range(len(unique))])
+    repeated.index = np.zeros(len(repeated), dtype=int)
+    kept_u, dropped_u = complete_units(unique, "truth_seed", by=["gate"])
+    kept_r, dropped_r = complete_units(repeated, "truth_seed", by=["gate"])
+    assert dropped_r == dropped_u == {"sigmoid": [1]}
+    assert (kept_r.index == 0).all()
+    pd.testing.assert_frame_equal(kept_r.reset_index(drop=True), kept_u.reset_index(drop=True))
+    kw = dict(between="gate", levels=["sigmoid", "softmax"], n_resamples=200)
+    for a, b in zip(ms.diagnostics.solver_rate_tables(repeated, ["y"], **kw),
+                    ms.diagnostics.solver_rate_tables(unique, ["y"], **kw), strict=True):
+        pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
