@@ -2,6 +2,7 @@
 # The CUDA checks, in one script for a GPU machine lent for a few minutes: the CPU-vs-CUDA equality tests, the
 # converged least-squares fit of R replicates against one on CUDA, the Newton loop's kernel launches per iteration,
 # the flagship study at full size on CUDA, then
+# the study's rows against the vignette's checked-in run (benchmarks/compare_study_run.py), then
 # the whole test suite with device="auto" resolving to CUDA (given the time left before DEADLINE seconds).
 #
 #   bash benchmarks/cuda_check.sh [LOG_DIR]        (default out/cuda-check; one log per part, each part with
@@ -57,16 +58,24 @@ CPU_WORKERS=$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))
 TAIL=14 part study_full "${STUDY_LIMIT:-170}" $PY benchmarks/study_fig1.py --full --device cuda \
   --out /tmp/cuda-check-fig1 ${STUDY_ARGS:---workers cuda=2,cpu=$CPU_WORKERS --gbar-compile --gbar-threads 6}
 # cells finished (all of them, or those done when the limit struck), and their own wall times by n
-$PY - >>"$LOG/study_full.log" 2>&1 <<'EOF'
+LOG=$LOG $PY - >>"$LOG/study_full.log" 2>&1 <<'EOF'
 import glob
 import pandas as pd
+import os
 files = glob.glob("/tmp/cuda-check-fig1/cells/*.parquet")
 print(f"cells finished: {len(files)}")
 if files:
-    frame = pd.concat(pd.read_parquet(f) for f in files)
+    frame = pd.concat((pd.read_parquet(f) for f in files), ignore_index=True)
     print(frame.groupby(["device", "n"])["wall_time"].agg(["count", "sum"]).to_string())
+    frame.to_parquet(os.path.join(os.environ["LOG"], "study_cells.parquet"))
 EOF
 tail -n 16 "$LOG/study_full.log"
+# the finished study against the vignette's checked-in run: statuses, objectives, rate and comparison verdicts
+# (in the study's log: a device call brings back at most 8 files)
+if [ -f "$LOG/study_cells.parquet" ]; then
+  timeout 60 $PY benchmarks/compare_study_run.py "$LOG/study_cells.parquet" >>"$LOG/study_full.log" 2>&1
+  tail -n 2 "$LOG/study_full.log"
+fi
 left=$((DEADLINE - SECONDS))
 if [ "$left" -gt 30 ]; then
   part suite_auto_cuda "$left" $PY -m pytest -p no:cacheprovider -n "${WORKERS:-14}" -v -rf \
