@@ -60,8 +60,9 @@ TAIL=14 part study_full "${STUDY_LIMIT:-170}" $PY benchmarks/study_fig1.py --ful
 # cells finished (all of them, or those done when the limit struck), and their own wall times by n
 LOG=$LOG $PY - >>"$LOG/study_full.log" 2>&1 <<'EOF'
 import glob
-import pandas as pd
 import os
+
+import pandas as pd
 files = glob.glob("/tmp/cuda-check-fig1/cells/*.parquet")
 print(f"cells finished: {len(files)}")
 if files:
