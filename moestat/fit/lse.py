@@ -55,6 +55,7 @@ from ..model import MoE
 from ..params import Params
 from . import _native, _optim
 from ._layout import check_learn_temperature
+from ._memory import LSE_MEMORY_BUDGET, LSEMemoryModel, memory_bytes
 from ._objective import LSProblem, MeanKernel, ReferenceKernel, kernel_mode
 from .base import FitResult, check_reps
 from .init import from_params, kmeans_init, near_truth, random_init
@@ -314,6 +315,29 @@ def _compiled_newton(kernel: MeanKernel | ReferenceKernel, spec: MoE, device: to
     return _native.load_newton()
 
 
+def _certificate(problem: LSProblem, theta: torch.Tensor, best: torch.Tensor, per_block: int, *, condition: bool,
+                 newton_loop: _native.NativeOps | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    r"""The condition number of :math:`J^\top J` (when ``condition``; else None) and the exact Hessian's eigenvalues
+    (ascending) at each replicate's best restart (``best``: problem indices), ``per_block`` replicates at a time.
+    With the C++ Newton loop the Hessian is the one it ended with, formed without a batched evaluation."""
+    conds, evs = [], []
+    for lo in range(0, best.shape[0], per_block):
+        rows = best[lo : lo + per_block]
+        problem.set_active(rows)
+        if condition:
+            _, H, _ = problem.gauss_newton(theta[rows])
+            ev = torch.linalg.eigvalsh(H)
+            lam_min, lam_max = ev[:, 0], ev[:, -1]
+            conds.append(torch.where(lam_min > lam_max * torch.finfo(ev.dtype).eps, lam_max / lam_min,
+                                     torch.full_like(lam_min, float("inf"))))
+        if newton_loop is not None:
+            He = _optim.native_hessians(problem, theta[rows], newton_loop)
+        else:
+            _, He, _ = problem.gauss_newton(theta[rows], exact=True)
+        evs.append(torch.linalg.eigvalsh(He))
+    return (torch.cat(conds) if condition else None), torch.cat(evs)
+
+
 def _free_mask(spec: MoE, device: torch.device) -> torch.Tensor:
     k, p = spec.k, spec.d + 1
     free = torch.ones(2 * k, p, dtype=torch.bool, device=device)
@@ -457,7 +481,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
             batch_size: int = 32, device: str | torch.device = "auto", dtype: torch.dtype | str | None = None,
             seed: Any = None, progress: bool = False, history: bool = False, condition: bool = True,
             compile: bool | str = False, block_bytes: int | str | None = "auto", threads: int | None = 1,
-            underdetermined: str = "raise", learn_temperature: bool = False) -> LSEFit:
+            underdetermined: str = "raise", learn_temperature: bool = False,
+            memory_budget: int | str | None = LSE_MEMORY_BUDGET) -> LSEFit:
     r"""Least-squares estimator of a MoE regression for R replicates at once.
 
     Parameters
@@ -543,6 +568,18 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         whose problems its threads take one at a time.  ``None``: one program.  Results do not depend on it.
         The SGD protocol ignores it (each step touches one minibatch, so its replicates always run as one
         program; each problem draws its minibatches from its own stream).
+    memory_budget : int, str or None
+        Bytes the fit may hold for its data and its problems' arrays (an integer, or a string such as ``"2GB"`` or
+        ``"512MiB"``; default ``"2GB"``; ``None``: no budget).  Newton's and Levenberg-Marquardt's Hessians take
+        :math:`F^2` words per (replicate, restart) problem (2.7 MiB at the flagship size), so without a budget a
+        batch of hundreds of problems holds gigabytes: blocks of replicates (never splitting one replicate's
+        restarts) are made small enough for the estimate of :class:`moestat.fit._memory.LSEMemoryModel`, and the
+        certificate after the fit (the exact Hessian's eigenvalues at each replicate's best restart) is computed in
+        blocks the same way.  Where ``block_bytes`` already makes smaller blocks it decides.  The observation
+        chunks' workspaces (about 20 MiB on a CPU, up to 1 GiB each on a GPU) do not grow with the problems and are
+        not counted.  A budget below one replicate at a time warns and fits one at a time.  Blocks change only the
+        round-off of batched products (see ``block_bytes``).  ``fit.settings["replicates_per_block"]`` records the
+        block size, and ``fit.settings["memory_budget"]`` a budget other than the default.
     threads : int or None
         torch intra-op threads on CPU during the solve (default 1, restored afterwards): blocks of
         small batched problems gain little from threads and lose 10-25x when other processes share the
@@ -619,6 +656,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     max_iter = _DEFAULT_MAX_ITER[optimizer] if max_iter is None else check_int("max_iter", max_iter)
     tol, gtol = _check_real("tol", tol), _check_real("gtol", gtol)
     compile_mode = kernel_mode(compile)  # checked before any work starts
+    budget = memory_bytes(memory_budget)
     check_choice("underdetermined", underdetermined, ("raise", "warn"))
     lr = _DEFAULT_LR.get(optimizer) if lr is None else _check_real("lr", lr, positive=True)
     epochs, batch_size = check_int("epochs", epochs), check_int("batch_size", batch_size)
@@ -686,6 +724,11 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     native_auto = newton_loop is not None and block_bytes == "auto"
     group = _replicates_per_block(NATIVE_NEWTON_BLOCK_BYTES if native_auto else block_bytes, dev, R, n, d,
                                   Xt.element_size())
+    memory = LSEMemoryModel.of(optimizer, int(free.sum()), n, R, d, spec.k, native=newton_loop is not None,
+                               itemsize=Xt.element_size())
+    memory.check(budget, restarts)
+    memory_group = memory.replicates_per_block(budget, restarts, R)
+    group = min(group, memory_group)
     if optimizer == "sgd":  # one minibatch per step: the cache argument for blocks does not apply
         group = R
 
@@ -729,9 +772,13 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     if spec.family.name == "relu" and optimizer in ("newton", "lm", "lbfgs"):
         # piecewise-smooth objective: a stop with no further decrease and a gradient within the kink bound is a
         # non-smooth local minimum (status "kink", converged)
-        problem.set_active(torch.arange(R * S, device=dev))
+        bounds = []
         with cpu_threads(threads, dev):
-            bound = problem.kink_tolerance(res.theta)
+            for lo in range(0, R, memory_group):  # a mean and residuals of n per problem
+                rows = torch.arange(lo * S, min(R, lo + memory_group) * S, device=dev)
+                problem.set_active(rows)
+                bounds.append(problem.kink_tolerance(res.theta[rows]))
+        bound = torch.cat(bounds)
         stalled = torch.isin(res.status, torch.tensor([2, 5, 6, 9], device=dev))
         res.status = torch.where(stalled & (res.grad_norm <= bound), torch.full_like(res.status, 10), res.status)
     loss = res.loss.reshape(R, S)
@@ -748,20 +795,12 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     cond = np.full(R, np.nan)
     hess_min = np.full(R, np.nan)
     if condition or optimizer == "newton":
-        problem.set_active(best)
+        per_block = memory.replicates_per_block(budget, 1, R, certificate=True)
         with cpu_threads(threads, dev):  # the eigensolver's OpenMP team stalls on a shared CPU like the solve
-            if condition:
-                _, H, _ = problem.gauss_newton(res.theta[best])
-                ev = torch.linalg.eigvalsh(H)
-                lam_min, lam_max = ev[:, 0], ev[:, -1]
-                c = torch.where(lam_min > lam_max * torch.finfo(dt).eps, lam_max / lam_min,
-                                torch.full_like(lam_min, float("inf")))
-                cond = to_numpy(c).astype(float)
-            if newton_loop is not None:  # the curvature the C++ loop ended with, without a batched evaluation
-                He = _optim.native_hessians(problem, res.theta[best], newton_loop)
-            else:
-                _, He, _ = problem.gauss_newton(res.theta[best], exact=True)
-            ev = torch.linalg.eigvalsh(He)
+            cond_t, ev = _certificate(problem, res.theta, best, per_block, condition=condition,
+                                      newton_loop=newton_loop)
+        if cond_t is not None:
+            cond = to_numpy(cond_t).astype(float)
         scale = ev.abs().amax(1).clamp_min(torch.finfo(dt).tiny)
         hess_min = to_numpy(ev[:, 0] / scale).astype(float)
         if optimizer == "newton":  # a gradient-tolerance stop with negative curvature is a saddle, not a minimum
@@ -800,6 +839,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         "replicates_per_block": group, "n_evals": res.n_evals,
         "input_scale": None if in_scale is None else ",".join(f"{v:.3g}" for v in in_scale),
     }
+    if budget != memory_bytes(LSE_MEMORY_BUDGET):  # a column only when asked for, so the default frames keep theirs
+        settings["memory_budget"] = budget
     if learn_temperature:  # recorded only when set: fits with a fixed temperature keep their columns
         settings["learn_temperature"] = True
     if newton_loop is not None:  # likewise: the tensor loop's fits keep their columns

@@ -43,8 +43,6 @@ likelihood bounded; fits at the floor are flagged (``MLEFit.at_floor``).
 from __future__ import annotations
 
 import dataclasses
-import numbers
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,6 +74,7 @@ from ..params import Params
 from . import _native
 from ._glm_objective import GLMMixtureObjective, direct_glm, native_mixture
 from ._layout import BlockParams, ParamLayout, check_learn_temperature
+from ._memory import memory_bytes
 from ._optim import CONVERGED, AnalyticProblem, ClosureProblem, lbfgs
 from .em import NATIVE_FAMILIES, design, em_fit, glm_density_constant, native_applies, weighted_ls
 from .formula_fit import formula_inputs
@@ -420,29 +419,6 @@ def native_mixture_data(spec: MoE, layout: ParamLayout, Zt: torch.Tensor, y: tor
 # ------------------------------------------------------------------------------------------ memory budget
 #: ``fit_mle``'s default ``memory_budget``: 10^9 bytes.
 MEMORY_BUDGET = "1GB"
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def memory_bytes(value: Any) -> int | None:
-    """``memory_budget`` in bytes: a positive integer, a string such as ``"2GB"``, ``"512 MiB"`` or ``"1.5e9"``
-    (decimal units B, KB, MB, GB, TB = 1000^j bytes; binary KiB, MiB, GiB, TiB = 1024^j), or ``None`` (no budget)."""
-    if value is None:
-        return None
-    fix = "pass bytes as a positive integer, a string such as '2GB' or '512MiB', or None for no budget"
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"memory_budget={value!r} is not a size; {fix}.")
-        size = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
-        size = float(value)
-    else:
-        raise TypeError(f"memory_budget must be a number of bytes, a string or None, got {type(value).__name__}; "
-                        f"{fix}.")
-    if not (np.isfinite(size) and size >= 1):
-        raise ValueError(f"memory_budget={value!r} must be at least 1 byte; {fix}.")
-    return int(size)
 
 
 @dataclasses.dataclass(frozen=True)

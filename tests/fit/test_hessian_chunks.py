@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import moestat as ms
 from moestat.fit._objective import LSProblem, MeanKernel, ReferenceKernel, _pair_products
 from moestat.fit.lse import _free_mask
+from tests.torch_memory import torch_peak
 
 
 def _old_curvature_rows(kern: MeanKernel, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor):
@@ -144,16 +144,6 @@ def test_equals_autograd_hessian_after_active_set_change(gate, expert, k, d, tau
         torch.testing.assert_close(b[j], gx, rtol=1e-10, atol=1e-10)
 
 
-def _torch_peak(fn) -> int:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    live = peak = 0
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += e.self_cpu_memory_usage
-        peak = max(peak, live)
-    return peak
-
-
 @pytest.mark.parametrize("gate,expert", [("sigmoid", "gelu"), ("softmax", "gelu"), ("topk", "tanh")])
 def test_peak_within_budget(gate, expert):
     """Beyond its outputs and the accumulator M (sizes independent of n), one call allocates at most 1.5x
@@ -165,10 +155,10 @@ def test_peak_within_budget(gate, expert):
     A, F, P = theta.shape[0], prob.free_idx.numel(), prob.P
     mu, mx = prob.shape[0] * (prob.shape[0] + 1) // 2, prob.p * (prob.p + 1) // 2
     fixed = 8 * (A * F * F + A * mu * mx + 2 * A * P + A)
-    peak = _torch_peak(lambda: prob.gauss_newton(theta, exact=True, max_bytes=budget))
+    peak = torch_peak(lambda: prob.gauss_newton(theta, exact=True, max_bytes=budget))
     assert peak - fixed <= 1.5 * budget, (peak - fixed) / budget
     prob.kernel._ws.clear()
-    old = _torch_peak(lambda: _old_gauss_newton(prob, theta, True, budget))
+    old = torch_peak(lambda: _old_gauss_newton(prob, theta, True, budget))
     assert old - fixed > 1.5 * budget  # the measure can fail: the previous implementation exceeds it
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -15,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import moestat as ms
 from moestat.exceptions import MoestatWarning
 from moestat.fit import mle as mle_mod
 from moestat.fit._layout import ParamLayout
 from moestat.fit.mle import MEMORY_BUDGET, MemoryModel, memory_bytes
+from tests.torch_memory import torch_peak
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ms.MoE(gate="softmax", expert="linear", k=3, d=2)
@@ -175,17 +174,6 @@ def test_user_starts_and_random_starts_split_across_blocks():
 
 
 # ------------------------------------------------------------------------------------------ the estimate bounds memory
-def _torch_peak(fn) -> float:
-    gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    live = peak = 0
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += e.self_cpu_memory_usage
-        peak = max(peak, live)
-    return float(peak)
-
-
 @pytest.mark.parametrize("method", ["em", "gradient"])
 def test_the_estimate_bounds_the_measured_growth_per_problem(method):
     # the torch peak of an unblocked fit grows by about b bytes per observation and problem; the model's b must not
@@ -205,7 +193,7 @@ def test_the_estimate_bounds_the_measured_growth_per_problem(method):
         warnings.simplefilter("ignore")
         for reps in (1, 5):
             data = ms.simulate(spec, truth, n=n, reps=reps, seed=1, model="mixture")
-            peaks[reps] = _torch_peak(lambda data=data: ms.fit_mle(spec, data.X, data.y, **kw))
+            peaks[reps] = torch_peak(lambda data=data: ms.fit_mle(spec, data.X, data.y, **kw))
     growth = (peaks[5] - peaks[1]) / (8 * n)
     m = MemoryModel.of(spec, ParamLayout(spec), 1, n, weighted=False, trials=False)
     b = m.em if method == "em" else m.lbfgs
