@@ -32,9 +32,22 @@ issue 21), the default ``"1GB"`` and ``"256MB"``, with the number of blocks and 
 fit (restart log-likelihoods to 1e-8 relative, the tolerance of EM's stopping rule).  n = 5,000 with ``--quick``,
 20,000 without.
 
+``lse-blocks``: ``fit_lse``'s memory budget (issue 21) on the flagship preset (k = 9, d = 32: 594 free parameters,
+a 2.7 MiB Hessian per problem), R replicates x 4 restarts of n = 1,000 (R = 20 with ``--quick``, 80 without): peak
+RSS, torch peak and wall time for no budget, the default ``"2GB"``, ``"512MB"`` and ``"256MB"``, without cache blocks
+(``block_bytes=None``, the GPU's default, so that the budget alone decides the blocks), with the replicates per
+block, the model's estimate for one block and whether every budget gave the same fit (objectives to 1e-10).  Peak
+RSS after other fits of the same process includes the heap they left fragmented: ``--budgets 512MB`` runs one budget
+(the first budget listed is the reference of "same fit").
+
+``largest-cell``: the peak RSS of the flagship vignette's (``sigmoid-vs-softmax``) largest cells, n = 160,000 with
+both truth gates for one truth seed and ``--expert`` (gelu or relu), run in this process as the study runs them.
+
 Run (Linux only: ``/proc/self/status`` and ``clear_refs``)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/peak_memory.py [--quick] [--parts fits,pieces,blocks]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/peak_memory.py [--quick] [--parts PARTS]
+
+with PARTS a comma-separated list of fits, pieces, blocks, lse-blocks and largest-cell (default fits,pieces).
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import moestat as ms
 from moestat.fit._layout import ParamLayout
+from moestat.fit._memory import LSEMemoryModel
 from moestat.fit._objective import LSProblem, MeanKernel
 from moestat.fit.lse import _free_mask
 from moestat.fit.mle import MemoryModel, memory_bytes
@@ -190,6 +204,17 @@ def piece_rows(ns: list[int], A: int = 8) -> list[dict]:
     return rows
 
 
+def measured_fit(fit_call):
+    """``(fit, peak RSS, wall seconds, torch peak)`` of a fit: the first run gives the fit, its peak RSS and time,
+    a second run under the profiler the torch peak (the measures disturb one another)."""
+    fits: list = []
+    t0 = time.perf_counter()
+    rss = peak_rss(lambda: fits.append(fit_call()))
+    wall = time.perf_counter() - t0
+    tp = peak_torch(fit_call)
+    return fits[0], rss, wall, tp
+
+
 def block_rows(n: int, R: int = 20, budgets: tuple = (None, "1GB", "256MB")) -> list[dict]:
     """Peak RSS, torch peak and wall time of the issue's fit_mle workload under each memory budget."""
     d, k = 4, 3
@@ -201,16 +226,8 @@ def block_rows(n: int, R: int = 20, budgets: tuple = (None, "1GB", "256MB")) -> 
     model = MemoryModel.of(spec, ParamLayout(spec), R, n, weighted=False, trials=False)
     rows, ref = [], None
     for budget in budgets:
-        fits: list = []
-
-        def call(budget=budget, fits=fits) -> None:
-            fits.append(ms.fit_mle(spec, data.X, data.y, restarts=5, seed=2, memory_budget=budget, progress=False))
-
-        t0 = time.perf_counter()
-        rss = peak_rss(call)
-        wall = time.perf_counter() - t0
-        tp = peak_torch(call)
-        fit = fits[0]
+        fit, rss, wall, tp = measured_fit(lambda budget=budget: ms.fit_mle(
+            spec, data.X, data.y, restarts=5, seed=2, memory_budget=budget, progress=False))
         ref = fit if ref is None else ref
         b = memory_bytes(budget)
         per = model.problems_per_block(b, n, R * 5, "em")
@@ -222,6 +239,57 @@ def block_rows(n: int, R: int = 20, budgets: tuple = (None, "1GB", "256MB")) -> 
     return rows
 
 
+def lse_block_rows(R: int, n: int = 1000, S: int = 4,
+                   budgets: tuple = (None, "2GB", "512MB", "256MB")) -> list[dict]:
+    """Peak RSS, torch peak and wall time of ``fit_lse`` on the flagship preset (k = 9, d = 32: 594 free parameters,
+    a 2.7 MiB Hessian per problem) for R replicates x S restarts under each memory budget, at most 4 Newton
+    iterations (the Hessians are allocated at the first), with ``block_bytes=None`` (no cache blocks: one program
+    unless the budget splits it, as on a GPU; on a CPU the default 8 MiB input blocks would hold 31 replicates)."""
+    truth = ms.presets.sigmoid_vs_softmax(regime=2)
+    spec = truth.spec
+    data = ms.simulate(spec, truth.params, n=n, reps=R, seed=1)
+    F = int(_free_mask(spec, torch.device("cpu")).sum())
+    model = LSEMemoryModel.of("newton", F, n, R, spec.d, spec.k)
+    rows, ref = [], None
+    for budget in budgets:
+        fit, rss, wall, tp = measured_fit(lambda budget=budget: ms.fit_lse(
+            spec, data.X, data.y, restarts=S, seed=2, max_iter=4, memory_budget=budget, block_bytes=None))
+        ref = fit if ref is None else ref
+        group = fit.settings["replicates_per_block"]
+        b = memory_bytes(budget)
+        block_model = model.fixed + group * S * model.per_problem
+        rows.append({"budget": str(budget), "n": n, "R x S": R * S, "replicates per block": group,
+                     "blocks": -(-R // group), "model MiB per block": block_model / MiB,
+                     "peak RSS MiB": rss / MiB, "torch peak MiB": tp / MiB,
+                     "torch peak / budget": tp / b if b else float("nan"), "wall s": wall,
+                     "same fit": bool(np.allclose(fit.objective, ref.objective, rtol=1e-10))})
+        print(md_table(rows[-1:]).splitlines()[-1], flush=True)
+    return rows
+
+
+def largest_cell_rows(expert: str) -> list[dict]:
+    """Peak RSS of the flagship vignette's largest cells (n = 160,000, truth seed 0, both truth gates) run in this
+    process: the study's own fits (three starts, the LM invariance refit, the G-bar estimate of gelu fits)."""
+    import importlib.util
+    import tempfile
+
+    path = Path(__file__).resolve().parents[1] / "vignettes" / "sigmoid-vs-softmax.py"
+    loader = importlib.util.spec_from_file_location("sigmoid_vs_softmax", path)
+    vignette = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(vignette)
+    study = vignette.make_study("full", n=[160000], seeds=[0], experts=[expert])
+    frame: list = []
+
+    def call() -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            frame.append(study.run(folder, workers=1, progress=False))
+
+    t0 = time.perf_counter()
+    rss = peak_rss(call)
+    return [{"expert": expert, "cells": len(frame[0]), "n": 160000, "peak RSS above the imported state MiB": rss / MiB,
+             "process peak RSS MiB": _status("VmHWM") / MiB, "wall s": time.perf_counter() - t0}]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n up to 32,000 (under two minutes)")
@@ -230,6 +298,9 @@ def main() -> None:
                     help=f"fits part: which fits, of {', '.join(FIT_KEYS)} (e.g. one fit in a fresh process)")
     ap.add_argument("--ns", default=None, help="fits part: comma-separated n (default 2,000 to 128,000)")
     ap.add_argument("--Rs", default="2,8", help="fits part: comma-separated R")
+    ap.add_argument("--expert", default="gelu", help="largest-cell part: the vignette's expert (gelu or relu)")
+    ap.add_argument("--budgets", default="none,2GB,512MB,256MB",
+                    help="lse-blocks part: comma-separated budgets ('none': no budget), e.g. one per fresh process")
     args = ap.parse_args()
     unknown = sorted(set(args.fits.split(",")) - set(FIT_KEYS))
     if unknown:
@@ -250,6 +321,14 @@ def main() -> None:
     if "blocks" in parts:
         print("## fit_mle under a memory budget (R = 20 x 5 starts, d = 4, k = 3)\n"
               + md_table(block_rows(5000 if args.quick else 20000)) + "\n", flush=True)
+    if "lse-blocks" in parts:
+        R = 20 if args.quick else 80
+        budgets = tuple(None if b == "none" else b for b in args.budgets.split(","))
+        print(f"## fit_lse under a memory budget (flagship preset, R = {R} x 4 restarts, n = 1,000)\n"
+              + md_table(lse_block_rows(R, budgets=budgets)) + "\n", flush=True)
+    if "largest-cell" in parts:
+        rows = largest_cell_rows(args.expert)
+        print("## the flagship vignette's largest cells\n" + md_table(rows) + "\n", flush=True)
     if "pieces" in parts:
         ns = [2000, 8000, 32000] if args.quick else [2000, 8000, 32000, 64000]
         print("## peak torch allocations of one call of each least-squares piece (k = 9, d = 32, A = 8)\n"
