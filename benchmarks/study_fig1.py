@@ -16,6 +16,7 @@ study (n = 1e3..1e5, 20 replicates, 2 gates x 2 experts) from the measured per-o
     python benchmarks/study_fig1.py --full --workers 2 --out out/fig1-bench   # the whole study, timed
     python benchmarks/study_fig1.py --full --device cuda --gbar-compile ...      # G-bar estimates in C++
     python benchmarks/study_fig1.py --full --workers cuda=2,cpu=14 ...           # a GPU host: GPU and CPU pools
+    python benchmarks/study_fig1.py --full --size quick --compile --out OUT     # as if compile=True were the default
 
 ``--full`` runs the sigmoid-vs-softmax vignette's full-size study itself (its current design: ten paired truths,
 relu and gelu experts, both gates, n from 1,600 to 160,000, one converged least-squares fit per cell from three
@@ -23,7 +24,10 @@ starts with a second solver's check; 200 cells) with ``--workers`` processes on 
 device: ``--workers cuda=2,cpu=14`` lets a GPU host's GPU take the largest cells and its cores the smallest), into a
 fresh checkpoint folder, and prints its wall time against the performance issue's targets for that design (30 minutes
 on the 2-core CPU, 2 minutes on one H100).  The study's earlier 40-cell design (n = 1e3..1e5, 20 replicates,
-L-BFGS for 1000 iterations and the SGD protocol) had targets of 15 minutes and 1 minute.
+L-BFGS for 1000 iterations and the SGD protocol) had targets of 15 minutes and 1 minute.  ``--size quick`` runs the
+README's main job (50 cells) instead; ``--compile`` runs every fit and G-bar estimate in the C++ loops
+(``compile=True``, ``gbar_compile=True``), so that ``benchmarks/compare_study_run.py OUT/cells --reference FOLDER``
+shows what the results would be if they were the default (FOLDER: the same size run by the vignette).
 
 Absolute times depend on the machine and its load (the development machine was shared by several
 jobs); the ratio is measured in one run and is the figure to compare.
@@ -55,7 +59,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of each fit on the CPU (fit_lse's threads=; its default is 1)")
-    ap.add_argument("--full", action="store_true", help="time the vignette's whole full-size study instead")
+    ap.add_argument("--full", action="store_true", help="time the vignette's whole study instead (--size)")
+    ap.add_argument("--size", default="full", choices=["full", "quick"],
+                    help="--full: the vignette's size (full: 200 cells; quick: the README's main job, 50 cells)")
+    ap.add_argument("--compile", action="store_true",
+                    help="--full: every fit with compile=True and the G-bar estimates with gbar_compile=True, as if "
+                         "the C++ loops were the default (compare the rows with compare_study_run.py)")
     ap.add_argument("--workers", default="2",
                     help="worker processes for --full (CPU), or one pool per device, e.g. cuda=2,cpu=14 (the GPU's "
                          "workers take the largest cells left, the CPU's the smallest; --device is then ignored)")
@@ -127,8 +136,11 @@ def full_study(args: argparse.Namespace) -> None:
     if out.exists():
         raise SystemExit(f"--out {out} exists; a timed run needs a fresh folder.")
     vignette = _vignette_index.load(_vignette_index.find("sigmoid-vs-softmax"))
-    study = vignette.make_study("full")
-    if args.gbar_compile:
+    study = vignette.make_study(args.size)
+    if args.compile:
+        fit = {**study.fit, "options": {**study.fit["options"], "compile": True}}
+        study = dataclasses.replace(study, fit=fit)
+    if args.gbar_compile or args.compile:
         options = {name: dict(opts) for name, opts in study.metric_options.items()}
         options.setdefault("representation", {})["gbar_compile"] = True
         if args.gbar_threads != 1:
@@ -147,9 +159,10 @@ def full_study(args: argparse.Namespace) -> None:
     wall = time.perf_counter() - t0
     on_gpu = "cuda" in (",".join(pools) if isinstance(pools, dict) else args.device)
     target = 2 if on_gpu else 30  # minutes, for the study's current (200-cell) design
+    verdict = f" (target {target} min: {'met' if wall <= 60 * target else 'not met'})" if args.size == "full" else ""
     cell_minutes = frame["wall_time"].sum() / 60  # each row carries its share of its cell's wall time
-    print(f"full sigmoid-vs-softmax study: {len(study.cells)} cells, {len(frame)} rows, worker(s) {where}: "
-          f"{wall:.0f} s = {wall / 60:.1f} min (target {target} min: {'met' if wall <= 60 * target else 'not met'}); "
+    print(f"{args.size} sigmoid-vs-softmax study{', compiled' if args.compile else ''}: {len(study.cells)} cells, "
+          f"{len(frame)} rows, worker(s) {where}: {wall:.0f} s = {wall / 60:.1f} min{verdict}; "
           f"cell time summed {cell_minutes:.1f} min")
     per_cell = frame.groupby("cell").agg(device=("device", "first"), n=("n", "first"), seconds=("wall_time", "sum"))
     print(per_cell.groupby(["device", "n"])["seconds"].agg(["count", "sum", "median"]).to_string())
