@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks, in one script for a GPU machine lent for a few minutes: the CPU-vs-CUDA equality tests, the
 # converged least-squares fit of R replicates against one on CUDA, the Newton loop's kernel launches per iteration,
+# fit_lse's memory budget on the device,
 # the flagship study at full size on CUDA, then
 # the study's rows against the vignette's checked-in run (benchmarks/compare_study_run.py), then
 # the whole test suite with device="auto" resolving to CUDA (given the time left before DEADLINE seconds).
@@ -44,6 +45,11 @@ TAIL=16 part converged "${CONVERGED_LIMIT:-110}" $PY benchmarks/lse_batched.py -
   --ns 1000,10000 --reps 20
 # kernel launches and milliseconds per Newton iteration of one replicate (the host-bound cost of a converged fit)
 TAIL=8 part newton_ops "${OPS_LIMIT:-60}" $PY benchmarks/lse_newton_ops.py --device cuda
+# fit_lse's memory budget on the GPU: 20 flagship replicates x 4 restarts, the device allocator's peak under each
+# budget (in the same log: a device call brings back at most 8 files)
+timeout "${MEMORY_LIMIT:-60}" $PY benchmarks/peak_memory.py --quick --parts lse-blocks --device cuda \
+  --budgets none,2GB,256MB >>"$LOG/newton_ops.log" 2>&1
+tail -n 6 "$LOG/newton_ops.log"
 # the C++ kernels and loops, built once here (cached for the parts below) so that no timed part pays the build
 TAIL=4 part native_build "${BUILD_LIMIT:-240}" $PY -c "from moestat.fit import _native as n
 print('built:', [f.__name__ for f in (n.load, n.load_newton, n.load_em) if f() is not None])"
