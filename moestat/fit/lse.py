@@ -566,8 +566,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         by one; see docs/performance/lse.md), everything at once on CUDA; with the C++ Newton loop
         (``compile=True``), which blocks each problem's observations itself, up to 256 MiB of inputs per call,
         whose problems its threads take one at a time.  ``None``: one program.  Results do not depend on it.
-        The SGD protocol ignores it (each step touches one minibatch, so its replicates always run as one
-        program; each problem draws its minibatches from its own stream).
+        The SGD protocol ignores it (each step touches one minibatch, so its replicates run as one program
+        unless ``memory_budget`` splits them; each problem draws its minibatches from its own stream).
     memory_budget : int, str or None
         Bytes the fit may hold for its data and its problems' arrays (an integer, or a string such as ``"2GB"`` or
         ``"512MiB"``; default ``"2GB"``; ``None``: no budget).  Newton's and Levenberg-Marquardt's Hessians take
@@ -729,8 +729,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     memory.check(budget, restarts)
     memory_group = memory.replicates_per_block(budget, restarts, R)
     group = min(group, memory_group)
-    if optimizer == "sgd":  # one minibatch per step: the cache argument for blocks does not apply
-        group = R
+    if optimizer == "sgd":  # one minibatch per step: the cache argument for blocks does not apply, the memory one does
+        group = memory_group
 
     def run(prob: LSProblem, th: torch.Tensor, lo: int = 0) -> _optim.OptimResult:
         with cpu_threads(threads, dev):

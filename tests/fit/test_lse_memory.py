@@ -148,3 +148,16 @@ def test_the_estimate_bounds_the_measured_growth_per_problem():
     growth = (peaks[24] - peaks[8]) / 16 - data_per_replicate
     per = _model(8).per_problem
     assert growth <= per <= 4 * growth
+
+
+def test_the_sgd_protocol_keeps_the_budget_and_its_paths():
+    # the SGD protocol ignores block_bytes (one minibatch per step) but not the budget; each problem draws its
+    # minibatches from its own stream, so blocks give the one-program fit to the bit
+    data = _data(4)
+    kw = {"optimizer": "sgd", "epochs": 1, "batch_size": 32, "lr": 0.01, "restarts": 2}
+    m = LSEMemoryModel.of("sgd", int(_free_mask(SPEC, torch.device("cpu")).sum()), N, 4, D, K)
+    budget = int(m.fixed + 2 * 2 * m.per_problem) + 1  # two replicates' problems
+    one = _fit(data, memory_budget=None, **kw)
+    blocks = _fit(data, memory_budget=budget, **kw)
+    assert (one.settings["replicates_per_block"], blocks.settings["replicates_per_block"]) == (4, 2)
+    np.testing.assert_array_equal(blocks.objective, one.objective)
