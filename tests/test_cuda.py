@@ -155,6 +155,31 @@ def test_batched_fit_on_cuda_equals_one_replicate_alone():
                                rtol=1e-4)
 
 
+def test_memory_budget_blocks_on_cuda_give_the_one_program_fit():
+    """fit_lse's memory budget on CUDA (where block_bytes="auto" is one program): a budget for two replicates fits
+    four in blocks, and the certificate one replicate's Hessian at a time, with the one-program fit."""
+    from moestat.fit._memory import LSEMemoryModel
+
+    spec, truth = ms.presets.gate_comparison("gelu", seed=1)  # exactly specified: a regular minimum per replicate
+    data = ms.simulate(spec, truth, n=600, reps=4, seed=3)
+    F = 2 * spec.k * (spec.d + 1)  # sigmoid gate: every coordinate free
+    m = LSEMemoryModel.of("newton", F, 600, 4, spec.d, spec.k)
+    budget = int(m.fixed + 2 * 2 * m.per_problem) + 1  # two replicates' two restarts
+    kw = dict(truth=truth, seed=5, restarts=2, device=str(CUDA), dtype="float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one = ms.fit_lse(spec, data.X, data.y, memory_budget=None, **kw)
+        blocks = ms.fit_lse(spec, data.X, data.y, memory_budget=budget, **kw)
+    assert (one.settings["replicates_per_block"], blocks.settings["replicates_per_block"]) == (4, 2)
+    # cuBLAS rounds a batch of two differently from four, so Newton may stop elsewhere within its gradient tolerance:
+    # the objective moves by about gtol^2 / lambda_min (far below 1e-8 relative); the curvature, with condition
+    # numbers up to 1.8e6 here, by up to gtol / lambda_min relative to the point (on the CPU, whose blocks also round
+    # differently: 3e-8), so the certificate's values are compared to 1e-3 (another replicate's differ by 2x or more)
+    np.testing.assert_allclose(blocks.objective, one.objective, rtol=1e-8)
+    np.testing.assert_allclose(blocks.hessian_min_eig, one.hessian_min_eig, rtol=1e-3)
+    np.testing.assert_allclose(blocks.cond, one.cond, rtol=1e-3)
+
+
 def test_fit_mle_on_cuda_equals_cpu():
     spec, truth = ms.presets.sigmoid_vs_softmax(regime=1, expert="linear", d=2, k=2, truth_gate="softmax", seed=0)
     data = ms.simulate(spec, truth, n=1500, reps=2, seed=3)
