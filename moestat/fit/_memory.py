@@ -67,7 +67,8 @@ class LSEMemoryModel:
     The certificate after the fit (the exact Hessian and its eigenvalues at each replicate's best restart, and the
     condition number of :math:`J^\top J`) holds :math:`3F^2` plus the packed sums per replicate whatever the
     optimiser (:attr:`certificate`).  ``fixed`` is what the call holds whatever the blocks: its float64 copy of the
-    data and the tensors made from it, :math:`2Rn(d+2)` words.  Not counted: the observation chunks' workspaces,
+    data and the tensors made from it, :math:`Rn(d+2)` float64 values and as many words (:math:`2Rn(d+2)` words in
+    float64).  Not counted: the observation chunks' workspaces,
     which do not grow with the number of problems or observations (about 20 MiB on a CPU; on a GPU up to
     :data:`moestat.fit._objective.CUDA_WORKSPACE_BYTES` each for the objective, the Hessian and the inputs' pair
     products), and the caller's own arrays.  Measured against the peak of live torch allocations at the flagship
@@ -93,7 +94,7 @@ class LSEMemoryModel:
             state = 16 * F
         return LSEMemoryModel(per_problem=itemsize * _MARGIN * (state + 4 * n),
                               certificate=itemsize * _MARGIN * (second_order + 4 * n),
-                              fixed=float(itemsize * 2 * R * n * (d + 2)))
+                              fixed=float((8 + itemsize) * R * n * (d + 2)))
 
     def replicates_per_block(self, budget: int | None, restarts: int, total: int, *, certificate: bool = False) -> int:
         """How many replicates (``restarts`` problems each, or one best restart each for the ``certificate``) a
@@ -103,12 +104,15 @@ class LSEMemoryModel:
         per = self.certificate if certificate else self.per_problem * restarts
         return int(max(1, min(total, (budget - self.fixed) // per)))
 
-    def check(self, budget: int | None, restarts: int) -> None:
-        """Warn when even one replicate at a time needs more than ``budget``."""
+    def check(self, budget: int | None, restarts: int, *, certificate: bool = True) -> None:
+        """Warn when even one replicate at a time (its ``restarts`` problems, or its ``certificate`` when the fit
+        computes one) needs more than ``budget``."""
         if budget is None:
             return
-        need = self.fixed + max(self.per_problem * restarts, self.certificate)
-        if need > budget:
-            warn_user(f"memory_budget={budget} bytes is below the estimated {need / 1e6:.3g} MB needed for the data "
-                      f"and one replicate's {restarts} restart(s) at a time; fitting one replicate at a time anyway. "
-                      "Raise memory_budget to silence this.", MoestatWarning)
+        for need, what in ((self.fixed + self.per_problem * restarts, f"one replicate's {restarts} restart(s)"),
+                           (self.fixed + self.certificate if certificate else 0.0, "one replicate's certificate")):
+            if need > budget:
+                warn_user(f"memory_budget={budget} bytes is below the estimated {need / 1e6:.3g} MB needed for the "
+                          f"data and {what} at a time; running one replicate at a time anyway. Raise memory_budget "
+                          "to silence this.", MoestatWarning)
+                return

@@ -726,7 +726,7 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
                                   Xt.element_size())
     memory = LSEMemoryModel.of(optimizer, int(free.sum()), n, R, d, spec.k, native=newton_loop is not None,
                                itemsize=Xt.element_size())
-    memory.check(budget, restarts)
+    memory.check(budget, restarts, certificate=condition or optimizer == "newton")
     memory_group = memory.replicates_per_block(budget, restarts, R)
     group = min(group, memory_group)
     if optimizer == "sgd":  # one minibatch per step: the cache argument for blocks does not apply, the memory one does

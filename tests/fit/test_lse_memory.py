@@ -133,9 +133,17 @@ def test_certificate_and_kink_bound_in_blocks_equal_one_batch(monkeypatch):
 
 
 def test_a_budget_below_one_replicate_warns_and_fits_one_at_a_time():
-    with pytest.warns(MoestatWarning, match="memory_budget=1000 bytes is below"):
+    with pytest.warns(MoestatWarning, match="memory_budget=1000 bytes is below .* one replicate's 2 restart"):
         fit = _fit(_data(3), restarts=2, memory_budget=1000)
     assert fit.settings["replicates_per_block"] == 1
+    # L-BFGS's own state is small: a budget for its restarts but not for the certificate warns about the certificate
+    m = _model(3, "lbfgs")
+    budget = int(m.fixed + 2 * m.per_problem) + 1
+    with pytest.warns(MoestatWarning, match="one replicate's certificate"):
+        _fit(_data(3), restarts=2, optimizer="lbfgs", memory_budget=budget)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MoestatWarning)
+        _fit(_data(3), restarts=2, optimizer="lbfgs", memory_budget=budget, condition=False)  # no certificate
 
 
 def test_the_estimate_bounds_the_measured_growth_per_problem():
@@ -157,7 +165,7 @@ def test_the_sgd_protocol_keeps_the_budget_and_its_paths():
     kw = {"optimizer": "sgd", "epochs": 1, "batch_size": 32, "lr": 0.01, "restarts": 2}
     m = LSEMemoryModel.of("sgd", int(_free_mask(SPEC, torch.device("cpu")).sum()), N, 4, D, K)
     budget = int(m.fixed + 2 * 2 * m.per_problem) + 1  # two replicates' problems
-    one = _fit(data, memory_budget=None, **kw)
-    blocks = _fit(data, memory_budget=budget, **kw)
+    one = _fit(data, memory_budget=None, condition=False, **kw)
+    blocks = _fit(data, memory_budget=budget, condition=False, **kw)
     assert (one.settings["replicates_per_block"], blocks.settings["replicates_per_block"]) == (4, 2)
     np.testing.assert_array_equal(blocks.objective, one.objective)
