@@ -775,9 +775,9 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         bounds = []
         with cpu_threads(threads, dev):
             for lo in range(0, R, memory_group):  # a mean and residuals of n per problem
-                rows = torch.arange(lo * S, min(R, lo + memory_group) * S, device=dev)
-                problem.set_active(rows)
-                bounds.append(problem.kink_tolerance(res.theta[rows]))
+                hi = min(R, lo + memory_group) * S
+                problem.set_active(torch.arange(lo * S, hi, device=dev))
+                bounds.append(problem.kink_tolerance(res.theta[lo * S : hi]))
         bound = torch.cat(bounds)
         stalled = torch.isin(res.status, torch.tensor([2, 5, 6, 9], device=dev))
         res.status = torch.where(stalled & (res.grad_norm <= bound), torch.full_like(res.status, 10), res.status)
