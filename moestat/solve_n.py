@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 from scipy import stats
+from statsmodels.genmod import families
+from statsmodels.genmod.generalized_linear_model import GLM
+from statsmodels.regression.linear_model import OLS, WLS
 from statsmodels.tools.sm_exceptions import PerfectSeparationWarning
 
 from ._validation import Choice, Integer, Optional, Real, Seed, validate_arguments
@@ -37,9 +39,9 @@ __all__ = ["LINKS", "SolveNResult", "solve_n"]
 
 #: Links of the probability criterion's binomial model.
 LINKS: dict[str, Callable[[], Any]] = {
-    "logit": sm.families.links.Logit,
-    "probit": sm.families.links.Probit,
-    "cloglog": sm.families.links.CLogLog,
+    "logit": families.links.Logit,
+    "probit": families.links.Probit,
+    "cloglog": families.links.CLogLog,
 }
 #: Why a search stopped (``SolveNResult.status``).
 STATUSES = ("converged", "max_evals", "not_bracketed", "flat")
@@ -157,11 +159,11 @@ def _fit_mean(x: np.ndarray, means: np.ndarray, cv2: np.ndarray, reps: np.ndarra
     if np.all(np.isfinite(cv2) & (cv2 > 0)):
         pooled = float(np.sum((reps - 1) * cv2) / np.sum(reps - 1))
         y = np.log(means) + pooled / (2 * reps)
-        res = sm.WLS(y, X, weights=reps / pooled).fit()
+        res = WLS(y, X, weights=reps / pooled).fit()
         dispersion = float(res.scale) if res.df_resid > 0 else 1.0
         cov = np.asarray(res.normalized_cov_params) * max(1.0, dispersion)
     else:
-        res = sm.OLS(np.log(means), X).fit()
+        res = OLS(np.log(means), X).fit()
         dispersion = float(res.scale)
         cov = np.asarray(res.cov_params())
     return _delta(math.log(target), np.asarray(res.params), cov, z, "delta", dispersion)
@@ -195,10 +197,10 @@ def _fit_prob(x: np.ndarray, hits: np.ndarray, m: np.ndarray, prob: float, link:
     dispersion when it exceeds 1.  Under (quasi-)separation the MLE does not exist: bisection bracket instead."""
     if not _separated(x, hits, m):
         X = np.column_stack([np.ones_like(x), x])
-        family = sm.families.Binomial(link=LINKS[link]())
+        family = families.Binomial(link=LINKS[link]())
         with warnings.catch_warnings():  # fitted shares of 0 or 1 at far design points are expected, not separation
             warnings.simplefilter("ignore", PerfectSeparationWarning)
-            res = sm.GLM(np.column_stack([hits, m - hits]), X, family=family).fit(start_params=start)
+            res = GLM(np.column_stack([hits, m - hits]), X, family=family).fit(start_params=start)
         if res.converged and np.all(np.isfinite(res.params)):
             dispersion = float(res.pearson_chi2 / res.df_resid) if res.df_resid > 0 else 1.0
             cov = np.asarray(res.cov_params()) * max(1.0, dispersion)

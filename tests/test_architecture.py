@@ -123,3 +123,17 @@ def test_no_string_holds_an_escape_that_was_meant_as_tex():
                     and any(c in node.value for c in "\a\b\f\v\t"):
                 bad.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not bad, f"string constants with control characters (use a raw docstring r\"\"\"...): {bad}"
+
+
+def test_import_loads_no_plotting_or_umbrella_modules():
+    """``import moestat`` starts every CLI call and study worker process.  It loads only the statsmodels models it
+    uses, not ``statsmodels.api``, whose graphics and kernel-density modules (and joblib) added about 0.4 s of the
+    2.4 s import on the 2-core development machine; plotting and torch.compile load when a function needs them.  Run
+    in a fresh interpreter, since the test session has imported these modules already."""
+    import subprocess
+    import sys
+
+    heavy = ("statsmodels.api", "statsmodels.graphics.api", "joblib", "matplotlib", "sklearn", "torch._dynamo")
+    code = f"import sys, moestat; print([m for m in {heavy!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", f"import moestat loaded {loaded}; import them inside the functions that use them"

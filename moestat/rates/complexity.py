@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 from scipy import stats
+from statsmodels.regression.linear_model import OLS
+from statsmodels.tools.tools import add_constant
 
 from .._validation import (
     Choice,
@@ -285,7 +286,7 @@ def scaling_exponent(result: SampleComplexityResult, design: str, *, confidence_
                 raise ValueError(f"{_key_text(key, rest)}: only {int(ok.sum())} uncensored n* values; the scaling "
                                  "regression needs >= 3 (widen the n grid or use censored='tobit').")
             ly = np.log(sub["n_star"].to_numpy(dtype=np.float64)[ok])
-            fit = sm.OLS(ly, sm.add_constant(lx[ok], has_constant="add")).fit()
+            fit = OLS(ly, add_constant(lx[ok], has_constant="add")).fit()
             boot = np.column_stack([result.draws[k] for k in sub["_key"][ok]])
             good = np.isfinite(boot).all(axis=1)
             _, slopes = _wls_slope(lx[ok], boot[good], np.ones(int(ok.sum())))
@@ -320,10 +321,10 @@ def _tobit(ly: np.ndarray, lx: np.ndarray, right: np.ndarray) -> Any:
             z = (self.endog - mu) / s
             return np.where(right, stats.norm.logsf(z), stats.norm.logpdf(z) - params[2])
 
-    exog = sm.add_constant(lx, has_constant="add")
+    exog = add_constant(lx, has_constant="add")
     if (~right).sum() < 3:
         raise ValueError("the Tobit scaling fit needs at least 3 uncensored n* values.")
-    start = sm.OLS(ly[~right], exog[~right]).fit()
+    start = OLS(ly[~right], exog[~right]).fit()
     s0 = np.log(max(np.sqrt(start.scale), 1e-3))
     model = _Tobit(ly, exog, extra_params_names=["log_sigma"])
     return model.fit(start_params=np.r_[start.params, s0], method="bfgs", disp=False, maxiter=500)

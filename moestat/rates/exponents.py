@@ -10,8 +10,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 from scipy import stats
+from statsmodels.regression.linear_model import OLS
+from statsmodels.robust.norms import HuberT
+from statsmodels.robust.robust_linear_model import RLM
+from statsmodels.tools.tools import add_constant
 
 __all__ = [
     "RATE_MODELS",
@@ -347,7 +350,7 @@ def _linear_fit(eng: _Engine, idx: np.ndarray, X: np.ndarray) -> _Coef:
     pos = np.searchsorted(idx, eng.row_cell[mask])
     labels = None if eng.clusters is None else eng.clusters[mask]
     cov_type, kwds = _robust_cov(labels, "rep" if labels is not None else None)
-    rob = sm.OLS(eng.endog[mask], X[pos]).fit(cov_type=cov_type, cov_kwds=kwds or None, use_t=True)
+    rob = OLS(eng.endog[mask], X[pos]).fit(cov_type=cov_type, cov_kwds=kwds or None, use_t=True)
     df = float(getattr(rob, "df_resid_inference", None) or rob.df_resid)
     return _Coef(np.asarray(rob.params), np.asarray(rob.bse), np.full(p, df), cov_type=cov_type)
 
@@ -357,8 +360,8 @@ def _huber_slope(eng: _Engine, idx: np.ndarray, u: np.ndarray, robust: bool, ols
     """Huber M-estimate of the line on the rows of cells ``idx``: (intercept, slope, se, df, slope draws, cov)."""
     mask = np.isin(eng.row_cell, idx)
     u_rows = u[eng.row_cell[mask]]
-    exog = sm.add_constant(u_rows, has_constant="add")
-    rlm = sm.RLM(eng.endog[mask], exog, M=sm.robust.norms.HuberT(t=HUBER_C)).fit(conv="coefs", tol=1e-10,
+    exog = add_constant(u_rows, has_constant="add")
+    rlm = RLM(eng.endog[mask], exog, M=HuberT(t=HUBER_C)).fit(conv="coefs", tol=1e-10,
                                                                                 maxiter=200)
     if robust:
         return float(rlm.params[0]), float(rlm.params[1]), float(rlm.bse[1]), float(mask.sum() - 2), None, "huber_H1"
@@ -1278,7 +1281,7 @@ def _interaction(sub: pd.DataFrame, y: str, x: str, between: str, a: Any, b: Any
                              or (cluster == "auto" and len(np.unique(reps)) >= MIN_CLUSTERS)):
         eff = "rep"
     cov_type, kwds = _robust_cov(reps, eff)
-    fit = sm.OLS(endog, exog).fit(cov_type=cov_type, cov_kwds=kwds or None, use_t=True)
+    fit = OLS(endog, exog).fit(cov_type=cov_type, cov_kwds=kwds or None, use_t=True)
     diff = -float(fit.params[3])
     se = float(fit.bse[3])
     df = float(getattr(fit, "df_resid_inference", None) or fit.df_resid)
