@@ -1,0 +1,121 @@
+"""Benchmark: the derivatives behind a maximum-likelihood fit's standard errors, against ``torch.func``.
+
+``MLEFit``'s observed information (the Hessian of the log-likelihood), its per-observation scores (sandwich and OPG
+covariances) and the delta-method gradients of ``predict(kind="mean_ci")`` are computed with plain autograd
+(``moestat.fit.results.replicate_hessians``, ``pointwise_gradients``).  Two parts, each printing ratios against a
+baseline measured in the same run:
+
+* ``first``: a user's first standard errors in a fresh interpreter, ``fit_mle`` on statsmodels' Engel data (k = 2)
+  then ``bse()``, ``bse("sandwich")`` and ``predict(kind="mean_ci")``, timed in this tree and in ``--baseline`` (a
+  git worktree of an earlier commit), alternating; also whether ``torch._dynamo`` got loaded.
+* ``sizes``: the Hessian of batched fits of growing size, ``replicate_hessians`` against
+  ``torch.func.vmap(torch.func.hessian(...))`` in one warm process, with their largest relative difference.
+
+    OMP_NUM_THREADS=1 python benchmarks/mle_standard_errors.py --baseline /tmp/old [--parts first,sizes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+FIRST = """
+import sys, time, warnings
+warnings.simplefilter("ignore")
+import statsmodels.api as sm
+import moestat as ms
+engel = sm.datasets.engel.load_pandas().data
+fit = ms.fit_mle(formula="np.log(foodexp) ~ np.log(income)", data=engel, k=2, sd_floor=0.05, restarts=5, seed=1)
+t = time.perf_counter()
+fit.bse(); fit.bse("sandwich"); fit.predict(engel.head(), "mean_ci")
+print(time.perf_counter() - t, "torch._dynamo" in sys.modules, ms.__file__)
+"""
+
+
+def first_call(tree: Path, cwd: str) -> tuple[float, bool]:
+    """Seconds of the first standard errors and mean CIs in a fresh interpreter importing ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", FIRST], cwd=cwd, env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    if not Path(out[2]).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"imported {out[2]}, not the tree {tree}")
+    return float(out[0]), out[1] == "True"
+
+
+def part_first(baseline: Path, repeats: int) -> None:
+    print("== first standard errors in a fresh interpreter (Engel, k = 2): seconds, torch._dynamo loaded")
+    with tempfile.TemporaryDirectory() as cwd:
+        runs: dict[str, list[tuple[float, bool]]] = {"this tree": [], "baseline": []}
+        for _ in range(repeats):
+            runs["baseline"].append(first_call(baseline, cwd))
+            runs["this tree"].append(first_call(HERE, cwd))
+    for name, rs in runs.items():
+        print(f"{name:>10}: " + " ".join(f"{t:.3f}" for t, _ in rs)
+              + f"  median {statistics.median(t for t, _ in rs):.3f} s, dynamo loaded: {sorted({d for _, d in rs})}")
+    ratio = statistics.median(t for t, _ in runs["baseline"]) / statistics.median(t for t, _ in runs["this tree"])
+    print(f"baseline / this tree: {ratio:.1f}x")
+
+
+def _timed(fn, repeats: int):
+    """Mean seconds of ``repeats`` calls after one warm-up call (first-use costs are the other part's subject)."""
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = fn()
+    return (time.perf_counter() - start) / repeats, out
+
+
+def hessian_times(k: int, d: int, n: int, R: int, seed: int, repeats: int) -> tuple[int, float, float, float]:
+    """P, the seconds of torch.func's and of replicate_hessians' Hessians of one batched fit, their difference."""
+    import numpy as np
+    import torch
+
+    import moestat as ms
+    from moestat.fit.results import replicate_hessians
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(R, n, d))
+    y = X[..., 0] + 0.5 * np.abs(X[..., -1]) + 0.3 * rng.normal(size=(R, n))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = ms.fit_mle(ms.MoE(k=k, d=d), X, y, restarts=1, seed=0, max_iter=20)
+    f, (Xt, yt, w) = fit._f_obs(), fit._data_args()
+    ref_fn = torch.func.vmap(torch.func.hessian(lambda t, x, yy, ww: (f(t, x, yy) * ww).sum()))
+    t_ref, H_ref = _timed(lambda: ref_fn(fit._theta, Xt, yt, w), repeats)
+    t_new, H_new = _timed(lambda: replicate_hessians(lambda t: (f(t, Xt, yt) * w).sum(), fit._theta), repeats)
+    return fit._theta.shape[-1], t_ref, t_new, float((H_new - H_ref).abs().max() / H_ref.abs().max())
+
+
+def part_sizes(repeats: int) -> None:
+    print("== Hessian of batched Gaussian-expert fits: torch.func (fwd-over-rev, vmapped) vs replicate_hessians")
+    print("k d n R P | torch.func s | replicate_hessians s | ratio | max relative difference")
+    for k, d, n, R in [(2, 1, 500, 1), (3, 4, 1000, 1), (5, 10, 2000, 1), (5, 10, 2000, 10), (9, 20, 5000, 5)]:
+        P, t_ref, t_new, rel = hessian_times(k, d, n, R, seed=k * 100 + R, repeats=repeats)
+        print(f"{k} {d} {n} {R} {P} | {t_ref:.4f} | {t_new:.4f} | {t_ref / t_new:.2f}x | {rel:.1e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, help="a tree of an earlier commit (git worktree), for --parts first")
+    parser.add_argument("--parts", default="first,sizes")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    if "first" in parts:
+        if args.baseline is None:
+            raise SystemExit("--parts first needs --baseline TREE (e.g. git worktree add /tmp/old HEAD~1)")
+        part_first(args.baseline, args.repeats)
+    if "sizes" in parts:
+        part_sizes(max(1, args.repeats // 2))
+
+
+if __name__ == "__main__":
+    main()
