@@ -68,12 +68,13 @@ class LSEMemoryModel:
     condition number of :math:`J^\top J`) holds :math:`3F^2` plus the packed sums per replicate whatever the
     optimiser (:attr:`certificate`).  ``fixed`` is what the call holds whatever the blocks: its float64 copy of the
     data and the tensors made from it, :math:`Rn(d+2)` float64 values and as many words (:math:`2Rn(d+2)` words in
-    float64).  Not counted: the observation chunks' workspaces,
-    which do not grow with the number of problems or observations (about 20 MiB on a CPU; on a GPU up to
-    :data:`moestat.fit._objective.CUDA_WORKSPACE_BYTES` each for the objective, the Hessian and the inputs' pair
-    products), and the caller's own arrays.  Measured against the peak of live torch allocations at the flagship
-    size (k = 9, d = 32, sigmoid and softmax gates, n = 1,000 and 8,000): it grew by 5.5-6.5 MiB per problem beyond
-    the data, against the model's 9.6-10.9 MiB (docs/performance.md).  An estimate, not a guarantee.
+    float64).  Not counted: the observation chunks' workspaces, which do not grow with the number of problems or
+    observations (about 20 MiB on a CPU; on a GPU up to :data:`moestat.fit._objective.CUDA_WORKSPACE_BYTES` each for
+    the objective, the Hessian and the inputs' pair products, and at most
+    :data:`moestat.fit._objective.WORKSPACE_CACHE_BYTES` of the objective's earlier chunk shapes kept for reuse),
+    and the caller's own arrays.  Measured against the peak of live torch allocations at the flagship size (k = 9,
+    d = 32, sigmoid and softmax gates, n = 1,000 and 8,000): it grew by 5.5-6.5 MiB per problem beyond the data,
+    against the model's 9.6-10.9 MiB (docs/performance.md).  An estimate, not a guarantee.
     """
 
     per_problem: float

@@ -61,6 +61,10 @@ FUSED_GATES = ("softmax", "sigmoid", "topk")
 
 #: Largest workspace (bytes) of one chunk of observations on a GPU (eager kernel, Gauss-Newton pair products).
 CUDA_WORKSPACE_BYTES = 2**30
+#: Bytes of chunk workspaces one :class:`MeanKernel` keeps for reuse, all shapes together (besides at most seven
+#: shapes): a GPU's workspaces reach :data:`CUDA_WORKSPACE_BYTES` each, and a shrinking active set asks for a new
+#: shape at every size, so without a cap seven of them (7 GiB) could stay allocated.
+WORKSPACE_CACHE_BYTES = 2 * CUDA_WORKSPACE_BYTES
 
 #: On a CPU, a batch of F x F matrices larger than this (A F^2 doubles) is factored, solved and assembled one problem
 #: at a time: batched LAPACK calls and gathers then work out of cache (flagship size, A = 20, F = 594: 3.5x slower
@@ -166,9 +170,10 @@ class MeanKernel:
         key = (G, s, n, like.dtype, like.device)
         ws = self._ws.get(key)
         if ws is None:
-            if len(self._ws) > 6:
-                self._ws.clear()
             k = self.k
+            held = sum(t.numel() * t.element_size() for kept in self._ws.values() for t in kept.values())
+            if len(self._ws) > 6 or held + G * s * n * (8 * k + 2) * like.element_size() > WORKSPACE_CACHE_BYTES:
+                self._ws.clear()
             new = lambda *shape: torch.empty(shape, dtype=like.dtype, device=like.device)  # noqa: E731
             ws = {"Z": new(G, s * 2 * k, n), "U": new(G, s, 2 * k, n), "pi": new(G, s, k, n),
                   "h": new(G, s, k, n), "dh": new(G, s, k, n), "tmp": new(G, s, k, n),

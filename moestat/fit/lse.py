@@ -576,9 +576,10 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
         restarts) are made small enough for the estimate of :class:`moestat.fit._memory.LSEMemoryModel`, and the
         certificate after the fit (the exact Hessian's eigenvalues at each replicate's best restart) is computed in
         blocks the same way.  Where ``block_bytes`` already makes smaller blocks it decides.  The observation
-        chunks' workspaces (about 20 MiB on a CPU, up to 1 GiB each on a GPU) do not grow with the problems and are
-        not counted.  A budget below one replicate at a time warns and fits one at a time.  Blocks change only the
-        round-off of batched products (see ``block_bytes``).  ``fit.settings["replicates_per_block"]`` records the
+        chunks' workspaces (about 20 MiB on a CPU, up to 1 GiB each on a GPU, and at most 2 GiB of earlier
+        chunk shapes kept for reuse) do not grow with the problems and are not counted.  A budget below one
+        replicate at a time warns and fits one at a time.  Blocks change only the round-off of batched products
+        (see ``block_bytes``).  ``fit.settings["replicates_per_block"]`` records the
         block size, and ``fit.settings["memory_budget"]`` a budget other than the default.
     threads : int or None
         torch intra-op threads on CPU during the solve (default 1, restored afterwards): blocks of

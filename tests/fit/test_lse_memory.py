@@ -169,3 +169,49 @@ def test_the_sgd_protocol_keeps_the_budget_and_its_paths():
     blocks = _fit(data, memory_budget=budget, condition=False, **kw)
     assert (one.settings["replicates_per_block"], blocks.settings["replicates_per_block"]) == (4, 2)
     np.testing.assert_array_equal(blocks.objective, one.objective)
+
+
+def _held(kernel) -> int:
+    return sum(t.numel() * t.element_size() for ws in kernel._ws.values() for t in ws.values())
+
+
+def test_kernel_keeps_chunk_workspaces_within_its_cache_bytes(monkeypatch):
+    """A shrinking active set asks the kernel for a workspace of a new shape at every size; on a GPU each reaches
+    CUDA_WORKSPACE_BYTES, so the kernel keeps at most WORKSPACE_CACHE_BYTES of them (here scaled down to 1 MB, the
+    shapes of 80 kB to 800 kB), where it used to keep seven whatever their size."""
+    from moestat.fit import _objective
+    from moestat.fit._objective import MeanKernel
+
+    kernel = MeanKernel.from_spec(ms.MoE(gate="softmax", expert="gelu", k=3, d=2))
+    like = torch.zeros(1, dtype=torch.float64)
+    per_group = 2 * 500 * (8 * 3 + 2) * 8  # s = 2 restarts, n = 500 observations: 208 kB per group
+    monkeypatch.setattr(_objective, "WORKSPACE_CACHE_BYTES", 10**6)
+    for G in (4, 3, 2, 1, 4, 3):
+        ws = kernel._workspace(G, 2, 500, like)
+        assert ws["Z"].shape == (G, 2 * 2 * 3, 500)
+        assert _held(kernel) <= 10**6
+        assert kernel._workspace(G, 2, 500, like) is ws  # the workspace in use is reused, not made again
+    assert _held(kernel) == 3 * per_group  # G = 3 alone: adding it to G = 4's would exceed the cap
+    monkeypatch.setattr(_objective, "WORKSPACE_CACHE_BYTES", 2**31)  # the default: small CPU shapes, seven kept
+    kernel._ws.clear()
+    for G in range(1, 9):
+        kernel._workspace(G, 2, 500, like)
+    assert len(kernel._ws) == 1  # the eighth shape cleared the seven before it
+    assert _held(kernel) == 8 * per_group
+
+
+def test_fit_does_not_depend_on_the_kernels_workspace_cache(monkeypatch):
+    """Workspaces are overwritten before they are read: a cache of one shape at a time gives the same fit, to the
+    bit, as the default (restarts that stop at different iterations shrink the active set through many shapes)."""
+    from moestat.fit import _objective
+
+    spec = ms.MoE(gate="softmax", expert="gelu", k=3, d=2)
+    data = ms.simulate(spec, _truth(spec), n=300, reps=3, seed=4, inputs="gaussian")
+    kw = {"seed": 5, "restarts": 3, "device": "cpu", "block_bytes": None, "max_iter": 200}
+    ref = _fit(data, spec, **kw)
+    monkeypatch.setattr(_objective, "WORKSPACE_CACHE_BYTES", 1)
+    small = _fit(data, spec, **kw)
+    assert len(set(np.asarray(ref.n_iter).ravel())) > 1  # the replicates stopped at different iterations
+    np.testing.assert_array_equal(small.objective, ref.objective)
+    np.testing.assert_array_equal(small.n_iter, ref.n_iter)
+    np.testing.assert_array_equal(small.restart_params.expert_weight, ref.restart_params.expert_weight)
