@@ -196,8 +196,9 @@ def test_fit_mle_on_cuda_equals_cpu():
 
 def test_glm_formula_fit_with_an_offset_and_its_predictions_on_cuda_equal_cpu():
     """A Poisson formula fit with a gate covariate and an offset (EM's fused IRLS step, the closed-form L-BFGS
-    gradient, the offset column), then the new predictive kinds: variance, and the delta-method SE of the mean
-    (forward-mode autograd through the packed parameters under vmap) with its interval."""
+    gradient, the offset column), its standard errors (the observed information and the sandwich, from the plain
+    autograd Hessian and per-observation scores), then the predictive kinds: variance, and the delta-method SE of the
+    mean (autograd through the packed parameters, every point at its own copy) with its interval."""
     import pandas as pd
 
     rng = np.random.default_rng(0)
@@ -214,6 +215,8 @@ def test_glm_formula_fit_with_an_offset_and_its_predictions_on_cuda_equal_cpu():
     # the same optimum: log-likelihoods (sums over n = 1500) to 1e-8 relative, coefficients to 1e-5
     assert float(gpu.loglik) == pytest.approx(float(cpu.loglik), rel=1e-8)
     np.testing.assert_allclose(np.asarray(gpu.theta), np.asarray(cpu.theta), atol=1e-5)
+    for cov in ("oim", "sandwich"):  # the same optimum to 1e-5: the SEs there to 1e-4 relative
+        np.testing.assert_allclose(gpu.bse(cov), cpu.bse(cov), rtol=1e-4, err_msg=cov)
     new = df.iloc[:20]
     for kind in ("mean", "variance", "mean_se"):
         np.testing.assert_allclose(gpu.predict(new, kind), cpu.predict(new, kind), rtol=1e-4, err_msg=kind)
