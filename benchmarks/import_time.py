@@ -23,14 +23,20 @@ HERE = Path(__file__).resolve().parents[1]
 TIMED = "import time; t = time.perf_counter(); import moestat; print(time.perf_counter() - t, moestat.__file__)"
 
 
-def import_seconds(tree: Path, cwd: str) -> float:
-    """Seconds of ``import moestat`` from ``tree`` in a fresh interpreter (checked to import that tree)."""
+def run_in_tree(tree: Path, code: str, cwd: str) -> list[str]:
+    """The words ``code`` prints, run in a fresh interpreter that imports moestat from ``tree`` (started in the
+    neutral directory ``cwd``); the code prints ``moestat.__file__`` last, which is checked and dropped."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", TIMED], cwd=cwd, env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    if not Path(out[1]).resolve().is_relative_to(tree.resolve()):
-        raise SystemExit(f"imported {out[1]}, not the tree {tree}: is moestat installed non-editable?")
-    return float(out[0])
+    if not Path(out[-1]).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"imported {out[-1]}, not the tree {tree}: is moestat installed non-editable?")
+    return out[:-1]
+
+
+def import_seconds(tree: Path, cwd: str) -> float:
+    """Seconds of ``import moestat`` from ``tree`` in a fresh interpreter."""
+    return float(run_in_tree(tree, TIMED, cwd)[0])
 
 
 def slowest_modules(tree: Path, cwd: str, top: int) -> list[tuple[float, str]]:

@@ -17,9 +17,7 @@ baseline measured in the same run:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,9 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from import_time import run_in_tree  # noqa: E402  (the same fresh-interpreter runner)
+
 FIRST = """
 import sys, time, warnings
 warnings.simplefilter("ignore")
@@ -41,13 +42,10 @@ print(time.perf_counter() - t, "torch._dynamo" in sys.modules, ms.__file__)
 
 
 def first_call(tree: Path, cwd: str) -> tuple[float, bool]:
-    """Seconds of the first standard errors and mean CIs in a fresh interpreter importing ``tree``."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", FIRST], cwd=cwd, env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
-    if not Path(out[2]).resolve().is_relative_to(tree.resolve()):
-        raise SystemExit(f"imported {out[2]}, not the tree {tree}")
-    return float(out[0]), out[1] == "True"
+    """Seconds of the first standard errors and mean CIs in a fresh interpreter importing ``tree``, and whether
+    ``torch._dynamo`` got loaded."""
+    seconds, dynamo = run_in_tree(tree, FIRST, cwd)
+    return float(seconds), dynamo == "True"
 
 
 def part_first(baseline: Path, repeats: int) -> None:

@@ -27,6 +27,7 @@ it against autograd and finite differences.  The Jacobian of the residuals used 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -171,13 +172,13 @@ class MeanKernel:
         ws = self._ws.get(key)
         if ws is None:
             k = self.k
+            shapes = {"Z": (G, s * 2 * k, n), "U": (G, s, 2 * k, n), "pi": (G, s, k, n), "h": (G, s, k, n),
+                      "dh": (G, s, k, n), "tmp": (G, s, k, n), "f": (G, s, n), "r": (G, s, n)}
             held = sum(t.numel() * t.element_size() for kept in self._ws.values() for t in kept.values())
-            if len(self._ws) > 6 or held + G * s * n * (8 * k + 2) * like.element_size() > WORKSPACE_CACHE_BYTES:
+            size = sum(math.prod(shape) for shape in shapes.values()) * like.element_size()
+            if len(self._ws) > 6 or held + size > WORKSPACE_CACHE_BYTES:
                 self._ws.clear()
-            new = lambda *shape: torch.empty(shape, dtype=like.dtype, device=like.device)  # noqa: E731
-            ws = {"Z": new(G, s * 2 * k, n), "U": new(G, s, 2 * k, n), "pi": new(G, s, k, n),
-                  "h": new(G, s, k, n), "dh": new(G, s, k, n), "tmp": new(G, s, k, n),
-                  "f": new(G, s, n), "r": new(G, s, n)}
+            ws = {name: torch.empty(shape, dtype=like.dtype, device=like.device) for name, shape in shapes.items()}
             self._ws[key] = ws
         return ws
 

@@ -1405,8 +1405,9 @@ def replicate_hessians(total: Any, theta: torch.Tensor) -> torch.Tensor:
     :math:`r` is :math:`H_{r,i,\cdot}` since the terms of other replicates do not depend on :math:`\theta_r`.
     ``torch.func.vmap(torch.func.hessian(...))`` gives the same matrices to rounding (relative 1e-15), but it loads
     ``torch._dynamo`` on first use (about 1 s of a process's first standard error) and its batched passes over all
-    P coordinates are memory-bound: at P = 104, R = 10, n = 2,000 it took 2.8 s against 0.56 s here, at P = 366,
-    R = 5, n = 5,000 31.5 s against 5.6 s (2-core machine, one thread); at P = 8 to 28 both take milliseconds.
+    P coordinates are memory-bound: at P = 104, R = 10, n = 2,000 it took 2.87 s against 0.48 s here, at P = 366,
+    R = 5, n = 5,000 32.9 s against 5.4 s (2-core machine, one thread, ``benchmarks/mle_standard_errors.py``); at
+    P = 8 to 28 both take milliseconds.
     """
     theta = theta.detach().clone().requires_grad_(True)
     with torch.enable_grad():
