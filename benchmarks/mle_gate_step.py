@@ -120,6 +120,7 @@ def derivative_times(cell: tuple, gen, repeats: int) -> None:
     import torch
 
     import moestat as ms
+    from moestat.fit import _derivatives as derivatives
     from moestat.fit import em
     from moestat.fit._layout import ParamLayout
 
@@ -148,14 +149,14 @@ def derivative_times(cell: tuple, gen, repeats: int) -> None:
     rh = float((H_new - H_ref).abs().max() / H_ref.abs().max())
     label = gate if top_k is None else f"{gate}{top_k}"
     print(f"{label} {k} {d} {n} {A} {P} | {t_ref:.4f} | {t_new:.4f} | {t_ref / t_new:.2f}x | {rg:.1e}, {rh:.1e}")
-    budget = em.HESSIAN_CHUNK_ELEMENTS["cpu"]
-    chunks = em.hessian_chunks(P, budget // (A * k * n))
+    budget = derivatives.HESSIAN_CHUNK_ELEMENTS["cpu"]
+    chunks = derivatives.hessian_chunks(P, budget // (A * k * n))
     if len(chunks) > 1:  # the same derivatives with every Hessian row in one backward pass
-        em.HESSIAN_CHUNK_ELEMENTS["cpu"] = 2**62
+        derivatives.HESSIAN_CHUNK_ELEMENTS["cpu"] = 2**62
         try:
             t_one, (_, H_one) = _timed(ours, repeats)
         finally:
-            em.HESSIAN_CHUNK_ELEMENTS["cpu"] = budget
+            derivatives.HESSIAN_CHUNK_ELEMENTS["cpu"] = budget
         print(f"    {len(chunks)} chunks of {chunks[0][1]} rows: {t_new:.4f} s; all {P} rows in one pass: "
               f"{t_one:.4f} s ({t_one / t_new:.2f}x); equal to the bit: {torch.equal(H_one, H_new)}")
 

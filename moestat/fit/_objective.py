@@ -37,6 +37,7 @@ from ..experts import ExpertFamily
 from ..gates import gate_logits
 from ..model import MoE, tempered
 from . import _native
+from ._derivatives import hessian_rows
 
 
 def activation_and_derivative(family: ExpertFamily) -> Callable:
@@ -59,6 +60,10 @@ KERNEL_MODES = ("eager", "native", "auto")
 
 #: Gates whose Z-derivatives :class:`MeanKernel` derives by hand; every other gate runs on :class:`ReferenceKernel`.
 FUSED_GATES = ("softmax", "sigmoid", "topk")
+
+#: Parameter copies (numbers) in one chunk of observations of :meth:`ReferenceKernel.residual_derivatives`, which
+#: evaluates each observation at its own copy of its problem's parameters.
+JACOBIAN_CHUNK_ELEMENTS = {"cpu": 2**20, "other": 2**26}
 
 #: Largest workspace (bytes) of one chunk of observations on a GPU (eager kernel, Gauss-Newton pair products).
 CUDA_WORKSPACE_BYTES = 2**30
@@ -422,9 +427,9 @@ class ReferenceKernel:
     The reference path of :func:`moestat.fit_lse` for gates the fused kernels do not know (scores that are
     not :math:`w_i^\top x + b_i`, or a normalisation :class:`MeanKernel` does not derive by hand): the mean is
     :meth:`moestat.MoE.mean_from_linear` of :meth:`moestat.MoE.gate_scores` and the expert pre-activations, so
-    it is the model's own formula; gradients come from autograd, and the Gauss-Newton matrix and exact Hessian
-    of :meth:`LSProblem.gauss_newton` from ``torch.func`` (``jacrev``, ``hessian``) per problem instead of the
-    Kronecker pair products.  Same tensor layout and methods as :class:`MeanKernel`; slower, exact.
+    it is the model's own formula; gradients come from autograd, and so do the Jacobian and exact Hessian behind
+    :meth:`LSProblem.gauss_newton` (:meth:`residual_derivatives`), per problem instead of the Kronecker pair
+    products.  Same tensor layout and methods as :class:`MeanKernel`; slower, exact.
 
     With ``learn_temperature`` a problem's table has one more row, :math:`2k`, whose first entry is
     :math:`\rho = \log\tau` of a fitted gate temperature (its other entries are held fixed by the caller): the
@@ -483,23 +488,37 @@ class ReferenceKernel:
 
     def residual_derivatives(self, theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *, exact: bool
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        r"""Per problem (``theta`` (A, 2k, d+1), ``X`` (A, n, d+1), ``y`` (A, n)): residuals r (A, n), their
+        r"""Per problem (``theta`` (A, rows, d+1), ``X`` (A, n, d+1), ``y`` (A, n)): residuals r (A, n), their
         Jacobian J (A, n, P) and, with ``exact``, the Hessian of :math:`\frac12\sum_t r_t^2`,
-        :math:`J^\top J + \sum_t r_t \nabla^2 r_t` (A, P, P); else None."""
-        from torch.func import hessian, jacrev, vmap
+        :math:`J^\top J + \sum_t r_t \nabla^2 r_t` (A, P, P); else None.
 
-        def resid(t: torch.Tensor, x: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
-            return self._f(t[None, None], x[None])[0, 0] - yy
-
-        def half_ss(t: torch.Tensor, x: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
-            return 0.5 * resid(t, x, yy).square().sum()
-
+        J by reverse mode, with each observation evaluated at its own copy of its problem's parameters: one backward
+        pass of :math:`\sum_t f(x_t;\theta^{(t)})` then gives every row :math:`\partial r_t/\partial\theta` (the
+        copies share nothing), in chunks of observations of at most :data:`JACOBIAN_CHUNK_ELEMENTS` copied numbers.
+        H by reverse over reverse (:func:`moestat.fit._derivatives.hessian_rows`).  Time and memory linear in n
+        (``torch.func.vmap(jacrev(...))`` ran n cotangents through the whole batch: quadratic); J equals its to
+        rounding (to the bit at one chunk for most gates), H ``torch.func.hessian``'s to a relative
+        :math:`10^{-14}`.
+        """
         A, n = y.shape
-        P = theta[0].numel()
+        shape, P = theta.shape[1:], theta[0].numel()
+        r = self.mean(theta.unsqueeze(1), X)[:, 0] - y
+        J = theta.new_empty(A, n, P)
+        step = max(1, JACOBIAN_CHUNK_ELEMENTS["cpu" if theta.device.type == "cpu" else "other"] // (A * P))
         with torch.enable_grad():
-            r = self.mean(theta.unsqueeze(1), X)[:, 0] - y
-            J = vmap(jacrev(resid))(theta, X, y).reshape(A, n, P)
-            H = vmap(hessian(half_ss))(theta, X, y).reshape(A, P, P) if exact else None
+            for lo in range(0, n, step):
+                m = min(n, lo + step) - lo
+                copies = theta.detach().unsqueeze(1).expand(A, m, *shape).reshape(A * m, 1, *shape)
+                copies.requires_grad_(True)
+                mean = self._f(copies, X[:, lo : lo + m].reshape(A * m, 1, -1))
+                (rows,) = torch.autograd.grad(mean.sum(), copies)
+                J[:, lo : lo + m] = rows.reshape(A, m, P)
+            if not exact:
+                return r, J, None
+            th = theta.detach().requires_grad_(True)
+            half_ss = 0.5 * (self._f(th.unsqueeze(1), X)[:, 0] - y).square().sum()
+            (grad,) = torch.autograd.grad(half_ss, th, create_graph=True)
+            H = hessian_rows(grad.reshape(A, P), th, per_row=A * n * self.rows)
         return r, J, H
 
 
@@ -748,7 +767,8 @@ class LSProblem:
 
     def _gauss_newton_reference(self, theta: torch.Tensor, exact: bool
                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`gauss_newton` for a :class:`ReferenceKernel`: J and the exact Hessian by ``torch.func``."""
+        """:meth:`gauss_newton` for a :class:`ReferenceKernel`: J and the exact Hessian by autograd
+        (:meth:`ReferenceKernel.residual_derivatives`)."""
         kernel = self.kernel
         assert isinstance(kernel, ReferenceKernel)
         s, n = self._s, self.n

@@ -49,7 +49,6 @@ All arrays carry leading axes (R, S) = (replicates, restarts); one tensor progra
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from ..families import _MAX_HALVINGS, _ROUNDING, Family, irls_weighted
 from ..gates import log_mixture_weights
 from ..model import MoE, normal_log_density
 from . import _native
+from ._derivatives import hessian_rows
 from ._layout import BlockParams, ParamLayout
 
 P = ParamSpec("P")
@@ -461,51 +461,24 @@ def _observed_loglik(logw: torch.Tensor, log_expert: torch.Tensor, weights: torc
     return lse.sum(-1) if weights is None else (lse * weights).sum(-1)
 
 
-#: Elements of one batched backward pass of the gate step's Hessian (:func:`gate_derivatives`): Hessian rows times
-#: pairs times k times n.  On a CPU the rows' cotangents go in chunks that stay in cache (at 30 pairs, k = 4,
-#: n = 5000 and 24 gate terms, all rows at once took 3.4x the time of chunks of 3); a GPU takes far more at once.
-HESSIAN_CHUNK_ELEMENTS = {"cpu": 2**21, "other": 2**27}
-
-
 def gate_derivatives(spec: MoE, layout: ParamLayout, X: torch.Tensor, tau: torch.Tensor, theta_g: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Gradient (A, P) and Hessian (A, P, P) of each pair's :math:`Q(\theta_g) = \sum_t\sum_i
     \tau_{ti}\log\tilde\pi_i(x_t;\theta_g)` (:func:`expected_gate_loglik` of :func:`gate_log_weights`) at its gate
-    terms ``theta_g`` (A, P), by plain autograd, reverse over reverse.
-
-    One backward pass of the summed :math:`Q` gives every pair's gradient :math:`g` (the pairs share no
-    parameter); backward passes of :math:`g` with unit cotangents give the Hessian's rows, several rows per pass
-    (``is_grads_batched``), in chunks of :func:`hessian_chunks` that keep a pass within
-    :data:`HESSIAN_CHUNK_ELEMENTS`.  Every chunk has at least two rows: a pass with more than one row gives the same
-    numbers whatever its size, so a pair's Hessian does not depend on how many pairs share the batch.
+    terms ``theta_g`` (A, P), by plain autograd, reverse over reverse: one backward pass of the summed :math:`Q`
+    gives every pair's gradient (the pairs share no parameter), batched backward passes of that gradient the
+    Hessian's rows (:func:`moestat.fit._derivatives.hessian_rows`, in chunks that stay in cache).
 
     The same numbers as ``torch.func.vmap`` over ``grad`` and ``jacrev`` of one pair's :math:`Q` (to the bit for the
     top-K, Laplace, Gaussian and quadratic gates; to a relative :math:`10^{-14}` for the sigmoid and cosine gates),
     without ``torch.func``, whose first use in a process imports torch's compiler (about 1 s).
     """
     th = theta_g.detach().requires_grad_(True)
-    A, P = th.shape
-    budget = HESSIAN_CHUNK_ELEMENTS["cpu" if th.device.type == "cpu" else "other"]
-    chunks = hessian_chunks(P, budget // max(1, A * tau.shape[-2] * tau.shape[-1]))
-    unit = torch.eye(P, dtype=th.dtype, device=th.device)
     with torch.enable_grad():
         q = expected_gate_loglik(tau, gate_log_weights(spec, layout, th, X)).sum()
         (g,) = torch.autograd.grad(q, th, create_graph=True)
-        rows = []
-        for i, (start, stop) in enumerate(chunks):
-            cotangents = unit[start:stop].unsqueeze(1).expand(stop - start, A, P)
-            rows.append(torch.autograd.grad(g, th, grad_outputs=cotangents, is_grads_batched=True,
-                                            retain_graph=i < len(chunks) - 1)[0])
-    H = rows[0] if len(rows) == 1 else torch.cat(rows)
-    return g.detach(), H.detach().permute(1, 0, 2)
-
-
-def hessian_chunks(P: int, rows: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of consecutive chunks of the P Hessian rows, about ``rows`` each and never fewer than two
-    (unless P is 1): as few chunks as ``rows`` allows, of sizes that differ by at most one."""
-    m = max(1, min(-(-P // max(rows, 2)), P // 2))
-    bounds = [P * i // m for i in range(m + 1)]
-    return list(itertools.pairwise(bounds))
+        H = hessian_rows(g, th, per_row=th.shape[0] * tau.shape[-2] * tau.shape[-1])
+    return g.detach(), H
 
 
 def gradient_gate_step(spec: MoE, layout: ParamLayout, X: torch.Tensor, tau: torch.Tensor, theta_g: torch.Tensor,

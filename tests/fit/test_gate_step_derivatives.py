@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import moestat as ms
+from moestat.fit import _derivatives as derivatives
 from moestat.fit import em
 from moestat.fit._layout import ParamLayout
 
@@ -79,15 +80,15 @@ def test_a_pairs_derivatives_depend_neither_on_its_batch_nor_on_the_chunks(gate,
     g, H = em.gate_derivatives(spec, layout, X, tau, theta)
     g2, H2 = em.gate_derivatives(spec, layout, X[2:4], tau[2:4], theta[2:4])
     assert torch.equal(g[2:4], g2) and torch.equal(H[2:4], H2)
-    monkeypatch.setitem(em.HESSIAN_CHUNK_ELEMENTS, "cpu", 1)
-    assert len(em.hessian_chunks(theta.shape[1], 0)) > 1
+    monkeypatch.setitem(derivatives.HESSIAN_CHUNK_ELEMENTS, "cpu", 1)
+    assert len(derivatives.hessian_chunks(theta.shape[1], 0)) > 1
     g_c, H_c = em.gate_derivatives(spec, layout, X, tau, theta)
     assert torch.equal(g_c, g) and torch.equal(H_c, H)
 
 
 @given(st.integers(1, 200), st.integers(-1, 300))
 def test_hessian_chunks_cover_every_row_in_balanced_chunks_of_at_least_two(P, rows):
-    chunks = em.hessian_chunks(P, rows)
+    chunks = derivatives.hessian_chunks(P, rows)
     sizes = [stop - start for start, stop in chunks]
     assert chunks[0][0] == 0 and chunks[-1][1] == P
     assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))

@@ -2,7 +2,7 @@
 computations and against the tensor loop (:func:`moestat.fit._optim.newton`).
 
 * Its Hessian and gradient at one point against the autograd reference (the model's own mean formula differentiated
-  twice by ``torch.func``, :class:`~moestat.fit._objective.ReferenceKernel`), for both gates, every expert with a C++
+  twice by autograd, :class:`~moestat.fit._objective.ReferenceKernel`), for both gates, every expert with a C++
   form, a temperature, and blocks of observations shorter than the data and than a vector register.
 * Whole fits against the tensor loop from the same starts: the same method step by step, summed in another order,
   so the same end points up to rounding wherever either loop converges (``_assert_same_fits``).  Runs that crawl to
