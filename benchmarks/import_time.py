@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
@@ -32,6 +33,37 @@ def run_in_tree(tree: Path, code: str, cwd: str) -> list[str]:
     if not Path(out[-1]).resolve().is_relative_to(tree.resolve()):
         raise SystemExit(f"imported {out[-1]}, not the tree {tree}: is moestat installed non-editable?")
     return out[:-1]
+
+
+def alternate(baseline: Path, code: str, repeats: int, cwd: str) -> tuple[list[list[str]], list[list[str]]]:
+    """The words ``code`` prints (:func:`run_in_tree`) in ``repeats`` fresh interpreters of ``baseline`` and of this
+    tree, alternating, baseline first: (the baseline's runs, this tree's runs)."""
+    old, new = [], []
+    for _ in range(repeats):
+        old.append(run_in_tree(baseline, code, cwd))
+        new.append(run_in_tree(HERE, code, cwd))
+    return old, new
+
+
+def report_first_calls(old: list[list[str]], new: list[list[str]]) -> float:
+    """Print each tree's seconds (the first word of each run), their medians and the second words (whether
+    ``torch._dynamo`` got loaded); return the ratio of the medians, baseline over this tree."""
+    for name, runs in (("this tree", new), ("baseline", old)):
+        print(f"{name:>10}: " + " ".join(f"{float(r[0]):.3f}" for r in runs)
+              + f"  median {statistics.median(float(r[0]) for r in runs):.3f} s, "
+              f"dynamo loaded: {sorted({r[1] for r in runs})}")
+    return statistics.median(float(r[0]) for r in old) / statistics.median(float(r[0]) for r in new)
+
+
+def median_timed(fn, repeats: int):
+    """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call, and the last call's output."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
 
 
 def import_seconds(tree: Path, cwd: str) -> float:

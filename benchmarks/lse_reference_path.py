@@ -25,12 +25,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_time import run_in_tree  # noqa: E402  (the same fresh-interpreter runner)
+from import_time import alternate, median_timed, report_first_calls  # noqa: E402  (fresh-interpreter runs)
 
 # gate, learn_temperature, k, d, n, replicates
 FIT_CELLS = [("cosine", False, 3, 2, 1000, 2), ("laplace", False, 3, 2, 1000, 2), ("gaussian", False, 3, 2, 1000, 2),
@@ -67,18 +66,9 @@ print(time.perf_counter() - t, f.settings["optimizer"], float(np.sum(f.objective
 
 def part_first(baseline: Path, repeats: int) -> None:
     print("== a process's first cosine-gated fit_lse (n = 300, Newton): seconds, torch._dynamo loaded")
-    runs: dict[str, list[list[str]]] = {"this tree": [], "baseline": []}
     with tempfile.TemporaryDirectory() as cwd:
-        for _ in range(repeats):
-            runs["baseline"].append(run_in_tree(baseline, FIRST.format(cell=FIT_CELLS[0]), cwd))
-            runs["this tree"].append(run_in_tree(HERE, FIRST.format(cell=FIT_CELLS[0]), cwd))
-    for name, rs in runs.items():
-        print(f"{name:>10}: " + " ".join(f"{float(r[0]):.3f}" for r in rs)
-              + f"  median {statistics.median(float(r[0]) for r in rs):.3f} s, "
-              f"dynamo loaded: {sorted({r[1] for r in rs})}")
-    ratio = (statistics.median(float(r[0]) for r in runs["baseline"])
-             / statistics.median(float(r[0]) for r in runs["this tree"]))
-    print(f"baseline / this tree: {ratio:.2f}x")
+        old, new = alternate(baseline, FIRST.format(cell=FIT_CELLS[0]), repeats, cwd)
+    print(f"baseline / this tree: {report_first_calls(old, new):.2f}x")
 
 
 def part_fits(baseline: Path, repeats: int) -> None:
@@ -86,10 +76,7 @@ def part_fits(baseline: Path, repeats: int) -> None:
     print("gate k d n R | optimizer | baseline s | this tree s | ratio | objectives (sum): baseline, this tree")
     with tempfile.TemporaryDirectory() as cwd:
         for cell in FIT_CELLS:
-            old, new = [], []
-            for _ in range(repeats):
-                old.append(run_in_tree(baseline, WARM.format(cell=cell), cwd))
-                new.append(run_in_tree(HERE, WARM.format(cell=cell), cwd))
+            old, new = alternate(baseline, WARM.format(cell=cell), repeats, cwd)
             t_old = statistics.median(float(r[0]) for r in old)
             t_new = statistics.median(float(r[0]) for r in new)
             gate, learn_temperature, k, d, n, R = cell
@@ -97,17 +84,6 @@ def part_fits(baseline: Path, repeats: int) -> None:
             o_old, o_new = float.fromhex(old[0][2]), float.fromhex(new[0][2])
             print(f"{label} {k} {d} {n} {R} | {new[0][1]} | {t_old:.2f} | {t_new:.2f} | {t_old / t_new:.1f}x | "
                   f"{o_old:.12g}, {o_new:.12g}")
-
-
-def _timed(fn, repeats: int):
-    """Median seconds of ``repeats`` calls after one warm-up call, and the last output."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def torch_func_derivatives(kernel, theta, X, y):
@@ -143,11 +119,11 @@ def part_derivatives(repeats: int) -> None:
         X = torch.cat([torch.ones(A, n, 1, dtype=torch.float64),
                        torch.rand(A, n, 2, generator=gen, dtype=torch.float64) * 2 - 1], -1)
         y = torch.randn(A, n, generator=gen, dtype=torch.float64)
-        t_new, (_, J, H) = _timed(lambda: kernel.residual_derivatives(theta, X, y, exact=True), repeats)  # noqa: B023
+        t_new, (_, J, H) = median_timed(lambda: kernel.residual_derivatives(theta, X, y, exact=True), repeats)  # noqa: B023
         if n > 4000:
             print(f"{n} | - | {t_new:.4f} | - | -")
             continue
-        t_ref, (J_ref, H_ref) = _timed(lambda: torch_func_derivatives(kernel, theta, X, y), max(1, repeats // 2))  # noqa: B023
+        t_ref, (J_ref, H_ref) = median_timed(lambda: torch_func_derivatives(kernel, theta, X, y), max(1, repeats // 2))  # noqa: B023
         rj = float((J - J_ref).abs().max() / J_ref.abs().max())
         rh = float((H - H_ref).abs().max() / H_ref.abs().max())
         print(f"{n} | {t_ref:.4f} | {t_new:.4f} | {t_ref / t_new:.0f}x | {rj:.1e}, {rh:.1e}")

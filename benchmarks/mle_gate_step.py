@@ -26,12 +26,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_time import run_in_tree  # noqa: E402  (the same fresh-interpreter runner)
+from import_time import alternate, median_timed, report_first_calls  # noqa: E402  (fresh-interpreter runs)
 
 # gate, top_k, k, d, n, replicates R, random starts S
 CELLS = [("sigmoid", None, 2, 2, 500, 1, 3), ("sigmoid", None, 4, 5, 5000, 10, 3), ("cosine", None, 3, 3, 2000, 5, 3),
@@ -72,18 +71,10 @@ print(sorted(times)[1], float(np.sum(f.loglik)).hex(), ms.__file__)
 
 def part_first(baseline: Path, repeats: int) -> None:
     print("== a process's first EM fit with a sigmoid gate (n = 500, 3 starts): seconds, torch._dynamo loaded")
-    runs: dict[str, list[list[str]]] = {"this tree": [], "baseline": []}
     with tempfile.TemporaryDirectory() as cwd:
-        for _ in range(repeats):
-            runs["baseline"].append(run_in_tree(baseline, FIRST.format(cell=CELLS[0]), cwd))
-            runs["this tree"].append(run_in_tree(HERE, FIRST.format(cell=CELLS[0]), cwd))
-    for name, rs in runs.items():
-        print(f"{name:>10}: " + " ".join(f"{float(r[0]):.3f}" for r in rs)
-              + f"  median {statistics.median(float(r[0]) for r in rs):.3f} s, "
-              f"dynamo loaded: {sorted({r[1] for r in rs})}")
-    ratio = (statistics.median(float(r[0]) for r in runs["baseline"])
-             / statistics.median(float(r[0]) for r in runs["this tree"]))
-    same = {r[2] for r in runs["baseline"]} == {r[2] for r in runs["this tree"]}
+        old, new = alternate(baseline, FIRST.format(cell=CELLS[0]), repeats, cwd)
+    ratio = report_first_calls(old, new)
+    same = {r[2] for r in old} == {r[2] for r in new}
     print(f"baseline / this tree: {ratio:.2f}x; log-likelihoods equal to the bit: {same}")
 
 
@@ -92,27 +83,13 @@ def part_fits(baseline: Path, repeats: int) -> None:
     print("gate k d n R S | baseline s | this tree s | ratio | log-likelihoods equal to the bit")
     with tempfile.TemporaryDirectory() as cwd:
         for cell in CELLS:
-            old, new = [], []
-            for _ in range(repeats):
-                old.append(run_in_tree(baseline, WARM.format(cell=cell), cwd))
-                new.append(run_in_tree(HERE, WARM.format(cell=cell), cwd))
+            old, new = alternate(baseline, WARM.format(cell=cell), repeats, cwd)
             t_old = statistics.median(float(r[0]) for r in old)
             t_new = statistics.median(float(r[0]) for r in new)
             same = {r[1] for r in old} == {r[1] for r in new}
             gate, top_k, k, d, n, R, S = cell
             label = gate if top_k is None else f"{gate}{top_k}"
             print(f"{label} {k} {d} {n} {R} {S} | {t_old:.3f} | {t_new:.3f} | {t_old / t_new:.2f}x | {same}")
-
-
-def _timed(fn, repeats: int):
-    """Median seconds of ``repeats`` calls after one warm-up call, and the last output."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def derivative_times(cell: tuple, gen, repeats: int) -> None:
@@ -143,8 +120,8 @@ def derivative_times(cell: tuple, gen, repeats: int) -> None:
     def ours():
         return em.gate_derivatives(spec, layout, X, tau, theta)
 
-    t_ref, (g_ref, H_ref) = _timed(lambda: (grad_fn(theta, X, tau), hess_fn(theta, X, tau)), repeats)
-    t_new, (g_new, H_new) = _timed(ours, repeats)
+    t_ref, (g_ref, H_ref) = median_timed(lambda: (grad_fn(theta, X, tau), hess_fn(theta, X, tau)), repeats)
+    t_new, (g_new, H_new) = median_timed(ours, repeats)
     rg = float((g_new - g_ref).abs().max() / g_ref.abs().max())
     rh = float((H_new - H_ref).abs().max() / H_ref.abs().max())
     label = gate if top_k is None else f"{gate}{top_k}"
@@ -154,7 +131,7 @@ def derivative_times(cell: tuple, gen, repeats: int) -> None:
     if len(chunks) > 1:  # the same derivatives with every Hessian row in one backward pass
         derivatives.HESSIAN_CHUNK_ELEMENTS["cpu"] = 2**62
         try:
-            t_one, (_, H_one) = _timed(ours, repeats)
+            t_one, (_, H_one) = median_timed(ours, repeats)
         finally:
             derivatives.HESSIAN_CHUNK_ELEMENTS["cpu"] = budget
         print(f"    {len(chunks)} chunks of {chunks[0][1]} rows: {t_new:.4f} s; all {P} rows in one pass: "
