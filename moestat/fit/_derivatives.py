@@ -22,8 +22,9 @@ import torch
 
 #: Numbers held by one batched backward pass of :func:`hessian_rows` (Hessian rows times the per-row size of the
 #: graph's intermediates).  On a CPU the rows go in chunks that stay in cache (30 problems, k = 4, n = 5,000 and
-#: 24 parameters: all rows at once took 3x the time of chunks of three); a GPU takes far more at once.
-HESSIAN_CHUNK_ELEMENTS = {"cpu": 2**21, "other": 2**27}
+#: 24 parameters: all rows at once took 3x the time of chunks of three); a GPU takes more at once.  A pass's
+#: intermediates are a few times its numbers (on the least-squares reference path, 40-80 MB on a CPU).
+HESSIAN_CHUNK_ELEMENTS = {"cpu": 2**21, "other": 2**25}
 
 
 def chunk_budget(device: torch.device) -> int:

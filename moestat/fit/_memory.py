@@ -62,7 +62,13 @@ class LSEMemoryModel:
       the Hessian is gathered from, :math:`k(2k+1)\,p(p+1)/2`;
     * the C++ Newton loop (``compile=True``): its work arrays are per thread, not per problem, so :math:`16F`;
     * L-BFGS: its 10 stored pairs and line-search points, :math:`36F`; Adam and the SGD protocol :math:`16F`;
-    * every optimiser: :math:`4n` for residual-length arrays (the means and residuals of the kink bound of relu fits).
+    * every optimiser: :math:`4n` for residual-length arrays (the means and residuals of the kink bound of relu fits);
+    * on the autograd reference path (gates the fused kernels do not know, a learned temperature; ``reference_rows``,
+      the rows :math:`m` of a problem's parameter table, :math:`2k` or :math:`2k+1`): the first-order optimisers'
+      autograd graph of the objective, :math:`4mn`; Newton and Levenberg-Marquardt, and the certificate, the residual
+      Jacobian and the graph its exact Hessian is differentiated through, :math:`n(mp + 16m)`.  Measured growth per
+      problem at n = 4,000 (cosine, Laplace, quadratic, Gaussian gates, k = 3 to 6): 13-29 words per observation
+      for L-BFGS, 43-126 with the certificate, against the model's 28-52 and 118-268 (before the margin).
 
     The certificate after the fit (the exact Hessian and its eigenvalues at each replicate's best restart, and the
     condition number of :math:`J^\top J`) holds :math:`3F^2` plus the packed sums per replicate whatever the
@@ -72,9 +78,12 @@ class LSEMemoryModel:
     observations (about 20 MiB on a CPU; on a GPU up to :data:`moestat.fit._objective.CUDA_WORKSPACE_BYTES` each for
     the objective, the Hessian and the inputs' pair products, and at most
     :data:`moestat.fit._objective.WORKSPACE_CACHE_BYTES` of the objective's earlier chunk shapes kept for reuse),
-    and the caller's own arrays.  Measured against the peak of live torch allocations at the flagship size (k = 9,
-    d = 32, sigmoid and softmax gates, n = 1,000 and 8,000): it grew by 5.5-6.5 MiB per problem beyond the data,
-    against the model's 9.6-10.9 MiB (docs/performance.md).  An estimate, not a guarantee.
+    on the reference path its chunks of observations for the Jacobian (about 10 MB on a CPU) and its batched
+    backward passes for the Hessian's rows (a few times :data:`moestat.fit._derivatives.HESSIAN_CHUNK_ELEMENTS`
+    numbers: about 40-80 MB on a CPU), and the caller's own arrays.  Measured against the peak of live torch
+    allocations at the flagship size (k = 9, d = 32, sigmoid and softmax gates, n = 1,000 and 8,000): it grew by
+    5.5-6.5 MiB per problem beyond the data, against the model's 9.6-10.9 MiB (docs/performance.md).  An estimate,
+    not a guarantee.
     """
 
     per_problem: float
@@ -83,16 +92,17 @@ class LSEMemoryModel:
 
     @staticmethod
     def of(optimizer: str, F: int, n: int, R: int, d: int, k: int, *, native: bool = False,
-           itemsize: int = 8) -> LSEMemoryModel:
+           itemsize: int = 8, reference_rows: int | None = None) -> LSEMemoryModel:
         p = d + 1
         packed = k * (2 * k + 1) * p * (p + 1) / 2
-        second_order = 3 * F * F + packed
+        m = reference_rows or 0
+        second_order = 3 * F * F + packed + n * (m * p + 16 * m)
         if optimizer in ("newton", "lm"):
             state = 16 * F if native else second_order
         elif optimizer == "lbfgs":
-            state = 36 * F
+            state = 36 * F + 4 * m * n
         else:
-            state = 16 * F
+            state = 16 * F + 4 * m * n
         return LSEMemoryModel(per_problem=itemsize * _MARGIN * (state + 4 * n),
                               certificate=itemsize * _MARGIN * (second_order + 4 * n),
                               fixed=float((8 + itemsize) * R * n * (d + 2)))

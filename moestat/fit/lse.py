@@ -726,7 +726,8 @@ def fit_lse(spec: MoE, X: Array, y: Array, *, init: str | Sequence[str] | Params
     group = _replicates_per_block(NATIVE_NEWTON_BLOCK_BYTES if native_auto else block_bytes, dev, R, n, d,
                                   Xt.element_size())
     memory = LSEMemoryModel.of(optimizer, int(free.sum()), n, R, d, spec.k, native=newton_loop is not None,
-                               itemsize=Xt.element_size())
+                               itemsize=Xt.element_size(),
+                               reference_rows=kernel.rows if isinstance(kernel, ReferenceKernel) else None)
     memory.check(budget, restarts, certificate=condition or optimizer == "newton")
     memory_group = memory.replicates_per_block(budget, restarts, R)
     group = min(group, memory_group)

@@ -11,6 +11,7 @@ import torch
 
 import moestat as ms
 from moestat.exceptions import ConvergenceWarning, MoestatWarning
+from moestat.fit import _derivatives, _objective
 from moestat.fit._memory import LSE_MEMORY_BUDGET, LSEMemoryModel, memory_bytes
 from moestat.fit._objective import LSProblem
 from moestat.fit.lse import _free_mask
@@ -156,6 +157,39 @@ def test_the_estimate_bounds_the_measured_growth_per_problem():
     growth = (peaks[24] - peaks[8]) / 16 - data_per_replicate
     per = _model(8).per_problem
     assert growth <= per <= 4 * growth
+
+
+@pytest.mark.parametrize(("gate", "optimizer", "condition"), [("cosine", "newton", True), ("laplace", "lbfgs", False)])
+def test_the_estimate_bounds_the_measured_growth_per_problem_on_the_reference_path(gate, optimizer, condition):
+    # the autograd reference path holds per problem what grows with n: the residual Jacobian and the graph of its
+    # exact Hessian (Newton, the certificate) or the objective's graph (L-BFGS); measured 77-98 and 13-20 words per
+    # observation for these gates, against the model's 118 and 28 (before its margin of 1.2)
+    spec, n = ms.MoE(gate=gate, k=3, d=2, expert="gelu"), 4000
+    kw = {"optimizer": optimizer, "condition": condition, "max_iter": 3, "memory_budget": None, "block_bytes": None}
+    peaks = {R: torch_peak(lambda R=R: _fit(_data(R, spec, n), spec, **kw)) for R in (4, 12)}
+    growth = (peaks[12] - peaks[4]) / 8 - 2 * n * (spec.d + 2) * 8
+    per = LSEMemoryModel.of(optimizer, int(_free_mask(spec, torch.device("cpu")).sum()), n, 4, spec.d, spec.k,
+                            reference_rows=2 * spec.k)
+    assert growth <= per.per_problem <= 4 * growth
+    assert growth <= per.certificate  # the certificate's Jacobian and Hessian graph too
+
+
+def test_a_reference_path_fit_keeps_its_budget(monkeypatch):
+    # the working memory the budget leaves out (the Jacobian's chunks of observations, about 10 MB, and the Hessian's
+    # batched backward passes, 40-80 MB on a CPU) made small, so that what the budget bounds decides the peak
+    monkeypatch.setitem(_objective.JACOBIAN_CHUNK_ELEMENTS, "cpu", 2**15)
+    monkeypatch.setitem(_derivatives.HESSIAN_CHUNK_ELEMENTS, "cpu", 2**17)
+    spec, R = ms.MoE(gate="cosine", k=3, d=2, expert="gelu"), 6
+    data = _data(R, spec, 4000)
+    kw = {"max_iter": 1, "block_bytes": None}
+    fits: dict[int | None, ms.LSEFit] = {}
+    peak_all = torch_peak(lambda: fits.setdefault(None, _fit(data, spec, memory_budget=None, **kw)))
+    budget = int(peak_all / 2)
+    peak = torch_peak(lambda: fits.setdefault(budget, _fit(data, spec, memory_budget=budget, **kw)))
+    assert fits[None].settings["replicates_per_block"] == R
+    assert 1 <= fits[budget].settings["replicates_per_block"] < R
+    assert peak <= budget + 2**23  # what is left: chunks of 2^15 copies and passes of 2^17 numbers, under 8 MiB
+    np.testing.assert_allclose(fits[budget].objective, fits[None].objective, rtol=1e-10)
 
 
 def test_the_sgd_protocol_keeps_the_budget_and_its_paths():
