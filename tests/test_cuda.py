@@ -194,6 +194,41 @@ def test_fit_mle_on_cuda_equals_cpu():
     assert _mean_gap(spec, gpu.params, cpu.params, data.X) < 1e-4
 
 
+def test_sigmoid_gated_em_on_cuda_equals_cpu():
+    """EM's gate step for a gate other than softmax (autograd gradient and Hessian, batched backward passes)."""
+    spec = ms.MoE(gate="sigmoid", k=2, d=2)
+    truth = ms.Params([0.5, -0.5], [[1.5, -1.0], [-1.0, 1.0]], [[2.0, 0.0], [-2.0, 1.0]], [1.0, -1.0],
+                      noise_sd=[0.3, 0.3])
+    data = ms.simulate(spec, truth, n=1500, reps=2, seed=3, model="mixture")
+    kw = dict(restarts=2, seed=4, max_iter=200, method="em")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cpu = ms.fit_mle(spec, data.X, data.y, device="cpu", **kw)
+        gpu = ms.fit_mle(spec, data.X, data.y, device=str(CUDA), **kw)
+    # generalised EM to the same maximum: log-likelihoods (sums over n = 1500) agree to 1e-6 relative
+    np.testing.assert_allclose(np.asarray(gpu.loglik), np.asarray(cpu.loglik), rtol=1e-6)
+    assert _mean_gap(spec, gpu.params, cpu.params, data.X) < 1e-4
+
+
+def test_reference_path_newton_fit_on_cuda_equals_cpu():
+    """fit_lse on the autograd reference path (a cosine gate): the residual Jacobian from per-observation parameter
+    copies, the exact Hessian by reverse over reverse, the certificate."""
+    spec = ms.MoE(gate="cosine", k=2, d=2, expert="gelu")
+    truth = ms.Params([0.5, 0.0], [[1.0, 1.0], [-1.0, 0.5]], [[1.0, -0.5], [-1.0, 0.5]], [0.2, -0.2])
+    data = ms.simulate(spec, truth, n=3000, reps=2, seed=5)
+    kw = dict(init="near_truth", truth=truth, seed=6, optimizer="newton")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cpu = ms.fit_lse(spec, data.X, data.y, device="cpu", **kw)
+        gpu = ms.fit_lse(spec, data.X, data.y, device=str(CUDA), **kw)
+    assert gpu.settings["kernel"] == cpu.settings["kernel"] == "autograd"
+    # Newton to the same minimum: objectives (means of 3000 squares) agree to 1e-9 relative, the certificate's
+    # smallest eigenvalue (a difference of sums) to 1e-5 of the largest scale
+    np.testing.assert_allclose(gpu.objective, cpu.objective, rtol=1e-9)
+    np.testing.assert_allclose(gpu.hessian_min_eig, cpu.hessian_min_eig, rtol=1e-4, atol=1e-8)
+    assert _mean_gap(spec, gpu.params, cpu.params, data.X) < 1e-4
+
+
 def test_glm_formula_fit_with_an_offset_and_its_predictions_on_cuda_equal_cpu():
     """A Poisson formula fit with a gate covariate and an offset (EM's fused IRLS step, the closed-form L-BFGS
     gradient, the offset column), its standard errors (the observed information and the sandwich, from the plain
