@@ -8,10 +8,12 @@ baseline measured in the same run:
 * ``first``: a user's first standard errors in a fresh interpreter, ``fit_mle`` on statsmodels' Engel data (k = 2)
   then ``bse()``, ``bse("sandwich")`` and ``predict(kind="mean_ci")``, timed in this tree and in ``--baseline`` (a
   git worktree of an earlier commit), alternating; also whether ``torch._dynamo`` got loaded.
+* ``contaminated``: a process's first ``fit_contaminated`` with its standard errors, then ``fisher_information``,
+  this tree against ``--baseline``, alternating (not in the default parts).
 * ``sizes``: the Hessian of batched fits of growing size, ``replicate_hessians`` against
   ``torch.func.vmap(torch.func.hessian(...))`` in one warm process, with their largest relative difference.
 
-    OMP_NUM_THREADS=1 python benchmarks/mle_standard_errors.py --baseline /tmp/old [--parts first,sizes]
+    OMP_NUM_THREADS=1 python benchmarks/mle_standard_errors.py --baseline /tmp/old [--parts first,sizes,contaminated]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_time import run_in_tree  # noqa: E402  (the same fresh-interpreter runner)
+from import_time import alternate, report_first_calls, run_in_tree  # noqa: E402  (fresh-interpreter runs)
 
 FIRST = """
 import sys, time, warnings
@@ -39,6 +41,29 @@ t = time.perf_counter()
 fit.bse(); fit.bse("sandwich"); fit.predict(engel.head(), "mean_ci")
 print(time.perf_counter() - t, "torch._dynamo" in sys.modules, ms.__file__)
 """
+
+
+CONTAMINATED = """
+import sys, time, warnings
+warnings.simplefilter("ignore")
+import moestat as ms
+from moestat.contaminated import ContaminatedMoE, ContaminatedParams, FrozenExpert, fit_contaminated, fisher_information
+model = ContaminatedMoE(FrozenExpert.gaussian_expert([1.0], 0.0, 0.25), "softmax", "tanh")
+truth = ContaminatedParams(weight=[2.0], bias=-0.5, var=0.04, gate_weight=[1.5], gate_bias=-0.5)
+data = model.simulate(truth, 2000, reps=2, seed=2, inputs="uniform", low=-2, high=2)
+t = time.perf_counter()
+fit = fit_contaminated(model, data.X, data.y, seed=0)
+info = fisher_information(model, truth)
+print(time.perf_counter() - t, "torch._dynamo" in sys.modules, ms.__file__)
+"""
+
+
+def part_contaminated(baseline: Path, repeats: int) -> None:
+    print("== a process's first contaminated-MoE fit with standard errors, then the Fisher information (softmax gate, "
+          "tanh prompt, n = 2,000, R = 2): seconds, torch._dynamo loaded")
+    with tempfile.TemporaryDirectory() as cwd:
+        old, new = alternate(baseline, CONTAMINATED, repeats, cwd)
+    print(f"baseline / this tree: {report_first_calls(old, new):.1f}x")
 
 
 def first_call(tree: Path, cwd: str) -> tuple[float, bool]:
@@ -113,6 +138,10 @@ def main() -> None:
         part_first(args.baseline, args.repeats)
     if "sizes" in parts:
         part_sizes(max(1, args.repeats // 2))
+    if "contaminated" in parts:
+        if args.baseline is None:
+            raise SystemExit("--parts contaminated needs --baseline TREE")
+        part_contaminated(args.baseline, args.repeats)
 
 
 if __name__ == "__main__":

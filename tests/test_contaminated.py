@@ -4,6 +4,8 @@ losses, truths indexed by n, the expected information, and bad input."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -223,6 +225,40 @@ def test_softmax_recovery_and_standard_errors_match_the_replicate_spread():
     # the observed information is the negative Hessian: symmetric positive definite at the maximum
     info = observed_information(model, fit.params.select(0), data.X[:1], data.y[:1])[0]
     assert np.allclose(info, info.T) and np.linalg.eigvalsh(info).min() > 0
+
+
+@pytest.mark.parametrize("gate", ["constant", "softmax"])
+def test_observed_information_equals_torch_func_and_loads_no_compiler(gate):
+    """The observed information by plain autograd (reverse over reverse) against ``torch.func``'s Hessian of one
+    replicate's log-likelihood, and a fresh interpreter's first fit with standard errors and Fisher information
+    leaves ``torch._dynamo`` unloaded (``torch.func`` loaded it: about 1 s)."""
+    from moestat.contaminated.fit import _natural_ll_fn
+
+    model = ContaminatedMoE(FROZEN, gate, "tanh")
+    kw = ({"weight": [2.0], "bias": -0.5, "var": 0.04, "lam": 0.5} if gate == "constant" else
+          {"weight": [2.0], "bias": 0.5, "var": 0.16, "gate_weight": [1.5], "gate_bias": -0.5})
+    truth = ContaminatedParams(**kw)
+    data = model.simulate(truth, 500, reps=2, seed=3, inputs="uniform", low=-2, high=2)
+    info = observed_information(model, truth, data.X, data.y)
+    theta = torch.as_tensor(np.concatenate([truth.gate_vector(), truth.theta()], axis=1)[0])
+    lf0 = torch.as_tensor(model.frozen_log_density(data.X, data.y))
+    for r in range(2):
+        ref = -torch.func.hessian(_natural_ll_fn(model))(theta, torch.as_tensor(data.X[r]), torch.as_tensor(data.y[r]),
+                                                          lf0[r]).numpy()
+        # forward over reverse against reverse over reverse: rounding of sums over 500 observations
+        np.testing.assert_allclose(info[r], ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
+    code = f"""
+import sys, moestat as ms
+from moestat.contaminated import ContaminatedMoE, ContaminatedParams, FrozenExpert, fit_contaminated, fisher_information
+model = ContaminatedMoE(FrozenExpert.gaussian_expert([1.0], 0.0, 0.25), {gate!r}, "tanh")
+truth = ContaminatedParams(**{kw!r})
+data = model.simulate(truth, 300, reps=1, seed=2, inputs="uniform", low=-2, high=2)
+fit = fit_contaminated(model, data.X, data.y, seed=0)
+fisher_information(model, truth)
+print("torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
 
 
 def test_several_starts_keep_the_best_and_a_nonlinear_prompt_fits_by_newton():

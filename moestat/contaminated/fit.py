@@ -13,7 +13,7 @@ computed once and never changes.  Two algorithms, batched over replicates and st
 * ``method="newton"`` (any ridge prompt): a few EM steps for a linear prompt, then damped Newton (Levenberg-
   Marquardt, each step accepted only if it raises :math:`\ell`) on the unconstrained coordinates
   :math:`(\operatorname{logit}\lambda \text{ or } \beta, \tau;\ a, b, \log(\nu - \nu_{\min}))` with the exact
-  gradient and Hessian from torch autograd (:mod:`torch.func`).
+  gradient and Hessian in closed form (autograd for a prompt activation without one).
 
 Standard errors come from the observed information (the autograd Hessian of :math:`\ell` in the natural
 parameters :math:`\lambda` or :math:`(\beta, \tau)`, :math:`a, b, \nu`).
@@ -519,31 +519,45 @@ def _starts(model: ContaminatedMoE, X: np.ndarray, y: np.ndarray, init: Sequence
 
 
 # ----------------------------------------------------------------------------- inference
-def _natural_ll_fn(model: ContaminatedMoE) -> Any:
-    """Total log-likelihood of one replicate in the natural parameters (gate, a, b, nu)."""
+def natural_ll_terms(model: ContaminatedMoE) -> Any:
+    r"""Per-observation log-likelihood terms in the natural parameters (gate, a, b, nu), batched:
+    ``fn(theta (A, p), X (A, n, d), y (A, n), lf0 (A, n)) -> (A, n)``, each row of ``theta`` with its own data,
+    :math:`\log[(1 - w(x_t))f_0(y_t\mid x_t) + w(x_t)\,\mathcal N(y_t;\varphi(a^\top x_t + b), \nu)]`."""
     d = model.d
     family = get_expert(model.expert)
 
     def fn(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, lf0: torch.Tensor) -> torch.Tensor:
         if model.gate == "constant":
-            lam = theta[0]
-            log_w, log_1mw, rest = torch.log(lam), torch.log1p(-lam), theta[1:]
+            lam = theta[:, :1]
+            log_w, log_1mw, rest = torch.log(lam), torch.log1p(-lam), theta[:, 1:]
         else:
-            score = X @ theta[:d] + theta[d]
+            score = (X @ theta[:, :d, None])[..., 0] + theta[:, d, None]
             log_w = torch.nn.functional.logsigmoid(score)
             log_1mw = torch.nn.functional.logsigmoid(-score)
-            rest = theta[d + 1:]
-        mean = family.activation(X @ rest[:d] + rest[d])
-        var = rest[d + 1]
+            rest = theta[:, d + 1:]
+        mean = family.activation((X @ rest[:, :d, None])[..., 0] + rest[:, d, None])
+        var = rest[:, d + 1, None]
         log_fp = -0.5 * (math.log(2 * math.pi) + torch.log(var)) - (y - mean) ** 2 / (2.0 * var)
-        return torch.logaddexp(log_1mw + lf0, log_w + log_fp).sum()
+        return torch.logaddexp(log_1mw + lf0, log_w + log_fp)
+    return fn
+
+
+def _natural_ll_fn(model: ContaminatedMoE) -> Any:
+    """Total log-likelihood of one replicate in the natural parameters (gate, a, b, nu): ``fn(theta (p,), X (n, d),
+    y (n,), lf0 (n,))``, the sum of :func:`natural_ll_terms`."""
+    terms = natural_ll_terms(model)
+
+    def fn(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, lf0: torch.Tensor) -> torch.Tensor:
+        total: torch.Tensor = terms(theta[None], X[None], y[None], lf0[None]).sum()
+        return total
     return fn
 
 
 def observed_information(model: ContaminatedMoE, params: ContaminatedParams, X: Any, y: Any) -> np.ndarray:
     r"""Observed information :math:`-\nabla^2 \ell` in the natural parameters (order of
-    :meth:`ContaminatedFit.names`), shape (R, p), by torch autograd."""
-    from torch.func import hessian, vmap
+    :meth:`ContaminatedFit.names`), shape (R, p, p), by torch autograd (reverse over reverse,
+    :func:`moestat.fit.results.replicate_hessians`)."""
+    from ..fit.results import replicate_hessians
 
     model.check_params(params)
     Xa, ya = model._data(X, y)
@@ -552,7 +566,9 @@ def observed_information(model: ContaminatedMoE, params: ContaminatedParams, X: 
     theta = np.concatenate([params.gate_vector(), params.theta()], axis=1)
     if theta.shape[0] != Xa.shape[0]:
         theta = np.repeat(theta, Xa.shape[0], axis=0)
-    H = vmap(hessian(_natural_ll_fn(model)))(*(torch.as_tensor(a, dtype=torch.float64) for a in (theta, Xa, ya, lf0)))
+    th, Xt, yt, l0 = (torch.as_tensor(a, dtype=torch.float64) for a in (theta, Xa, ya, lf0))
+    terms = natural_ll_terms(model)
+    H = replicate_hessians(lambda t: terms(t, Xt, yt, l0).sum(), th)
     out: np.ndarray = -H.numpy()
     return out
 

@@ -110,21 +110,13 @@ def fisher_information(model: ContaminatedMoE, params: ContaminatedParams, *, X:
     yf = np.tile(ys, len(Xn))
     lf0 = np.asarray(model.frozen.log_density(Xf, yf), float)
     theta = np.concatenate([params.gate_vector(), params.theta()], axis=1)[0]
-    from .fit import _natural_ll_fn
-
-    total = _natural_ll_fn(model)
-
-    def per_obs(t: torch.Tensor, x: torch.Tensor, y: torch.Tensor, l0: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = total(t, x[None], y[None], l0[None])
-        return out
-
-    from torch.func import grad, vmap
+    from ..fit.results import pointwise_gradients
+    from .fit import natural_ll_terms
 
     args = [torch.as_tensor(a, dtype=torch.float64) for a in (Xf, yf, lf0)]
     t = torch.as_tensor(theta, dtype=torch.float64)
-    scores = vmap(grad(per_obs), in_dims=(None, 0, 0, 0))(t, *args).numpy()
-    with torch.no_grad():
-        logp = vmap(per_obs, in_dims=(None, 0, 0, 0))(t, *args).numpy()
+    values, grads = pointwise_gradients(natural_ll_terms(model), t, *args)  # each node's log density and score
+    logp, scores = values.numpy(), grads.numpy()
     weight = (np.exp(logp) * np.tile(wy, len(Xn)) * np.repeat(wx, len(ys)))
     mass = weight.sum()
     if abs(mass - 1.0) > 1e-4:
