@@ -2,7 +2,7 @@
 
 ``MLEFit``'s observed information (the Hessian of the log-likelihood), its per-observation scores (sandwich and OPG
 covariances) and the delta-method gradients of ``predict(kind="mean_ci")`` are computed with plain autograd
-(``moestat.fit.results.replicate_hessians``, ``pointwise_gradients``).  Two parts, each printing ratios against a
+(``moestat.fit._derivatives.replicate_hessians``, ``pointwise_gradients``).  Two parts, each printing ratios against a
 baseline measured in the same run:
 
 * ``first``: a user's first standard errors in a fresh interpreter, ``fit_mle`` on statsmodels' Engel data (k = 2)
@@ -102,7 +102,7 @@ def hessian_times(k: int, d: int, n: int, R: int, seed: int, repeats: int) -> tu
     import torch
 
     import moestat as ms
-    from moestat.fit.results import replicate_hessians
+    from moestat.fit._derivatives import replicate_hessians
 
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(R, n, d))

@@ -556,8 +556,8 @@ def _natural_ll_fn(model: ContaminatedMoE) -> Any:
 def observed_information(model: ContaminatedMoE, params: ContaminatedParams, X: Any, y: Any) -> np.ndarray:
     r"""Observed information :math:`-\nabla^2 \ell` in the natural parameters (order of
     :meth:`ContaminatedFit.names`), shape (R, p, p), by torch autograd (reverse over reverse,
-    :func:`moestat.fit.results.replicate_hessians`)."""
-    from ..fit.results import replicate_hessians
+    :func:`moestat.fit._derivatives.replicate_hessians`)."""
+    from ..fit._derivatives import replicate_hessians
 
     model.check_params(params)
     Xa, ya = model._data(X, y)

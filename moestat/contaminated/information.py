@@ -110,7 +110,7 @@ def fisher_information(model: ContaminatedMoE, params: ContaminatedParams, *, X:
     yf = np.tile(ys, len(Xn))
     lf0 = np.asarray(model.frozen.log_density(Xf, yf), float)
     theta = np.concatenate([params.gate_vector(), params.theta()], axis=1)[0]
-    from ..fit.results import pointwise_gradients
+    from ..fit._derivatives import pointwise_gradients
     from .fit import natural_ll_terms
 
     args = [torch.as_tensor(a, dtype=torch.float64) for a in (Xf, yf, lf0)]

@@ -37,7 +37,7 @@ from ..experts import ExpertFamily
 from ..gates import gate_logits
 from ..model import MoE, tempered
 from . import _native
-from ._derivatives import hessian_rows
+from ._derivatives import hessian_rows, rowwise_gradients
 
 
 def activation_and_derivative(family: ExpertFamily) -> Callable:
@@ -495,7 +495,8 @@ class ReferenceKernel:
 
         J by reverse mode, with each observation evaluated at its own copy of its problem's parameters: one backward
         pass of :math:`\sum_t f(x_t;\theta^{(t)})` then gives every row :math:`\partial r_t/\partial\theta` (the
-        copies share nothing), in chunks of observations of at most :data:`JACOBIAN_CHUNK_ELEMENTS` copied numbers.
+        copies share nothing; :func:`moestat.fit._derivatives.rowwise_gradients`), in chunks of observations of at
+        most :data:`JACOBIAN_CHUNK_ELEMENTS` copied numbers.
         H by reverse over reverse (:func:`moestat.fit._derivatives.hessian_rows`).  Time and memory linear in n
         (``torch.func.vmap(jacrev(...))`` ran n cotangents through the whole batch: quadratic); J equals its to
         rounding (to the bit at one chunk for most gates), H ``torch.func.hessian``'s to a relative
@@ -504,18 +505,15 @@ class ReferenceKernel:
         A, n = y.shape
         shape, P = theta.shape[1:], theta[0].numel()
         r = self.mean(theta.unsqueeze(1), X)[:, 0] - y
-        J = theta.new_empty(A, n, P)
         step = max(1, JACOBIAN_CHUNK_ELEMENTS["cpu" if theta.device.type == "cpu" else "other"] // (A * P))
+
+        def fitted(copies: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, P), (B, 1, d+1) -> (B, 1)
+            return self._f(copies.view(-1, 1, *shape), x)[:, 0]
+
+        _, J = rowwise_gradients(fitted, theta.reshape(A, P), X, rows_per_chunk=step)
+        if not exact:
+            return r, J, None
         with torch.enable_grad():
-            for lo in range(0, n, step):
-                m = min(n, lo + step) - lo
-                copies = theta.detach().unsqueeze(1).expand(A, m, *shape).reshape(A * m, 1, *shape)
-                copies.requires_grad_(True)
-                mean = self._f(copies, X[:, lo : lo + m].reshape(A * m, 1, -1))
-                (rows,) = torch.autograd.grad(mean.sum(), copies)
-                J[:, lo : lo + m] = rows.reshape(A, m, P)
-            if not exact:
-                return r, J, None
             th = theta.detach().requires_grad_(True)
             half_ss = 0.5 * (self._f(th.unsqueeze(1), X)[:, 0] - y).square().sum()
             (grad,) = torch.autograd.grad(half_ss, th, create_graph=True)

@@ -50,6 +50,7 @@ from ..gates import log_mixture_weights
 from ..model import MoE
 from ..params import Params
 from ..report import Summary
+from ._derivatives import pointwise_gradients, replicate_hessians
 from ._layout import BlockParams, ParamLayout
 from .base import FitResult, check_reps
 from .checks import mixture_moments
@@ -62,7 +63,6 @@ COLLAPSE_RATIO = 0.05
 #: ... when it also holds fewer observations (posterior mass) than this many per expert coefficient: a spurious
 #: maximiser interpolates a handful of points, a genuinely narrow expert holds a share of the data.
 COLLAPSE_POINTS_PER_COEF = 10
-_SCORE_CHUNK = 4096  # rows per backward pass of pointwise_gradients
 #: A component carrying less than this share of the (weighted) observations is "vanishing".
 VANISHING_WEIGHT = 0.01
 #: A gate slope that moves the logit by more than this per standard deviation of its covariate makes the gate a
@@ -1375,42 +1375,3 @@ class MLEFit(FitResult):
         return (f"MLEFit({reps}{self.spec.gate}/{self.spec.expert}, k={self.spec.k}, n={self.nobs}, "
                 f"method={self.settings['method']!r}, loglik={np.round(self.loglik, 4)})")
 
-
-def pointwise_gradients(fn: Any, theta: torch.Tensor, *data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Values (n,) and gradients (n, P) in :math:`\theta` (P,) of ``fn(theta, *rows)`` at each of the n rows of
-    ``data`` (arrays (n, ...)), where ``fn`` maps parameters (A, P) and data (A, 1, ...) to values (A, 1).
-
-    Each row is evaluated at its own copy of :math:`\theta`, the model's replicate axis holding the rows, so one
-    backward pass of a chunk's summed values gives every row's gradient: memory O(chunk x P), the arithmetic of one
-    batched forward and backward pass.  (``torch.func.vmap`` over ``grad`` or ``jacfwd`` gives the same numbers but
-    loads ``torch._dynamo`` on first use, about 1 s.)
-    """
-    P, n = theta.shape[-1], data[0].shape[0]
-    values, grads = [], []
-    for i in range(0, n, _SCORE_CHUNK):
-        rows = tuple(a[i:i + _SCORE_CHUNK].unsqueeze(1) for a in data)
-        copies = theta.detach().expand(rows[0].shape[0], P).clone().requires_grad_(True)
-        with torch.enable_grad():
-            value = fn(copies, *rows)[:, 0]
-            grads.append(torch.autograd.grad(value.sum(), copies)[0])
-        values.append(value.detach())
-    return torch.cat(values), torch.cat(grads)
-
-
-def replicate_hessians(total: Any, theta: torch.Tensor) -> torch.Tensor:
-    r"""Hessians (R, P, P) of ``total(theta)``, a scalar that sums R independent terms, one per row of ``theta`` (R, P).
-
-    Reverse over reverse with plain autograd: :math:`g = \nabla_\theta\,\mathrm{total}` (R, P) keeps its graph,
-    and one backward pass per coordinate :math:`i` gives :math:`\nabla_\theta\sum_{r}g_{r,i}`, whose row
-    :math:`r` is :math:`H_{r,i,\cdot}` since the terms of other replicates do not depend on :math:`\theta_r`.
-    ``torch.func.vmap(torch.func.hessian(...))`` gives the same matrices to rounding (relative 1e-15), but it loads
-    ``torch._dynamo`` on first use (about 1 s of a process's first standard error) and its batched passes over all
-    P coordinates are memory-bound: at P = 104, R = 10, n = 2,000 it took 2.87 s against 0.48 s here, at P = 366,
-    R = 5, n = 5,000 32.9 s against 5.4 s (2-core machine, one thread, ``benchmarks/mle_standard_errors.py``); at
-    P = 8 to 28 both take milliseconds.
-    """
-    theta = theta.detach().clone().requires_grad_(True)
-    with torch.enable_grad():
-        (g,) = torch.autograd.grad(total(theta), theta, create_graph=True)
-        rows = [torch.autograd.grad(g[:, i].sum(), theta, retain_graph=True)[0] for i in range(theta.shape[-1])]
-    return torch.stack(rows, dim=1).detach()

@@ -1,6 +1,6 @@
 """The plain-autograd derivatives of MLE fit results: replicate Hessians and pointwise gradients.
 
-``moestat.fit.results.replicate_hessians`` and ``pointwise_gradients`` replace ``torch.func`` transforms, whose
+``moestat.fit._derivatives.replicate_hessians`` and ``pointwise_gradients`` replace ``torch.func`` transforms, whose
 first use loads ``torch._dynamo`` (about 1 s).  Each is checked against an independent computation: ``torch.func``
 itself, one autograd call per row, and central finite differences.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from moestat.fit.results import pointwise_gradients, replicate_hessians
+from moestat.fit._derivatives import pointwise_gradients, replicate_hessians
 
 
 def _quartic(theta: torch.Tensor) -> torch.Tensor:
