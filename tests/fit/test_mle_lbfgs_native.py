@@ -21,6 +21,7 @@ from moestat.fit import _native
 from moestat.fit._layout import ParamLayout
 from moestat.fit.em import NATIVE_FAMILIES, design
 from moestat.fit.mle import gradient_fit, log_components, native_mixture_data, random_starts
+from moestat.fit.results import DIVERGING_LINPRED
 
 from .test_em_native import _problem
 
@@ -127,7 +128,12 @@ def test_the_native_loop_takes_the_tensor_loops_steps_to_the_same_end_points(nam
     assert float((ia == ib).double().mean()) >= 0.75
     assert bool(((ia - ib).abs() <= 2 + 0.05 * ia).all())
     for f in ("gate_bias", "gate_weight", "expert_weight", "expert_bias", "noise_sd"):
-        torch.testing.assert_close(getattr(pb, f), getattr(pa, f), rtol=1e-5, atol=1e-5)
+        a, b = getattr(pa, f), getattr(pb, f)
+        # a coefficient beyond DIVERGING_LINPRED runs off with (quasi-)separation (a binomial pair reaches slopes of
+        # 1475 and 1610): the likelihood is flat along it, so only the ftol stop fixes where it ends, and on an AVX2
+        # host the two loops' ends there differ by 1.8e-5 relative (0.029 absolute) at the same log-likelihood
+        rtol = torch.where(a.abs() > DIVERGING_LINPRED, 1e-4, 1e-5)
+        assert bool(((b - a).abs() <= 1e-5 + rtol * a.abs()).all()), (f, float((b - a).abs().max()))
 
 
 def test_fit_mle_compile_runs_the_switch_phase_natively_to_the_defaults_maximum():
