@@ -298,7 +298,7 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
     L-BFGS memory and line search, and converged pairs leave the active set
     (:func:`moestat.fit._optim.lbfgs`, the optimiser of the least-squares engine).  ``callback(n_active)``, if
     given, is called at every evaluation with the number of pairs still iterating (the progress bar).  Softmax-gated
-    Poisson and binomial experts take the closed-form value and gradient of
+    linear Gaussian, Poisson and binomial experts take the closed-form value and gradient of
     :class:`moestat.fit._glm_objective.GLMMixtureObjective` on the packed vector; every other model, autograd
     through :func:`log_components`.  ``native=True`` (``fit_mle(compile=True)``): where
     :func:`~moestat.fit._glm_objective.native_mixture` holds, on a CPU in float64, each pair's whole run is one C++
@@ -347,7 +347,8 @@ def gradient_fit(spec: MoE, X: torch.Tensor, y: torch.Tensor, init: BlockParams,
                 cache["objective"] = GLMMixtureObjective(
                     Zr[:, columns["gate"]], Zr[:, columns["expert"]],
                     Zr[:, columns["shared"]] if columns["shared"] else None, cache["y"], cache["m"], cache["w"],
-                    spec.response, k, n, None if layout.offset_column is None else Zr[:, 1 + layout.offset_column])
+                    spec.response, k, n, None if layout.offset_column is None else Zr[:, 1 + layout.offset_column],
+                    cache["fl2"] if layout.dispersion else None)
             if callback is not None:
                 callback(cache["n_real"])
         return cache["n_real"]
