@@ -18,8 +18,10 @@ Two estimators, both batched over replicates x restarts in one tensor program:
   ``normalized_sigmoid`` and ``topk`` (top-K: each observation's selected set held at the current parameters in
   the step's derivatives, as in the gradient path below; the line search compares true objectives); linear or
   constant experts;
-* ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd) for
-  every gate of :data:`moestat.gates.GATES` and every expert family; every (replicate, restart) pair has its own
+* ``method="gradient"`` — direct maximisation of the log-likelihood by L-BFGS (torch autograd; the closed-form
+  gradient of :class:`moestat.fit._glm_objective.GLMMixtureObjective` for a plain softmax gate with linear or
+  constant Gaussian, Poisson or binomial experts) for every gate of :data:`moestat.gates.GATES` and every expert
+  family; every (replicate, restart) pair has its own
   L-BFGS memory and backtracking line search (:func:`moestat.fit._optim.lbfgs`, shared with the least-squares
   engine), all in one tensor program.  Gates not affine in x are evaluated by the model's
   :meth:`moestat.MoE.gate_scores` (:func:`log_components`).  Top-K gates are differentiated with each
