@@ -24,6 +24,21 @@ HERE = Path(__file__).resolve().parents[1]
 TIMED = "import time; t = time.perf_counter(); import moestat; print(time.perf_counter() - t, moestat.__file__)"
 
 
+def warm_fit_code(setup: str, result: str) -> str:
+    """Code for :func:`run_in_tree`: ``setup`` (which defines ``fit(seed)``), one warm-up ``fit(0)``, then three
+    timed ``fit(1)``; prints their median seconds, the expression ``result`` of the last fit ``f``, and
+    ``moestat.__file__``."""
+    return setup + f"""
+fit(0)
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    f = fit(1)
+    times.append(time.perf_counter() - t)
+print(sorted(times)[1], {result}, ms.__file__)
+"""
+
+
 def run_in_tree(tree: Path, code: str, cwd: str) -> list[str]:
     """The words ``code`` prints, run in a fresh interpreter that imports moestat from ``tree`` (started in the
     neutral directory ``cwd``); the code prints ``moestat.__file__`` last, which is checked and dropped."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_time import alternate, median_timed, report_first_calls  # noqa: E402  (fresh-interpreter runs)
+from import_time import alternate, median_timed, report_first_calls, warm_fit_code  # noqa: E402  (fresh-interpreter runs)
 
 # gate, top_k, k, d, n, replicates R, random starts S
 CELLS = [("sigmoid", None, 2, 2, 500, 1, 3), ("sigmoid", None, 4, 5, 5000, 10, 3), ("cosine", None, 3, 3, 2000, 5, 3),
@@ -58,15 +58,7 @@ f = fit(0)
 print(time.perf_counter() - t, "torch._dynamo" in sys.modules, float(np.sum(f.loglik)).hex(), ms.__file__)
 """
 
-WARM = SETUP + """
-fit(0)
-times = []
-for _ in range(3):
-    t = time.perf_counter()
-    f = fit(1)
-    times.append(time.perf_counter() - t)
-print(sorted(times)[1], float(np.sum(f.loglik)).hex(), ms.__file__)
-"""
+WARM = warm_fit_code(SETUP, 'float(np.sum(f.loglik)).hex()')
 
 
 def part_first(baseline: Path, repeats: int) -> None:

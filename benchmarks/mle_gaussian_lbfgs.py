@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from import_time import alternate, median_timed  # fresh-interpreter runs
+from import_time import alternate, median_timed, warm_fit_code  # fresh-interpreter runs
 
 # label, method, k, d, n, replicates R, random starts S (array API, data simulated from a k-expert softmax MoE)
 CELLS = [("em", "em", 3, 2, 2000, 10, 3), ("gradient", "gradient", 3, 2, 2000, 10, 3),
@@ -61,15 +61,7 @@ else:
         return ms.fit_mle(spec, data.X, data.y, restarts=S, seed=seed, method=method)
 """
 
-WARM = SETUP + """
-fit(0)
-times = []
-for _ in range(3):
-    t = time.perf_counter()
-    f = fit(1)
-    times.append(time.perf_counter() - t)
-print(sorted(times)[1], ",".join(repr(float(v)) for v in np.ravel(f.loglik)), ms.__file__)
-"""
+WARM = warm_fit_code(SETUP, '",".join(repr(float(v)) for v in np.ravel(f.loglik))')
 
 
 def part_fits(baseline: Path, repeats: int) -> None:

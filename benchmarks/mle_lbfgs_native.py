@@ -4,10 +4,11 @@ L-BFGS that followed the C++ EM loop before.
 Both variants run EM in the fused C++ loop and hand the starts still running at ``switch_after=30`` (the default) to
 L-BFGS; they differ only in that phase: one C++ loop per start with the closed-form gradient ("native"), or the
 batched tensor L-BFGS on the closed-form objective of ``moestat.fit._glm_objective`` (for Gaussian experts since
-2026-11-27; autograd before) ("tensor", selected here by switching the native loop off).  Printed per case: CPU ms of a whole fit for each (median of 5, alternating, after a warm-up, one torch thread),
-their ratio, the difference of the maxima (native minus tensor: the two loops agree to rounding on a regular
-likelihood), and how far the tensor loop's maximum moves when one data column is multiplied by 1 + 1e-14
-("perturbed": where rounding alone moves it, the two loops' maxima need not agree).
+2026-11-27; autograd before) ("tensor", selected here by switching the native loop off).  Printed per case: CPU ms
+of a whole fit for each (median of 5, alternating, after a warm-up, one torch thread), their ratio, the difference
+of the maxima (native minus tensor: the two loops agree to rounding on a regular likelihood), and how far the
+tensor loop's maximum moves when one data column is multiplied by 1 + 1e-14 ("perturbed": where rounding alone
+moves it, the two loops' maxima need not agree).
 
 Regular fits: the cases of ``mle_switch_after.py`` (10 random starts, seeds 0 and 1; the NPreg cases need Rscript
 with flexmix).  ``--overspecified``: the softmax Gaussian MoE vignette's over-specified fits of that benchmark (k = 3

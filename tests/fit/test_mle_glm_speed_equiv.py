@@ -205,31 +205,14 @@ def test_fit_mle_fused_paths_reach_the_reference_maximum(formula, offset, monkey
     assert fast.converged == ref.converged
 
 
-def test_fit_mle_binomial_l_bfgs_phase_matches_autograd(monkeypatch):
-    """A binomial fit with a gate covariate, case weights and a shared slope whose slow starts reach the L-BFGS
-    phase: the closed-form gradient and autograd's reach the same maximum."""
-    rng = np.random.default_rng(5)
-    n = 300
-    df = pd.DataFrame({"x": rng.normal(size=n), "w": rng.normal(size=n), "s": rng.normal(size=n)})
-    first = rng.uniform(size=n) < 1 / (1 + np.exp(-1.5 * df["w"]))
-    eta = np.where(first, -1.0 + 2.0 * df["x"], 1.0 - 1.5 * df["x"]) + 0.5 * df["s"]
-    df["y"] = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(float)
-    c = rng.integers(1, 4, n).astype(float)
-    kwargs = dict(formula="y ~ x", data=df, k=2, family="binomial", gate_formula="~ w", shared="~ s", weights=c,
-                  tol=1e-8, restarts=8, seed=3, switch_after=5)
-    calls = []
-    real = mle.gradient_fit
-    monkeypatch.setattr(mle, "gradient_fit", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    fast = ms.fit_mle(**kwargs)
-    assert calls  # the L-BFGS phase ran (else the comparison below would not test it)
-    monkeypatch.setattr(mle, "direct_glm", lambda spec, layout: False)
-    ref = ms.fit_mle(**kwargs)
-    # the two gradients differ by rounding only, and so do the iterates (measured: 4e-15 in theta, the same
-    # log-likelihood to every digit); a gradient wrong in one direction (the shared slope's, halved) stops L-BFGS
-    # 2e-7 lower, which these tolerances catch
-    assert fast.loglik == pytest.approx(ref.loglik, abs=1e-9)
-    np.testing.assert_allclose(np.asarray(fast.theta), np.asarray(ref.theta), atol=1e-8)
-    assert fast.converged and ref.converged
+def _draw_columns(d: int, constant: bool, data) -> tuple[list[int], list[int] | None, list[int]]:
+    """Hypothesis-drawn gate, expert and shared columns of d inputs (constant experts: no expert or shared ones)."""
+    cols = list(range(d))
+    gate_cols = sorted(data.draw(st.sets(st.sampled_from(cols)), label="gate columns"))
+    shared = [] if constant else sorted(data.draw(st.sets(st.sampled_from(cols), max_size=d - 1), label="shared"))
+    rest = [c for c in cols if c not in shared]
+    expert_cols = None if constant else sorted(data.draw(st.sets(st.sampled_from(rest)), label="expert columns"))
+    return gate_cols, expert_cols, shared
 
 
 @settings(max_examples=25, deadline=None)
@@ -239,11 +222,7 @@ def test_glm_mixture_objective_matches_autograd_on_any_layout(k, d, response, tr
     """Any number of experts and inputs, any gate / expert / shared column split, constant or linear experts: the
     closed-form value and gradient equal autograd through the layout's blocks and the generic likelihood."""
     trials = trials and response == "binomial"
-    cols = list(range(d))
-    gate_cols = sorted(data.draw(st.sets(st.sampled_from(cols)), label="gate columns"))
-    shared = [] if constant else sorted(data.draw(st.sets(st.sampled_from(cols), max_size=d - 1), label="shared"))
-    rest = [c for c in cols if c not in shared]
-    expert_cols = None if constant else sorted(data.draw(st.sets(st.sampled_from(rest)), label="expert columns"))
+    gate_cols, expert_cols, shared = _draw_columns(d, constant, data)
     spec = ms.MoE(k=k, d=d, response=response, expert="constant" if constant else "linear")
     layout = ParamLayout(spec, gate_columns=gate_cols, expert_columns=expert_cols, shared_columns=shared or None)
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
@@ -259,9 +238,7 @@ def test_glm_mixture_objective_matches_autograd_on_any_layout(k, d, response, tr
     w = torch.rand(A, n, generator=g, dtype=torch.float64) * 3 if weights else None
     theta = 0.5 * torch.randn(A, layout.size, generator=g, dtype=torch.float64)
     Zt = mle.design(X, True).transpose(1, 2)
-    columns = {"gate": [0, *(1 + c for c in layout.gate_columns)],
-               "expert": [0, *(1 + c for c in layout.expert_columns)] if layout.expert_slopes else [0],
-               "shared": [1 + c for c in layout.shared_columns]}
+    columns = mle.design_rows(layout)
     objective = GLMMixtureObjective(Zt[:, columns["gate"]], Zt[:, columns["expert"]],
                                     Zt[:, columns["shared"]] if columns["shared"] else None, y, m, w, response, k, n)
     value, grad = objective(theta)
@@ -307,11 +284,7 @@ def _gaussian_reference(spec, layout, X, y, w, v, floor2):
 def test_gaussian_mixture_objective_matches_autograd_on_any_layout(k, d, weights, constant, data):
     """Gaussian experts, any column split: the closed-form value and gradient (log-scales included) equal autograd
     through the layout's blocks and the generic likelihood, which the L-BFGS phase used before."""
-    cols = list(range(d))
-    gate_cols = sorted(data.draw(st.sets(st.sampled_from(cols)), label="gate columns"))
-    shared = [] if constant else sorted(data.draw(st.sets(st.sampled_from(cols), max_size=d - 1), label="shared"))
-    rest = [c for c in cols if c not in shared]
-    expert_cols = None if constant else sorted(data.draw(st.sets(st.sampled_from(rest)), label="expert columns"))
+    gate_cols, expert_cols, shared = _draw_columns(d, constant, data)
     spec, layout, X, y, w, v, floor2, objective = _gaussian_case(
         k, d, weights=weights, shared=shared, gate_cols=gate_cols, expert_cols=expert_cols, constant=constant,
         seed=data.draw(st.integers(0, 2**31 - 1), label="seed"))
@@ -350,18 +323,32 @@ def test_gaussian_mixture_objective_against_scipy_and_finite_differences():
         np.testing.assert_allclose(grad[:, j].numpy(), fd.numpy(), rtol=1e-6, atol=1e-9)
 
 
-def test_fit_mle_gaussian_l_bfgs_phase_matches_autograd(monkeypatch):
-    """A Gaussian fit with a gate covariate, case weights and a shared slope whose starts reach the L-BFGS phase:
-    the closed-form gradient and autograd's reach the same maximum."""
-    rng = np.random.default_rng(8)
+def _gated_two_class_data(family: str) -> tuple[pd.DataFrame, np.ndarray]:
+    """Two classes chosen by a logistic gate on w, experts on x, a shared slope on s and case weights c."""
+    rng = np.random.default_rng(5 if family == "binomial" else 8)
     n = 300
     df = pd.DataFrame({"x": rng.normal(size=n), "w": rng.normal(size=n), "s": rng.normal(size=n)})
     first = rng.uniform(size=n) < 1 / (1 + np.exp(-1.5 * df["w"]))
-    df["y"] = (np.where(first, -1.0 + 2.0 * df["x"], 1.0 - 1.5 * df["x"]) + 0.5 * df["s"]
-               + np.where(first, 0.5, 1.0) * rng.normal(size=n))
-    c = rng.integers(1, 4, n).astype(float)
-    kwargs = dict(formula="y ~ x", data=df, k=2, gate_formula="~ w", shared="~ s", weights=c, tol=1e-8, restarts=8,
-                  seed=3, switch_after=5)
+    eta = np.where(first, -1.0 + 2.0 * df["x"], 1.0 - 1.5 * df["x"]) + 0.5 * df["s"]
+    if family == "binomial":
+        df["y"] = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(float)
+    else:
+        df["y"] = eta + np.where(first, 0.5, 1.0) * rng.normal(size=n)
+    return df, rng.integers(1, 4, n).astype(float)
+
+
+@pytest.mark.parametrize("family", ["binomial", "gaussian"])
+def test_fit_mle_l_bfgs_phase_matches_autograd(family, monkeypatch):
+    """A fit with a gate covariate, case weights and a shared slope whose slow starts reach the L-BFGS phase: the
+    closed-form gradient and autograd's reach the same maximum.
+
+    The two gradients differ by rounding only, and so do the iterates (measured: binomial 4e-15 in theta and the
+    same log-likelihood to every digit, Gaussian 4e-16 and 1e-13).  Wrong gradients stop elsewhere: the binomial
+    shared slope's halved, 2e-7 lower; the Gaussian log-scale score without its case weights, 0.018 lower.  (A wrong
+    positive factor on a gradient block keeps its zeros: the value and gradient tests above catch that.)"""
+    df, c = _gated_two_class_data(family)
+    kwargs = dict(formula="y ~ x", data=df, k=2, family=family, gate_formula="~ w", shared="~ s", weights=c,
+                  tol=1e-8, restarts=8, seed=3, switch_after=5)
     calls = []
     real = mle.gradient_fit
     monkeypatch.setattr(mle, "gradient_fit", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -369,10 +356,6 @@ def test_fit_mle_gaussian_l_bfgs_phase_matches_autograd(monkeypatch):
     assert calls  # the L-BFGS phase ran (else the comparison below would not test it)
     monkeypatch.setattr(mle, "direct_glm", lambda spec, layout: False)
     ref = ms.fit_mle(**kwargs)
-    # the two gradients differ by rounding only, so the iterates do too (a regular maximum: two well-separated
-    # classes; measured 4e-16 in theta and 1e-13 in log-likelihood); a log-scale gradient without the case weights
-    # stops L-BFGS at a log-likelihood 0.018 lower (a wrong positive factor on a gradient block keeps its zeros:
-    # the value and gradient tests above catch that)
     assert fast.loglik == pytest.approx(ref.loglik, abs=1e-9)
     np.testing.assert_allclose(np.asarray(fast.theta), np.asarray(ref.theta), atol=1e-8)
     assert fast.converged and ref.converged
