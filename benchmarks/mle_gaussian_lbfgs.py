@@ -16,7 +16,7 @@ the generic likelihood took them before.  Two parts, each printing ratios agains
 
     OMP_NUM_THREADS=1 python benchmarks/mle_gaussian_lbfgs.py --baseline /tmp/old [--parts fits,evaluations]
 
-About 6 minutes on 2 cores; ``--parts evaluations`` alone takes half a minute and needs no baseline.
+About 8 minutes on the 2-core AVX2 host; ``--parts evaluations`` alone takes half a minute and needs no baseline.
 """
 
 from __future__ import annotations
