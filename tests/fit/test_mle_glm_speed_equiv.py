@@ -349,13 +349,18 @@ def test_fit_mle_l_bfgs_phase_matches_autograd(family, monkeypatch):
     df, c = _gated_two_class_data(family)
     kwargs = dict(formula="y ~ x", data=df, k=2, family=family, gate_formula="~ w", shared="~ s", weights=c,
                   tol=1e-8, restarts=8, seed=3, switch_after=5)
-    calls = []
-    real = mle.gradient_fit
+    calls, evaluations = [], []
+    real, real_call = mle.gradient_fit, GLMMixtureObjective.__call__
     monkeypatch.setattr(mle, "gradient_fit", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(GLMMixtureObjective, "__call__",
+                        lambda self, theta: evaluations.append(1) or real_call(self, theta))
     fast = ms.fit_mle(**kwargs)
     assert calls  # the L-BFGS phase ran (else the comparison below would not test it)
+    assert evaluations  # ... on the closed form (else both fits below would take autograd's gradient)
     monkeypatch.setattr(mle, "direct_glm", lambda spec, layout: False)
+    evaluations.clear()
     ref = ms.fit_mle(**kwargs)
+    assert not evaluations
     assert fast.loglik == pytest.approx(ref.loglik, abs=1e-9)
     np.testing.assert_allclose(np.asarray(fast.theta), np.asarray(ref.theta), atol=1e-8)
     assert fast.converged and ref.converged
