@@ -152,16 +152,20 @@ def test_glm_mixture_objective_value_and_gradient(response, trials, weights, sha
     np.testing.assert_allclose(grad.numpy(), g_ref.numpy(), rtol=1e-9, atol=1e-13)  # rounding-level differences
 
 
-def test_glm_mixture_objective_gradient_by_finite_differences():
-    spec, layout, X, y, m, w, theta = _objective_case("binomial", trials=True, weights=True, shared=True, seed=3)
-    objective = _objective(spec, layout, X, y, m, w)
+def _assert_gradient_by_central_differences(objective, theta, h: float = 1e-6) -> None:
+    """``objective``'s gradient at ``theta`` equals central differences of its value, coordinate by coordinate."""
     _, grad = objective(theta)
-    h = 1e-6
     for j in range(theta.shape[1]):  # central differences: error O(h^2) ~ 1e-12 times the third derivative
         e = torch.zeros_like(theta)
         e[:, j] = h
         fd = (objective(theta + e)[0] - objective(theta - e)[0]) / (2 * h)
         np.testing.assert_allclose(grad[:, j].numpy(), fd.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_glm_mixture_objective_gradient_by_finite_differences():
+    spec, layout, X, y, m, w, theta = _objective_case("binomial", trials=True, weights=True, shared=True, seed=3)
+    objective = _objective(spec, layout, X, y, m, w)
+    _assert_gradient_by_central_differences(objective, theta)
 
 
 def test_direct_glm_covers_only_the_models_it_computes():
@@ -205,6 +209,17 @@ def test_fit_mle_fused_paths_reach_the_reference_maximum(formula, offset, monkey
     assert fast.converged == ref.converged
 
 
+def _assert_equals_autograd(objective, theta, reference) -> None:
+    """The closed-form value and gradient of ``objective`` at ``theta`` equal ``reference`` (the generic likelihood)
+    and its autograd gradient."""
+    value, grad = objective(theta)
+    t = theta.clone().requires_grad_(True)
+    ref = reference(t)
+    (g_ref,) = torch.autograd.grad(ref.sum(), t)
+    np.testing.assert_allclose(value.numpy(), ref.detach().numpy(), rtol=1e-12)  # the same sums, another order
+    np.testing.assert_allclose(grad.numpy(), g_ref.numpy(), rtol=1e-9, atol=1e-13)  # rounding-level differences
+
+
 def _draw_columns(d: int, constant: bool, data) -> tuple[list[int], list[int] | None, list[int]]:
     """Hypothesis-drawn gate, expert and shared columns of d inputs (constant experts: no expert or shared ones)."""
     cols = list(range(d))
@@ -241,12 +256,7 @@ def test_glm_mixture_objective_matches_autograd_on_any_layout(k, d, response, tr
     columns = mle.design_rows(layout)
     objective = GLMMixtureObjective(Zt[:, columns["gate"]], Zt[:, columns["expert"]],
                                     Zt[:, columns["shared"]] if columns["shared"] else None, y, m, w, response, k, n)
-    value, grad = objective(theta)
-    t = theta.clone().requires_grad_(True)
-    ref = _reference_value(spec, layout, X, y, m, w, t)
-    (g_ref,) = torch.autograd.grad(ref.sum(), t)
-    np.testing.assert_allclose(value.numpy(), ref.detach().numpy(), rtol=1e-12)  # the same sums, another order
-    np.testing.assert_allclose(grad.numpy(), g_ref.numpy(), rtol=1e-9, atol=1e-13)  # rounding-level differences
+    _assert_equals_autograd(objective, theta, lambda t: _reference_value(spec, layout, X, y, m, w, t))
 
 
 def _gaussian_case(k: int, d: int, *, weights: bool, shared: list[int], gate_cols: list[int],
@@ -288,18 +298,13 @@ def test_gaussian_mixture_objective_matches_autograd_on_any_layout(k, d, weights
     spec, layout, X, y, w, v, floor2, objective = _gaussian_case(
         k, d, weights=weights, shared=shared, gate_cols=gate_cols, expert_cols=expert_cols, constant=constant,
         seed=data.draw(st.integers(0, 2**31 - 1), label="seed"))
-    value, grad = objective(v)
-    t = v.clone().requires_grad_(True)
-    ref = _gaussian_reference(spec, layout, X, y, w, t, floor2)
-    (g_ref,) = torch.autograd.grad(ref.sum(), t)
-    np.testing.assert_allclose(value.numpy(), ref.detach().numpy(), rtol=1e-12)  # the same sums, another order
-    np.testing.assert_allclose(grad.numpy(), g_ref.numpy(), rtol=1e-9, atol=1e-13)  # rounding-level differences
+    _assert_equals_autograd(objective, v, lambda t: _gaussian_reference(spec, layout, X, y, w, t, floor2))
 
 
 def test_gaussian_mixture_objective_against_scipy_and_finite_differences():
     spec, layout, X, y, w, v, floor2, objective = _gaussian_case(
         3, 4, weights=True, shared=[3], gate_cols=[0, 2], expert_cols=[0, 1], constant=False, seed=11)
-    value, grad = objective(v)
+    value, _ = objective(v)
     # the value against scipy's normal pdf and an explicit softmax (independent of moestat's densities)
     A, k = v.shape[0], spec.k
     gate = np.zeros((A, k, layout.pg))
@@ -315,12 +320,7 @@ def test_gaussian_mixture_objective_against_scipy_and_finite_differences():
     logf = stats.norm.logpdf(y.numpy()[..., None], eta, sd)
     ll = logsumexp(a - logsumexp(a, axis=-1, keepdims=True) + logf, axis=-1)
     np.testing.assert_allclose(value.numpy(), -(w.numpy() * ll).sum(-1) / ll.shape[-1], rtol=1e-12)
-    h = 1e-6
-    for j in range(v.shape[1]):  # central differences: error O(h^2) ~ 1e-12 times the third derivative
-        e = torch.zeros_like(v)
-        e[:, j] = h
-        fd = (objective(v + e)[0] - objective(v - e)[0]) / (2 * h)
-        np.testing.assert_allclose(grad[:, j].numpy(), fd.numpy(), rtol=1e-6, atol=1e-9)
+    _assert_gradient_by_central_differences(objective, v)
 
 
 def _gated_two_class_data(family: str) -> tuple[pd.DataFrame, np.ndarray]:
